@@ -1,0 +1,68 @@
+#include "client/channel.h"
+
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace ringloader::client {
+namespace {
+
+absl::Status BadEndpoint(absl::string_view endpoint, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("invalid endpoint '", endpoint, "': ", why,
+                                                 " (expected unix:/path, unix:///path or "
+                                                 "host:port)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint) {
+  if (endpoint.empty()) return BadEndpoint(endpoint, "empty");
+  if (endpoint.front() == '/') return absl::StrCat("unix:", endpoint);
+  if (absl::StartsWith(endpoint, "unix:")) {
+    absl::string_view rest = endpoint.substr(5);
+    if (absl::StartsWith(rest, "//")) {
+      rest.remove_prefix(2);  // "unix://" + authority + path; the authority must be empty
+      if (!absl::StartsWith(rest, "/")) return BadEndpoint(endpoint, "unix:// takes no host");
+    }
+    if (rest.empty()) return BadEndpoint(endpoint, "empty socket path");
+    return absl::StrCat("unix:", rest);
+  }
+  const size_t colon = endpoint.rfind(':');
+  if (colon == absl::string_view::npos) return BadEndpoint(endpoint, "no port");
+  absl::string_view host = endpoint.substr(0, colon);
+  absl::string_view port = endpoint.substr(colon + 1);
+  if (host.empty()) return BadEndpoint(endpoint, "empty host");
+  if (host.front() == '[' && host.back() != ']') return BadEndpoint(endpoint, "unclosed '['");
+  if (host.front() != '[' && absl::StrContains(host, ':')) {
+    return BadEndpoint(endpoint, "IPv6 addresses must be written [addr]:port");
+  }
+  uint32_t port_number = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number == 0 || port_number > 65535) {
+    return BadEndpoint(endpoint, "port must be a number in 1..65535");
+  }
+  return std::string(endpoint);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Batch handles are small; stats with many bad files can be larger than the 4 MiB default.
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace ringloader::client

@@ -1,0 +1,29 @@
+#pragma once
+// Endpoint strings and the gRPC channel every ringloader client uses (the library and
+// ringloaderctl alike). Internal to client/ (includes gRPC).
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/channel.h"
+
+namespace ringloader::client {
+
+// The gRPC target for a ringloader endpoint:
+//   "unix:/abs/path.sock", "unix:rel/path.sock", "unix:///abs/path.sock"  -> "unix:<path>"
+//   "/abs/path.sock" (a bare absolute path)                                -> "unix:/abs/path.sock"
+//   "host:port", "[v6addr]:port"                                            -> unchanged
+// InvalidArgument naming the endpoint otherwise (empty, empty path, "unix://host/..." with an
+// authority, missing or non-numeric port, port out of 1..65535).
+absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint);
+
+// An insecure channel to `target` (from GrpcTarget) tuned for a daemon on the same host:
+// reconnect backoff 10..250 ms (gRPC's default starts at 1 s and grows to 120 s, far too slow to
+// follow a restarting daemon), keepalive pings every 10 s during calls (5 s timeout) so a hung
+// peer is noticed, and a private subchannel pool so one Client's backoff state is its own.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+}  // namespace ringloader::client

@@ -1,0 +1,223 @@
+#pragma once
+// ringloader's C++ client: connect to a ringloaderd, open a stream, read batches in place from
+// the daemon's shared-memory ring.
+//
+//   ringloader::Client client(ringloader::client::DefaultEndpoint());
+//   ringloader::StreamOptions opts;
+//   opts.dataset = "imagenet-train"; opts.batch_size = 256; opts.rank = 0; opts.world_size = 8;
+//   auto stream = client.Open(opts);            // throws ringloader::Error on failure
+//   while (auto batch = stream->Next()) {       // std::nullopt at the end of the stream
+//     const uint8_t* images = batch->images().data<uint8_t>();   // zero-copy, read-only
+//     ...                                        // batch releases its slot when destroyed
+//   }
+//   std::string ckpt = stream->State();         // store in the trainer's checkpoint
+//   auto resumed = client.Resume(ckpt);         // continues with exactly the next batch
+//
+// Crash isolation: if the daemon dies, Next() reconnects with backoff, reopens the stream at the
+// client's own position and returns exactly the next batch; batches the trainer holds stay
+// readable (their segment stays mapped until released). Only when the daemon stays unreachable past
+// StreamOptions::reconnect_deadline does Next() throw (ErrorCode::kUnavailable, saying so).
+//
+// Thread-safety: a Stream is used by one thread at a time; Batch objects may be destroyed on any
+// thread. Client is thread-safe.
+//
+// The library never prints or logs; every failure is an Error (an exception carrying an
+// ErrorCode and the daemon's or the library's message).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ringloader::client {
+
+enum class ErrorCode {
+  kUnavailable,       // daemon unreachable (past the reconnect deadline)
+  kNotFound,          // unknown dataset
+  kInvalidArgument,   // a bad option (the message names it)
+  kResourceExhausted, // daemon's memory_limit or a configured limit
+  kDataLoss,          // on_error = "fail" and a sample failed; or a checksum mismatch
+  kFailedPrecondition,
+  kInternal,
+};
+const char* ErrorCodeName(ErrorCode code);
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message);
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+enum class DType { kUint8, kFloat32, kInt64 };
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+
+// A read-only view of one tensor inside a mapped ring slot.
+class TensorView {
+ public:
+  TensorView() = default;
+  TensorView(const void* data, std::vector<int64_t> shape, DType dtype, uint64_t bytes)
+      : data_(data), shape_(std::move(shape)), dtype_(dtype), bytes_(bytes) {}
+  const void* raw() const { return data_; }
+  template <typename T>
+  const T* data() const { return static_cast<const T*>(data_); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const void* data_ = nullptr;
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::kUint8;
+  uint64_t bytes_ = 0;
+};
+
+// Where a stream is. Resuming at `next` of a batch yields the batch after it.
+struct Position {
+  uint64_t epoch = 0;
+  uint64_t sequence = 0;  // batch index within the epoch for this rank
+  uint64_t cursor = 0;    // shard position where that batch starts
+  bool operator==(const Position&) const = default;
+};
+
+enum class Augment { kTrain, kEval };
+enum class Layout { kNHWC, kNCHW };
+
+struct StreamOptions {
+  std::string dataset;
+  uint32_t batch_size = 64;
+  uint64_t seed = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t image_size = 224;
+  Augment augment = Augment::kTrain;
+  DType dtype = DType::kUint8;  // kUint8 or kFloat32 (normalised with mean/std)
+  Layout layout = Layout::kNHWC;
+  bool shuffle = true;
+  bool drop_last = false;
+  uint64_t end_epoch = 0;  // the stream ends after epoch end_epoch-1; 0 = never
+  std::vector<float> mean, std;  // float32 only; empty = ImageNet's
+  uint32_t ring_slots = 0;       // 0 = the daemon's default
+  Position start;                // where to begin
+  std::string client_name;       // shown in the daemon's stats
+  // How long Next() keeps reconnecting to a dead daemon before throwing kUnavailable.
+  std::chrono::milliseconds reconnect_deadline = std::chrono::seconds(60);
+  // Verify each batch's checksum against the slot descriptor (costs one pass over the bytes).
+  bool verify_checksums = false;
+};
+
+class Stream;
+
+// One batch, in place in the read-only mapped ring. Releases its slot when destroyed.
+// Move-only. Stays readable even if the daemon dies, until destroyed.
+class Batch {
+ public:
+  ~Batch();
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+
+  const TensorView& images() const;   // [n, H, W, 3] uint8 or [n, 3, H, W] float32 ...
+  const TensorView& labels() const;   // int64 [n]
+  const TensorView& indices() const;  // int64 [n]: dataset sample indices
+  uint32_t size() const;              // n
+  const Position& position() const;   // this batch
+  const Position& next() const;       // resume here for the batch after this one
+  bool last_in_epoch() const;
+  uint64_t incarnation() const;       // of the daemon that produced it
+  // Bytes of sample i's image (i < size()).
+  const uint8_t* sample_image(uint32_t i) const;
+  uint64_t sample_image_bytes() const;
+  // Dataset-relative path of sample i (i < size()); empty if the daemon did not send paths.
+  std::string_view relative_path(uint32_t i) const;
+
+  struct Impl;
+  explicit Batch(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Stream {
+ public:
+  ~Stream();  // closes the stream on the daemon (best effort)
+  // The next batch, or std::nullopt after end_epoch. Throws Error (see the top of this file).
+  std::optional<Batch> Next();
+  // Position of the next batch Next() will return.
+  Position position() const;
+  // A small serialised position (with the options it belongs to) for the trainer's checkpoint.
+  std::string State() const;
+  const StreamOptions& options() const;
+  // Daemon reconnects this stream has survived.
+  uint64_t reconnects() const;
+
+  struct Impl;
+  explicit Stream(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Client {
+ public:
+  // endpoint: "unix:/path/to.sock", "unix:///abs/path" or "host:port".
+  explicit Client(std::string endpoint);
+  ~Client();
+  // Opens a stream at options.start (retrying a dead daemon until options.reconnect_deadline).
+  // Throws Error: kInvalidArgument (ValidateOptions or the daemon), kNotFound (unknown dataset),
+  // kResourceExhausted, kUnavailable (daemon unreachable past the deadline), ...
+  std::unique_ptr<Stream> Open(const StreamOptions& options);
+  // Opens a stream from Stream::State(), continuing with exactly the batch after the one the
+  // state was taken after. Options not kept in the state (reconnect_deadline, verify_checksums,
+  // client_name, ring_slots) take their defaults; to change them use ParseState(), edit the
+  // options and call Open().
+  std::unique_ptr<Stream> Resume(const std::string& state);
+  const std::string& endpoint() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// $RINGLOADER_ENDPOINT (when set and non-empty), else "unix:/run/ringloader/ringloader.sock".
+std::string DefaultEndpoint();
+
+// Checks options before anything is sent; throws Error(kInvalidArgument) naming the option and
+// the rule, e.g. "StreamOptions.rank: must be < world_size (got rank 4, world_size 4)".
+// Open() calls it; the daemon applies its own limits (max batch size, ...) on top.
+void ValidateOptions(const StreamOptions& options);
+
+// The state text is one line:
+//   ringloader-state v1 dataset=<percent-encoded> batch_size=64 seed=0 rank=0 world_size=1
+//   image_size=224 augment=train|eval dtype=uint8|float32 layout=nhwc|nchw shuffle=1 drop_last=0
+//   end_epoch=2 ring_slots=0 epoch=1 sequence=7 cursor=448 [mean=a,b,c std=a,b,c]
+// Fields may appear in any order; every field except mean/std is required; unknown or repeated
+// fields are errors. The position fields are where the stream resumes.
+struct ResumeState {
+  StreamOptions options;  // options.start = the position to resume at
+};
+// Parses Stream::State() text (leading/trailing whitespace ignored). Throws
+// Error(kInvalidArgument) whose message names the bad field, e.g.
+// "invalid ringloader state: field 'batch_size': not an unsigned integer: 'x'".
+ResumeState ParseState(const std::string& state);
+// Formats `options` (the fields listed above) with position `next`.
+std::string FormatState(const StreamOptions& options, const Position& next);
+
+}  // namespace ringloader::client
+
+namespace ringloader {
+using client::Batch;
+using client::Client;
+using client::Error;
+using client::ErrorCode;
+using client::Stream;
+using client::StreamOptions;
+}  // namespace ringloader

@@ -1,0 +1,115 @@
+// ringloaderctl's command line: flags -> one Run* function (ctl.h).
+#include <unistd.h>
+
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "client/client.h"
+#include "client/ctl/ctl.h"
+
+namespace ringloader::ctl {
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ringloaderctl: control and exercise a ringloaderd"};
+  app.require_subcommand(1);
+  std::string endpoint = client::DefaultEndpoint();
+  app.add_option("--endpoint", endpoint,
+                 "unix:/path, unix:///path or host:port (default $RINGLOADER_ENDPOINT, else "
+                 "unix:/run/ringloader/ringloader.sock)")
+      ->capture_default_str();
+
+  HealthOptions health;
+  CLI::App* health_cmd = app.add_subcommand("health", "grpc.health.v1 Check (exit 0/1/2)");
+  health_cmd->add_option("--timeout", health.timeout_s, "seconds")->capture_default_str();
+
+  StatsOptions stats;
+  CLI::App* stats_cmd = app.add_subcommand("stats", "the daemon's counters");
+  stats_cmd->add_flag("--json", stats.json, "print GetStatsResponse as JSON");
+
+  ConsumeOptions consume;
+  CLI::App* consume_cmd = app.add_subcommand("consume", "read batches like a trainer");
+  consume_cmd->add_option("--dataset", consume.dataset, "a dataset name from the daemon's config")
+      ->required();
+  consume_cmd->add_option("--batch-size", consume.batch_size)->capture_default_str();
+  consume_cmd->add_option("--epochs", consume.epochs, "the run ends after epoch EPOCHS-1")
+      ->capture_default_str();
+  consume_cmd->add_option("--seed", consume.seed)->capture_default_str();
+  consume_cmd->add_option("--rank", consume.rank)->capture_default_str();
+  consume_cmd->add_option("--world-size", consume.world_size)->capture_default_str();
+  consume_cmd->add_option("--image-size", consume.image_size)->capture_default_str();
+  consume_cmd->add_option("--augment", consume.augment)
+      ->check(CLI::IsMember({"train", "eval"}))
+      ->capture_default_str();
+  consume_cmd->add_option("--dtype", consume.dtype)
+      ->check(CLI::IsMember({"uint8", "float32"}))
+      ->capture_default_str();
+  bool no_shuffle = false;
+  consume_cmd->add_flag("--no-shuffle", no_shuffle, "deliver samples in dataset order");
+  consume_cmd->add_flag("--drop-last", consume.drop_last, "drop a final partial batch");
+  uint64_t max_batches = 0;
+  CLI::Option* max_batches_opt =
+      consume_cmd->add_option("--max-batches", max_batches, "stop this run after N batches");
+  consume_cmd->add_option("--samples-out", consume.samples_out,
+                          "write one line per sample (epoch, sequence, index, label, path, "
+                          "digest)");
+  consume_cmd->add_option("--state", consume.state_file,
+                          "resume from this file when present; save it after every batch");
+  consume_cmd->add_flag("--verify", consume.verify, "verify each batch's checksum");
+  consume_cmd->add_option("--reconnect-deadline-s", consume.reconnect_deadline_s)
+      ->capture_default_str();
+
+  MakeDatasetOptions make;
+  CLI::App* make_cmd = app.add_subcommand("make-dataset", "write a synthetic JPEG dataset");
+  make_cmd->add_option("--out", make.out_dir)->required();
+  make_cmd->add_option("--count", make.count)->capture_default_str();
+  make_cmd->add_option("--classes", make.classes)->capture_default_str();
+  make_cmd->add_option("--seed", make.seed)->capture_default_str();
+
+  ValidateOptions validate;
+  CLI::App* validate_cmd = app.add_subcommand("validate", "decode every sample of a dataset");
+  validate_cmd->add_option("--format", validate.format)
+      ->check(CLI::IsMember({"imagefolder", "manifest"}))
+      ->capture_default_str();
+  validate_cmd->add_option("--path", validate.path, "the dataset root")->required();
+  validate_cmd->add_option("--manifest", validate.manifest, "manifest file (format manifest)");
+  validate_cmd->add_option("--jobs", validate.jobs, "decode threads (0 = one per CPU)")
+      ->capture_default_str();
+  validate_cmd->add_option("--max-pixels", validate.max_pixels)->capture_default_str();
+
+  QuarantineOptions quarantine;
+  CLI::App* quarantine_cmd = app.add_subcommand("quarantine", "samples that crashed the daemon");
+  quarantine_cmd->require_subcommand(1);
+  CLI::App* list_cmd = quarantine_cmd->add_subcommand("list", "list quarantined samples");
+  CLI::App* clear_cmd = quarantine_cmd->add_subcommand("clear", "forget quarantined samples");
+  clear_cmd->add_option("--dataset", quarantine.dataset, "only this dataset (default all)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (*health_cmd) {
+    health.endpoint = endpoint;
+    return RunHealth(health, std::cout);
+  }
+  if (*stats_cmd) {
+    stats.endpoint = endpoint;
+    return RunStats(stats, std::cout, std::cerr);
+  }
+  if (*consume_cmd) {
+    consume.endpoint = endpoint;
+    consume.shuffle = !no_shuffle;
+    if (*max_batches_opt) consume.max_batches = max_batches;
+    consume.progress = isatty(STDERR_FILENO) == 1;
+    return RunConsume(consume, std::cout, std::cerr);
+  }
+  if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
+  if (*validate_cmd) return RunValidate(validate, std::cout, std::cerr);
+  quarantine.endpoint = endpoint;
+  if (*list_cmd) return RunQuarantineList(quarantine, std::cout, std::cerr);
+  return RunQuarantineClear(quarantine, std::cout, std::cerr);
+}
+
+}  // namespace ringloader::ctl

@@ -1,0 +1,111 @@
+#include "client/ctl/consume_state.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ringloader::ctl {
+namespace {
+
+constexpr absl::string_view kBytesKey = "samples_out_bytes=";
+
+template <typename T>
+absl::Status Compare(absl::string_view flag, const T& saved, const T& now) {
+  if (saved == now) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " is ", now, " but the state file was saved with ", saved));
+}
+
+}  // namespace
+
+std::string FormatConsumeState(const std::string& stream_state, uint64_t samples_out_bytes) {
+  return absl::StrCat(stream_state, "\n", kBytesKey, samples_out_bytes, "\n");
+}
+
+absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
+  if (lines.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected 2 lines (stream state, samples_out_bytes=N), found ", lines.size()));
+  }
+  ConsumeState state;
+  try {
+    state.options = client::ParseState(std::string(lines[0])).options;
+  } catch (const client::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("line 1: ", e.what()));
+  }
+  absl::string_view bytes = absl::StripAsciiWhitespace(lines[1]);
+  if (!absl::ConsumePrefix(&bytes, kBytesKey) || bytes.empty() ||
+      !std::all_of(bytes.begin(), bytes.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(bytes, &state.samples_out_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line 2: expected samples_out_bytes=<N>, got '", lines[1], "'"));
+  }
+  return state;
+}
+
+absl::Status SaveFileAtomically(const std::string& path, absl::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
+  const int saved_errno = errno;
+  if (std::fclose(f) != 0 || !written) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", tmp, ": ", std::strerror(written ? errno : saved_errno)));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (errno == ENOENT) return std::optional<std::string>();
+    return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return std::optional<std::string>(ss.str());
+}
+
+absl::Status CheckSameRun(const client::StreamOptions& saved, const client::StreamOptions& flags) {
+  using client::Augment;
+  using client::DType;
+  const auto augment = [](Augment a) { return a == Augment::kEval ? "eval" : "train"; };
+  for (absl::Status s : {
+           Compare("--dataset", saved.dataset, flags.dataset),
+           Compare("--batch-size", saved.batch_size, flags.batch_size),
+           Compare("--epochs", saved.end_epoch, flags.end_epoch),
+           Compare("--seed", saved.seed, flags.seed),
+           Compare("--rank", saved.rank, flags.rank),
+           Compare("--world-size", saved.world_size, flags.world_size),
+           Compare("--image-size", saved.image_size, flags.image_size),
+           Compare<std::string>("--augment", augment(saved.augment), augment(flags.augment)),
+           Compare<std::string>("--dtype", client::DTypeName(saved.dtype),
+                                client::DTypeName(flags.dtype)),
+           Compare<std::string>("--no-shuffle", saved.shuffle ? "off" : "on",
+                                flags.shuffle ? "off" : "on"),
+           Compare<std::string>("--drop-last", saved.drop_last ? "on" : "off",
+                                flags.drop_last ? "on" : "off"),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringloader::ctl

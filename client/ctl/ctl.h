@@ -1,0 +1,90 @@
+#pragma once
+// ringloaderctl's subcommands, one function each, callable from tests. Each returns the process
+// exit code and writes only to the streams it is given (`out` for results, `err` for messages
+// and progress). Exit codes: 0 success; 1 failure (NOT_SERVING, bad files, an RPC error);
+// 2 daemon unreachable, or a usage/dataset error.
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+namespace ringloader::ctl {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUnavailable = 2;
+inline constexpr int kExitUsage = 2;
+
+// Parses argv and runs one subcommand (the whole of main()).
+int Main(int argc, char** argv);
+
+struct HealthOptions {
+  std::string endpoint;
+  double timeout_s = 2.0;
+};
+// grpc.health.v1 Check: one line, "SERVING <endpoint>" (0), "NOT_SERVING <endpoint>" (1), or
+// "unreachable: <endpoint>: <gRPC error>" (2; also on timeout).
+int RunHealth(const HealthOptions& options, std::ostream& out);
+
+struct StatsOptions {
+  std::string endpoint;
+  bool json = false;
+};
+int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err);
+
+struct ConsumeOptions {
+  std::string endpoint;
+  std::string dataset;
+  uint32_t batch_size = 64;
+  uint64_t epochs = 1;  // the run ends after epoch epochs-1 (a resumed run finishes the same total)
+  uint64_t seed = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t image_size = 224;
+  std::string augment = "train";  // train | eval
+  std::string dtype = "uint8";    // uint8 | float32
+  bool shuffle = true;
+  bool drop_last = false;
+  std::optional<uint64_t> max_batches;  // stop this run after N batches
+  std::string samples_out;              // empty = none
+  std::string state_file;               // empty = none
+  bool verify = false;
+  double reconnect_deadline_s = 60;
+  bool progress = false;  // one updating progress line on `err` (main() sets it when a TTY)
+};
+// Reads batches like a trainer; ends with "consumed N samples in B batches over E epochs: X
+// images/s" on `out`. With state_file: resumes from it when present (its options must match),
+// saves it after every batch (after flushing samples_out, via temp file + rename), and on resume
+// truncates samples_out to the length recorded with the state, so a killed run never loses or
+// duplicates lines. Errors: "ringloaderctl consume: <message>" on `err`.
+int RunConsume(const ConsumeOptions& options, std::ostream& out, std::ostream& err);
+
+struct MakeDatasetOptions {
+  std::string out_dir;
+  uint32_t count = 2000;
+  uint32_t classes = 10;
+  uint64_t seed = 0;
+};
+int RunMakeDataset(const MakeDatasetOptions& options, std::ostream& out, std::ostream& err);
+
+struct ValidateOptions {
+  std::string format = "imagefolder";  // imagefolder | manifest
+  std::string path;
+  std::string manifest;
+  uint32_t jobs = 0;  // 0 = one per CPU
+  uint64_t max_pixels = 100'000'000;
+};
+// Decodes every sample; prints "BAD <relative_path>: <reason>: <message>" per bad file in index
+// order, then "checked N files: G good, B bad" (+ " (reason: count, ...)"). 0 all good, 1 some
+// bad, 2 the dataset cannot be opened.
+int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err);
+
+struct QuarantineOptions {
+  std::string endpoint;
+  std::string dataset;  // clear only; empty = all
+};
+int RunQuarantineList(const QuarantineOptions& options, std::ostream& out, std::ostream& err);
+int RunQuarantineClear(const QuarantineOptions& options, std::ostream& out, std::ostream& err);
+
+}  // namespace ringloader::ctl

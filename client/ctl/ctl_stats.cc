@@ -1,0 +1,120 @@
+// ringloaderctl stats: GetStats as a table or as JSON.
+#include <ostream>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/ctl/ctl.h"
+#include "client/ctl/rpc.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/ringloader.grpc.pb.h"
+
+namespace ringloader::ctl {
+namespace {
+
+std::string Bytes(uint64_t bytes) {
+  if (bytes == 0) return "0";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%d B", bytes) : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+std::string Duration(uint64_t ms) {
+  const uint64_t s = ms / 1000;
+  return absl::StrFormat("%dh%02dm%02ds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std::ostream& out) {
+  out << absl::StrFormat("ringloaderd %s  pid %d  incarnation %x  up %s\n", endpoint, s.pid(),
+                         s.incarnation(), Duration(s.uptime_ms()));
+  out << absl::StrFormat("%-20s %d\n", "streams open", s.streams_open());
+  out << absl::StrFormat("%-20s %d\n", "batches served", s.batches_served());
+  out << absl::StrFormat("%-20s %d\n", "images decoded", s.images_decoded());
+  out << absl::StrFormat("%-20s %.1f\n", "images/s", s.images_per_second());
+  std::vector<std::string> reasons;
+  std::map<std::string, uint64_t> by_reason(s.decode_errors_by_reason().begin(),
+                                            s.decode_errors_by_reason().end());
+  for (const auto& [reason, count] : by_reason) reasons.push_back(absl::StrCat(reason, " ", count));
+  out << absl::StrFormat("%-20s %d%s\n", "decode errors", s.decode_errors(),
+                         reasons.empty() ? "" : "  (" + absl::StrJoin(reasons, ", ") + ")");
+  out << absl::StrFormat("%-20s %d\n", "requests rejected", s.requests_rejected());
+  out << absl::StrFormat("%-20s %s\n", "rss", Bytes(s.rss_bytes()));
+  out << absl::StrFormat("%-20s %s reserved of %s\n", "memory limit",
+                         Bytes(s.memory_reserved_bytes()),
+                         s.memory_limit_bytes() == 0 ? "unlimited" : Bytes(s.memory_limit_bytes()));
+  out << absl::StrFormat("%-20s %d\n", "quarantined", s.quarantined_size());
+
+  if (s.streams_size() > 0) {
+    out << "\nstreams:\n";
+    out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %s\n", "ID", "DATASET",
+                           "CLIENT", "RANK", "BATCH", "SLOTS rdy/lsd/fil/tot", "SERVED",
+                           "EPOCH:SEQ", "RING");
+    for (const v1::StreamStats& st : s.streams()) {
+      out << absl::StrFormat(
+          "  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %s\n", st.stream_id(), st.dataset(),
+          st.client_name().empty() ? "-" : st.client_name(),
+          absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
+          absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/", st.slots_filling(), "/",
+                       st.slots_total()),
+          st.batches_served(), absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
+          Bytes(st.ring_bytes()));
+    }
+  }
+  if (s.recent_bad_files_size() > 0) {
+    out << "\nrecent bad files:\n";
+    for (const v1::BadFile& f : s.recent_bad_files()) {
+      out << "  " << f.dataset() << " " << f.path() << ": " << f.reason() << ": " << f.message()
+          << "\n";
+    }
+  }
+  if (s.quarantined_size() > 0) {
+    out << "\nquarantined samples:\n";
+    for (const v1::QuarantinedSample& q : s.quarantined()) {
+      out << "  " << q.dataset() << " #" << q.sample_index() << " " << q.path() << " ("
+          << q.strikes() << " strikes)\n";
+    }
+  }
+}
+
+}  // namespace
+
+int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err) {
+  auto channel = ChannelFor(options.endpoint);
+  if (!channel.ok()) {
+    err << "ringloaderctl stats: " << channel.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto stub = v1::Loader::NewStub(*channel);
+  grpc::ClientContext context;
+  SetTimeout(context, kRpcTimeout);
+  v1::GetStatsResponse response;
+  grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+  if (!status.ok()) {
+    err << "ringloaderctl stats: " << options.endpoint << ": " << Describe(status) << "\n";
+    return ExitCodeFor(status);
+  }
+  if (options.json) {
+    google::protobuf::util::JsonPrintOptions print;
+    print.add_whitespace = true;
+    print.always_print_primitive_fields = true;
+    print.preserve_proto_field_names = true;
+    std::string json;
+    auto converted = google::protobuf::util::MessageToJsonString(response, &json, print);
+    if (!converted.ok()) {
+      err << "ringloaderctl stats: " << converted.ToString() << "\n";
+      return kExitFailure;
+    }
+    out << json;
+    if (json.empty() || json.back() != '\n') out << "\n";
+  } else {
+    PrintTable(response, options.endpoint, out);
+  }
+  return kExitOk;
+}
+
+}  // namespace ringloader::ctl

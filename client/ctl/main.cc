@@ -1,0 +1,4 @@
+// ringloaderctl: health, stats, consume, make-dataset, validate and quarantine for ringloaderd.
+#include "client/ctl/ctl.h"
+
+int main(int argc, char** argv) { return ringloader::ctl::Main(argc, argv); }

@@ -1,0 +1,100 @@
+#pragma once
+// Internals shared by client.cc and stream.cc. Not installed; includes gRPC and shm.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "proto/ringloader.grpc.pb.h"
+#include "shm/ring.h"
+
+namespace ringloader::client {
+
+// What a Client and all its Streams share: the channel, the stub and the ring mappings. Held by
+// shared_ptr, so a Stream keeps working after its Client is destroyed.
+// Thread-safety: thread-safe.
+class Connection {
+ public:
+  // Throws Error(kInvalidArgument) for a malformed endpoint. Does not connect yet.
+  explicit Connection(std::string endpoint);
+
+  const std::string& endpoint() const { return endpoint_; }
+  v1::Loader::Stub& stub() { return *stub_; }
+
+  // Maps `segment` read-only, or returns the live mapping of the same (incarnation, segment).
+  // Batches hold the returned pointer, so a mapping lives as long as any batch read from it.
+  absl::StatusOr<std::shared_ptr<const shm::ConsumerRing>> MapSegment(const std::string& segment,
+                                                                      uint64_t incarnation);
+
+ private:
+  const std::string endpoint_;
+  std::unique_ptr<v1::Loader::Stub> stub_;
+  absl::Mutex mu_;
+  std::map<std::pair<uint64_t, std::string>, std::weak_ptr<const shm::ConsumerRing>> mappings_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// A handle a destroyed Batch gives back. Names the lease exactly (stream, incarnation, slot,
+// ring_sequence), so releases of an old stream or incarnation are recognised and dropped.
+struct PendingRelease {
+  uint64_t stream_id = 0;
+  uint64_t incarnation = 0;
+  uint32_t slot = 0;
+  uint64_t ring_sequence = 0;
+};
+
+// Releases queued by Batch destructors (any thread), drained by Stream::Next() (one thread).
+class ReleaseQueue {
+ public:
+  void Push(const PendingRelease& release) {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(release);
+  }
+  std::vector<PendingRelease> Drain() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(pending_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<PendingRelease> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Batch::Impl {
+  ~Impl() {
+    if (releases) releases->Push(lease);
+  }
+  std::shared_ptr<const shm::ConsumerRing> ring;  // keeps the slot's memory mapped
+  std::shared_ptr<ReleaseQueue> releases;
+  PendingRelease lease;
+  TensorView images, labels, indices;
+  uint32_t size = 0;
+  uint64_t sample_image_bytes = 0;
+  Position position, next;
+  bool last_in_epoch = false;
+  std::vector<std::string> relative_paths;  // empty, or one per sample
+};
+
+// Checks a handle against the mapped ring and the stream's options and builds the Batch's views.
+// Never trusts the wire: every offset, shape and byte count must agree and lie inside the slot.
+// InvalidArgument/Internal naming the bad field otherwise.
+absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
+    const v1::BatchHandle& handle, const StreamOptions& options,
+    std::shared_ptr<const shm::ConsumerRing> ring);
+
+// Client::Open's body: validates, opens (retrying until options.reconnect_deadline), throws Error.
+std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
+                                   const StreamOptions& options);
+
+// The request's StreamSpec for `options`.
+void FillSpec(const StreamOptions& options, v1::StreamSpec& spec);
+
+}  // namespace ringloader::client

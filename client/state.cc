@@ -1,0 +1,257 @@
+// Stream state text (FormatState / ParseState) and option validation. See client.h for the format.
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+
+namespace ringloader::client {
+namespace {
+
+constexpr absl::string_view kMagic = "ringloader-state";
+constexpr absl::string_view kVersion = "v1";
+
+bool Unreserved(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' ||
+         c == '~';
+}
+
+std::string PercentEncode(absl::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (char c : s) {
+    if (Unreserved(c)) {
+      out.push_back(c);
+    } else {
+      const auto b = static_cast<unsigned char>(c);
+      out.push_back('%');
+      out.push_back(kHex[b >> 4]);
+      out.push_back(kHex[b & 15]);
+    }
+  }
+  return out;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+[[noreturn]] void BadField(absl::string_view field, absl::string_view why) {
+  throw Error(ErrorCode::kInvalidArgument,
+              absl::StrCat("invalid ringloader state: field '", field, "': ", why));
+}
+
+[[noreturn]] void BadOption(absl::string_view option, absl::string_view why) {
+  throw Error(ErrorCode::kInvalidArgument, absl::StrCat("StreamOptions.", option, ": ", why));
+}
+
+std::string PercentDecode(absl::string_view field, absl::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      if (!Unreserved(s[i])) BadField(field, absl::StrCat("unencoded character in '", s, "'"));
+      out.push_back(s[i]);
+      continue;
+    }
+    if (i + 2 >= s.size()) BadField(field, "truncated %-escape");
+    const int hi = HexValue(s[i + 1]), lo = HexValue(s[i + 2]);
+    if (hi < 0 || lo < 0) BadField(field, absl::StrCat("bad %-escape in '", s, "'"));
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+uint64_t ParseU64(absl::string_view field, absl::string_view value) {
+  uint64_t v = 0;
+  if (value.empty() || !absl::ascii_isdigit(static_cast<unsigned char>(value.front())) ||
+      !absl::SimpleAtoi(value, &v)) {
+    BadField(field, absl::StrCat("not an unsigned integer: '", value, "'"));
+  }
+  return v;
+}
+
+uint32_t ParseU32(absl::string_view field, absl::string_view value) {
+  const uint64_t v = ParseU64(field, value);
+  if (v > UINT32_MAX) BadField(field, absl::StrCat("out of range: ", value));
+  return static_cast<uint32_t>(v);
+}
+
+bool ParseBool(absl::string_view field, absl::string_view value) {
+  if (value == "1") return true;
+  if (value == "0") return false;
+  BadField(field, absl::StrCat("must be 0 or 1, got '", value, "'"));
+}
+
+std::string FormatFloats(const std::vector<float>& values) {
+  std::vector<std::string> parts;
+  for (float v : values) {
+    char buf[32];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest exact form
+    parts.emplace_back(buf, ec == std::errc() ? end : buf);
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+std::vector<float> ParseFloats(absl::string_view field, absl::string_view value) {
+  std::vector<float> out;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    float v = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size()) {
+      BadField(field, absl::StrCat("not a number: '", part, "'"));
+    }
+    out.push_back(v);
+  }
+  if (out.size() != 3) BadField(field, absl::StrCat("needs 3 values, got ", out.size()));
+  return out;
+}
+
+}  // namespace
+
+void ValidateOptions(const StreamOptions& o) {
+  if (o.dataset.empty()) BadOption("dataset", "must not be empty");
+  if (o.batch_size == 0) BadOption("batch_size", "must be > 0");
+  if (o.world_size == 0) BadOption("world_size", "must be > 0");
+  if (o.rank >= o.world_size) {
+    BadOption("rank", absl::StrCat("must be < world_size (got rank ", o.rank, ", world_size ",
+                                   o.world_size, ")"));
+  }
+  if (o.image_size == 0) BadOption("image_size", "must be > 0");
+  if (o.dtype != DType::kUint8 && o.dtype != DType::kFloat32) {
+    BadOption("dtype", absl::StrCat("must be uint8 or float32 (got ", DTypeName(o.dtype), ")"));
+  }
+  for (const auto& [name, values] : {std::pair{"mean", &o.mean}, std::pair{"std", &o.std}}) {
+    if (values->empty()) continue;
+    if (o.dtype != DType::kFloat32) BadOption(name, "applies to dtype float32 only");
+    if (values->size() != 3) {
+      BadOption(name, absl::StrCat("needs 3 values (got ", values->size(), ")"));
+    }
+  }
+  for (float s : o.std) {
+    if (!(s > 0)) BadOption("std", absl::StrCat("values must be > 0 (got ", s, ")"));
+  }
+  if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) {
+    BadOption("start.epoch", absl::StrCat("is past end_epoch (", o.start.epoch, " > ",
+                                          o.end_epoch, ")"));
+  }
+  if (o.reconnect_deadline.count() < 0) BadOption("reconnect_deadline", "must be >= 0");
+}
+
+std::string FormatState(const StreamOptions& o, const Position& next) {
+  std::string s = absl::StrCat(
+      kMagic, " ", kVersion, " dataset=", PercentEncode(o.dataset), " batch_size=", o.batch_size,
+      " seed=", o.seed, " rank=", o.rank, " world_size=", o.world_size,
+      " image_size=", o.image_size, " augment=", o.augment == Augment::kEval ? "eval" : "train",
+      " dtype=", DTypeName(o.dtype), " layout=", o.layout == Layout::kNCHW ? "nchw" : "nhwc",
+      " shuffle=", o.shuffle ? 1 : 0, " drop_last=", o.drop_last ? 1 : 0,
+      " end_epoch=", o.end_epoch, " ring_slots=", o.ring_slots, " epoch=", next.epoch,
+      " sequence=", next.sequence, " cursor=", next.cursor);
+  if (!o.mean.empty()) absl::StrAppend(&s, " mean=", FormatFloats(o.mean));
+  if (!o.std.empty()) absl::StrAppend(&s, " std=", FormatFloats(o.std));
+  return s;
+}
+
+ResumeState ParseState(const std::string& text) {
+  const absl::string_view line = absl::StripAsciiWhitespace(text);
+  std::vector<absl::string_view> tokens = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (tokens.size() < 2 || tokens[0] != kMagic) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "invalid ringloader state: does not start with 'ringloader-state v1'");
+  }
+  if (tokens[1] != kVersion) {
+    BadField("version", absl::StrCat("unsupported version '", tokens[1], "' (expected v1)"));
+  }
+  std::map<absl::string_view, absl::string_view> fields;
+  for (size_t i = 2; i < tokens.size(); ++i) {
+    const size_t eq = tokens[i].find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      BadField(tokens[i], "expected key=value");
+    }
+    absl::string_view key = tokens[i].substr(0, eq);
+    if (!fields.emplace(key, tokens[i].substr(eq + 1)).second) BadField(key, "repeated");
+  }
+  // In the order FormatState writes them, so "missing" names the first one absent.
+  static const std::vector<absl::string_view> kRequired = {
+      "dataset", "batch_size", "seed",      "rank",       "world_size", "image_size",
+      "augment", "dtype",      "layout",    "shuffle",    "drop_last",  "end_epoch",
+      "ring_slots", "epoch",   "sequence",  "cursor"};
+  for (const auto& [key, value] : fields) {
+    if (std::find(kRequired.begin(), kRequired.end(), key) == kRequired.end() && key != "mean" &&
+        key != "std") {
+      BadField(key, "unknown field");
+    }
+  }
+  for (absl::string_view key : kRequired) {
+    if (!fields.count(key)) BadField(key, "missing");
+  }
+
+  ResumeState state;
+  StreamOptions& o = state.options;
+  o.dataset = PercentDecode("dataset", fields["dataset"]);
+  if (o.dataset.empty()) BadField("dataset", "empty");
+  o.batch_size = ParseU32("batch_size", fields["batch_size"]);
+  o.seed = ParseU64("seed", fields["seed"]);
+  o.rank = ParseU32("rank", fields["rank"]);
+  o.world_size = ParseU32("world_size", fields["world_size"]);
+  o.image_size = ParseU32("image_size", fields["image_size"]);
+  const absl::string_view augment = fields["augment"];
+  if (augment == "train") {
+    o.augment = Augment::kTrain;
+  } else if (augment == "eval") {
+    o.augment = Augment::kEval;
+  } else {
+    BadField("augment", absl::StrCat("must be train or eval, got '", augment, "'"));
+  }
+  const absl::string_view dtype = fields["dtype"];
+  if (dtype == "uint8") {
+    o.dtype = DType::kUint8;
+  } else if (dtype == "float32") {
+    o.dtype = DType::kFloat32;
+  } else {
+    BadField("dtype", absl::StrCat("must be uint8 or float32, got '", dtype, "'"));
+  }
+  const absl::string_view layout = fields["layout"];
+  if (layout == "nhwc") {
+    o.layout = Layout::kNHWC;
+  } else if (layout == "nchw") {
+    o.layout = Layout::kNCHW;
+  } else {
+    BadField("layout", absl::StrCat("must be nhwc or nchw, got '", layout, "'"));
+  }
+  o.shuffle = ParseBool("shuffle", fields["shuffle"]);
+  o.drop_last = ParseBool("drop_last", fields["drop_last"]);
+  o.end_epoch = ParseU64("end_epoch", fields["end_epoch"]);
+  o.ring_slots = ParseU32("ring_slots", fields["ring_slots"]);
+  o.start.epoch = ParseU64("epoch", fields["epoch"]);
+  o.start.sequence = ParseU64("sequence", fields["sequence"]);
+  o.start.cursor = ParseU64("cursor", fields["cursor"]);
+  if (fields.count("mean")) o.mean = ParseFloats("mean", fields["mean"]);
+  if (fields.count("std")) o.std = ParseFloats("std", fields["std"]);
+
+  // Cross-field rules, reported against the state's field names.
+  if (o.batch_size == 0) BadField("batch_size", "must be > 0");
+  if (o.world_size == 0) BadField("world_size", "must be > 0");
+  if (o.rank >= o.world_size) BadField("rank", "must be < world_size");
+  if (o.image_size == 0) BadField("image_size", "must be > 0");
+  if ((!o.mean.empty() || !o.std.empty()) && o.dtype != DType::kFloat32) {
+    BadField(o.mean.empty() ? "std" : "mean", "applies to dtype float32 only");
+  }
+  if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) BadField("epoch", "past end_epoch");
+  return state;
+}
+
+}  // namespace ringloader::client

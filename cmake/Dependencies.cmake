@@ -1,0 +1,16 @@
+# All of these are Debian 12 packages; scripts/setup lists them.
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(Boost 1.74 REQUIRED)          # Interprocess is header-only
+find_package(spdlog CONFIG REQUIRED)
+find_package(libjpeg-turbo CONFIG REQUIRED)
+find_package(tomlplusplus CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+if(RINGLOADER_BUILD_TESTS)
+  find_package(Catch2 2 CONFIG REQUIRED)
+endif()
+find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

@@ -1,0 +1,404 @@
+#include "server/daemon/config.h"
+
+#include <grp.h>
+
+#include <cctype>
+#include <charconv>
+#include <map>
+#include <set>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ringloader::server {
+namespace {
+
+// Reads typed keys out of one TOML table, remembering which keys it was asked about so that
+// the rest can be reported as unknown. The first error wins; later reads become no-ops.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string path, std::string source, absl::Status* error)
+      : table_(table), path_(std::move(path)), source_(std::move(source)), error_(error) {}
+
+  std::string KeyPath(const std::string& key) const {
+    return path_.empty() ? key : absl::StrCat(path_, ".", key);
+  }
+
+  // Records the first error and returns it.
+  absl::Status Fail(const std::string& key, const std::string& rule, const std::string& got) {
+    if (error_->ok()) {
+      *error_ = absl::InvalidArgumentError(
+          absl::StrCat(source_, ": ", KeyPath(key), ": ", rule, got.empty() ? "" : " (got ",
+                       got, got.empty() ? "" : ")"));
+    }
+    return *error_;
+  }
+  void Flag(const std::string& key, const std::string& rule, const std::string& got) {
+    Fail(key, rule, got).IgnoreError();
+  }
+
+  const toml::node* Get(const std::string& key) {
+    known_.insert(std::string(key));
+    return table_.get(key);
+  }
+
+  void String(const std::string& key, std::string* out, bool required = false) {
+    const toml::node* node = Get(key);
+    if (node == nullptr) {
+      if (required) Flag(key, "is required", "");
+      return;
+    }
+    if (!node->is_string()) {
+      Flag(key, "must be a string", Describe(*node));
+      return;
+    }
+    *out = node->as_string()->get();
+  }
+
+  template <typename T>
+  void Integer(const std::string& key, T* out, int64_t min, int64_t max) {
+    const toml::node* node = Get(key);
+    if (node == nullptr) return;
+    if (!node->is_integer()) {
+      Flag(key, "must be an integer", Describe(*node));
+      return;
+    }
+    int64_t v = node->as_integer()->get();
+    if (v < min || v > max) {
+      Flag(key, absl::StrCat("must be in [", min, ", ", max, "]"), std::to_string(v));
+      return;
+    }
+    *out = static_cast<T>(v);
+  }
+
+  void Bool(const std::string& key, bool* out) {
+    const toml::node* node = Get(key);
+    if (node == nullptr) return;
+    if (!node->is_boolean()) {
+      Flag(key, "must be true or false", Describe(*node));
+      return;
+    }
+    *out = node->as_boolean()->get();
+  }
+
+  // A byte size: an integer (bytes) or a string like "4GiB".
+  void ByteSize(const std::string& key, uint64_t* out, uint64_t min) {
+    const toml::node* node = Get(key);
+    if (node == nullptr) return;
+    uint64_t v = 0;
+    if (node->is_integer()) {
+      if (node->as_integer()->get() < 0) {
+        Flag(key, "must be >= 0", std::to_string(node->as_integer()->get()));
+        return;
+      }
+      v = static_cast<uint64_t>(node->as_integer()->get());
+    } else if (node->is_string()) {
+      auto parsed = ParseByteSize(node->as_string()->get());
+      if (!parsed.ok()) {
+        Flag(key, "must be a size such as \"4GiB\", \"512MiB\" or a byte count",
+             absl::StrCat("\"", node->as_string()->get(), "\""));
+        return;
+      }
+      v = *parsed;
+    } else {
+      Flag(key, "must be a size such as \"4GiB\"", Describe(*node));
+      return;
+    }
+    if (v < min) {
+      Flag(key, absl::StrCat("must be >= ", min, " bytes"), std::to_string(v));
+      return;
+    }
+    *out = v;
+  }
+
+  // A file mode written as a string of octal digits, e.g. "0660".
+  void Mode(const std::string& key, mode_t* out) {
+    const toml::node* node = Get(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) {
+      Flag(key, "must be an octal string such as \"0660\"", Describe(*node));
+      return;
+    }
+    const std::string& s = node->as_string()->get();
+    unsigned v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 8);
+    if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || v > 0777) {
+      Flag(key, "must be an octal mode such as \"0660\"", absl::StrCat("\"", s, "\""));
+      return;
+    }
+    *out = static_cast<mode_t>(v);
+  }
+
+  // One of `choices`; returns its index through `out`.
+  void Enum(const std::string& key, const std::vector<std::string>& choices, int* out) {
+    std::string value;
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) {
+      known_.insert(std::string(key));
+      return;
+    }
+    String(key, &value);
+    if (!error_->ok()) return;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (value == choices[i]) {
+        *out = static_cast<int>(i);
+        return;
+      }
+    }
+    Flag(key, absl::StrCat("must be one of ", absl::StrJoin(choices, ", ")),
+         absl::StrCat("\"", value, "\""));
+  }
+
+  void RejectUnknown() {
+    for (const auto& [k, v] : table_) {
+      if (!known_.count(std::string(k.str()))) {
+        Flag(std::string(k.str()), "unknown key", "");
+        return;
+      }
+    }
+  }
+
+  static std::string Describe(const toml::node& node) {
+    switch (node.type()) {
+      case toml::node_type::string: return absl::StrCat("\"", node.as_string()->get(), "\"");
+      case toml::node_type::integer: return std::to_string(node.as_integer()->get());
+      case toml::node_type::floating_point: return std::to_string(node.as_floating_point()->get());
+      case toml::node_type::boolean: return node.as_boolean()->get() ? "true" : "false";
+      case toml::node_type::table: return "a table";
+      case toml::node_type::array: return "an array";
+      default: return "a date/time";
+    }
+  }
+
+ private:
+  const toml::table& table_;
+  std::string path_;
+  std::string source_;
+  absl::Status* error_;
+  std::set<std::string> known_;
+};
+
+absl::Status ParseServer(const toml::table& table, const std::string& source, ServerConfig* s) {
+  absl::Status error;
+  TableReader r(table, "server", source, &error);
+  r.String("listen", &s->listen);
+  r.Mode("socket_mode", &s->socket_mode);
+  r.String("socket_group", &s->socket_group);
+  r.String("state_dir", &s->state_dir);
+  int level = -1;
+  r.Enum("log_level", {"trace", "debug", "info", "warn", "error", "critical", "off"}, &level);
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (level >= 0) s->log_level = kLevels[level];
+  int format = -1;
+  r.Enum("log_format", {"plain", "timestamped"}, &format);
+  if (format >= 0) s->log_format = format == 0 ? LogFormat::kPlain : LogFormat::kTimestamped;
+  r.Integer("decode_threads", &s->decode_threads, 0, 1024);
+  r.ByteSize("memory_limit", &s->memory_limit_bytes, 16ull << 20);
+  r.String("shm_dir", &s->shm_dir);
+  r.Mode("segment_mode", &s->segment_mode);
+  r.String("segment_group", &s->segment_group);
+  r.Integer("ring_slots", &s->ring_slots, 2, 1024);
+  r.Integer("max_ring_slots", &s->max_ring_slots, 2, 1024);
+  r.Integer("max_batch_size", &s->max_batch_size, 1, 1 << 20);
+  r.Integer("max_image_size", &s->max_image_size, 8, 16384);
+  r.Integer("max_streams", &s->max_streams, 1, 4096);
+  r.Integer("stream_idle_timeout_ms", &s->stream_idle_timeout_ms, 100, 86'400'000);
+  r.Integer("max_wait_ms", &s->max_wait_ms, 1, 60'000);
+  r.RejectUnknown();
+  if (!error.ok()) return error;
+  if (s->listen.empty()) return r.Fail("listen", "must not be empty", "");
+  if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
+  if (s->ring_slots > s->max_ring_slots) {
+    return r.Fail("ring_slots", absl::StrCat("must be <= max_ring_slots (", s->max_ring_slots, ")"),
+                  std::to_string(s->ring_slots));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDataset(const toml::table& table, const std::string& path,
+                          const std::string& source, DatasetConfig* d) {
+  absl::Status error;
+  TableReader r(table, path, source, &error);
+  r.String("name", &d->name, /*required=*/true);
+  int format = -1;
+  r.Enum("format", {"imagefolder", "manifest"}, &format);
+  if (format == 1) d->format = pipeline::DatasetFormat::kManifest;
+  r.String("path", &d->path, /*required=*/true);
+  r.String("manifest", &d->manifest);
+  int on_error = -1;
+  r.Enum("on_error", {"skip", "fail"}, &on_error);
+  if (on_error == 1) d->on_error = pipeline::OnError::kFail;
+  r.Integer("max_pixels", &d->max_pixels, 1, int64_t{1} << 40);
+  r.ByteSize("max_file_bytes", &d->max_file_bytes, 1024);
+  r.Bool("warnings_are_errors", &d->warnings_are_errors);
+  r.Integer("max_scans", &d->max_scans, 1, 100'000);
+  r.RejectUnknown();
+  if (!error.ok()) return error;
+  if (table.get("format") == nullptr) return r.Fail("format", "is required", "");
+  if (d->name.empty()) return r.Fail("name", "must not be empty", "");
+  for (char c : d->name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return r.Fail("name", "may contain only letters, digits, '-', '_' and '.'",
+                    absl::StrCat("\"", d->name, "\""));
+    }
+  }
+  if (d->path.empty() || d->path[0] != '/') {
+    return r.Fail("path", "must be an absolute path", absl::StrCat("\"", d->path, "\""));
+  }
+  if (d->format == pipeline::DatasetFormat::kManifest && d->manifest.empty()) {
+    return r.Fail("manifest", "is required when format = \"manifest\"", "");
+  }
+  if (d->format == pipeline::DatasetFormat::kImageFolder && !d->manifest.empty()) {
+    return r.Fail("manifest", "is only valid with format = \"manifest\"", "");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseFailpoints(const toml::table& table, const std::string& source,
+                             FailpointConfig* f) {
+  absl::Status error;
+  TableReader r(table, "failpoints", source, &error);
+  int action = -1;
+  r.Enum("action", {"none", "abort", "segfault", "oom"}, &action);
+  if (action >= 0) f->action = static_cast<FailpointConfig::Action>(action);
+  r.String("crash_on_path", &f->crash_on_path);
+  r.Integer("after_batches", &f->after_batches, 0, int64_t{1} << 50);
+  r.RejectUnknown();
+  if (!error.ok()) return error;
+  if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {
+    return r.Fail("action", "needs crash_on_path or after_batches to say when", "");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const DatasetConfig* DaemonConfig::FindDataset(std::string_view name) const {
+  for (const auto& d : datasets) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_view) {
+  const std::string text(text_view);
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  uint64_t number = 0;
+  if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &number)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a size: \"", text, "\""));
+  }
+  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
+  static const std::map<std::string, uint64_t> kUnits = {
+      {"", 1},          {"b", 1},           {"k", 1000},        {"kb", 1000},
+      {"kib", 1 << 10}, {"m", 1000000},     {"mb", 1000000},    {"mib", 1 << 20},
+      {"g", 1000000000}, {"gb", 1000000000}, {"gib", 1ull << 30}, {"t", 1000000000000ull},
+      {"tb", 1000000000000ull}, {"tib", 1ull << 40}};
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown size unit \"", unit, "\""));
+  }
+  if (number > UINT64_MAX / it->second) {
+    return absl::InvalidArgumentError(absl::StrCat("size too large: \"", text, "\""));
+  }
+  return number * it->second;
+}
+
+absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec_view) {
+  const std::string spec(spec_view);
+  FailpointConfig f;
+  for (absl::string_view part : absl::StrSplit(spec, ';', absl::SkipWhitespace())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    absl::string_view key = absl::StripAsciiWhitespace(kv.first);
+    absl::string_view value = absl::StripAsciiWhitespace(kv.second);
+    if (key == "action") {
+      if (value == "abort") f.action = FailpointConfig::Action::kAbort;
+      else if (value == "segfault") f.action = FailpointConfig::Action::kSegfault;
+      else if (value == "oom") f.action = FailpointConfig::Action::kOom;
+      else if (value == "none") f.action = FailpointConfig::Action::kNone;
+      else return absl::InvalidArgumentError(absl::StrCat(
+          "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom or none (got \"", value, "\")"));
+    } else if (key == "crash_on_path") {
+      f.crash_on_path = std::string(value.data(), value.size());
+    } else if (key == "after_batches") {
+      if (!absl::SimpleAtoi(value, &f.after_batches)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "RINGLOADER_FAILPOINTS: after_batches: must be an integer (got \"", value, "\")"));
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RINGLOADER_FAILPOINTS: unknown key \"", key, "\""));
+    }
+  }
+  return f;
+}
+
+absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::string& source) {
+  DaemonConfig config;
+  config.source = source;
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", e.source().begin.line, ":",
+                                                   e.source().begin.column, ": ",
+                                                   std::string(e.description())));
+  }
+  absl::Status error;
+  TableReader top(root, "", source, &error);
+  if (const toml::node* server = top.Get("server")) {
+    if (!server->is_table()) return top.Fail("server", "must be a table [server]", "");
+    if (auto s = ParseServer(*server->as_table(), source, &config.server); !s.ok()) return s;
+  }
+  if (const toml::node* datasets = top.Get("datasets")) {
+    if (!datasets->is_array_of_tables()) {
+      return top.Fail("datasets", "must be an array of tables [[datasets]]", "");
+    }
+    const toml::array& arr = *datasets->as_array();
+    for (size_t i = 0; i < arr.size(); ++i) {
+      DatasetConfig d;
+      std::string path = absl::StrCat("datasets[", i, "]");
+      if (auto s = ParseDataset(*arr[i].as_table(), path, source, &d); !s.ok()) return s;
+      if (config.FindDataset(d.name) != nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", path, ".name: \"", d.name,
+                                                       "\" is already used by another dataset"));
+      }
+      config.datasets.push_back(std::move(d));
+    }
+  }
+  if (const toml::node* fp = top.Get("failpoints")) {
+    if (!fp->is_table()) return top.Fail("failpoints", "must be a table [failpoints]", "");
+    if (auto s = ParseFailpoints(*fp->as_table(), source, &config.failpoints); !s.ok()) return s;
+  }
+  top.RejectUnknown();
+  if (!error.ok()) return error;
+  if (config.datasets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": datasets: at least one [[datasets]] entry is required"));
+  }
+  return config;
+}
+
+absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {
+  toml::table unused;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ",
+                                            std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+}  // namespace ringloader::server

@@ -1,0 +1,134 @@
+#include "server/daemon/crash_journal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringloader::server {
+namespace {
+
+constexpr uint32_t kMagic = 0x46494c52;  // "RLIF"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kEntryBytes = 16;
+
+// The journal the fatal-signal handler marks. One per process.
+std::atomic<uint32_t*> g_crashed_word{nullptr};
+
+void OnFatalSignal(int sig) {
+  // Async-signal-safe: one store into the shared file mapping, then die the default way.
+  uint32_t* word = g_crashed_word.load(std::memory_order_relaxed);
+  if (word != nullptr) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+std::atomic<uint64_t>* SlotWord(uint8_t* base, uint32_t worker) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(base + kHeaderBytes + kEntryBytes * worker);
+}
+std::atomic<uint64_t>* IndexWord(uint8_t* base, uint32_t worker) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(base + kHeaderBytes + kEntryBytes * worker + 8);
+}
+
+}  // namespace
+
+uint32_t DatasetHash(const std::string& name) {
+  uint32_t h = 2166136261u;  // FNV-1a, stable across builds and restarts
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h == 0 ? 1 : h;
+}
+
+absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::string& state_dir,
+                                                                 uint32_t worker_count) {
+  static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared file mapping");
+  std::string path = state_dir + "/inflight";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot open crash journal: ", std::strerror(errno)));
+  }
+  auto journal = std::unique_ptr<CrashJournal>(new CrashJournal());
+  // Read the previous incarnation's record before resizing.
+  uint32_t header[4] = {0, 0, 0, 0};
+  ssize_t n = ::pread(fd, header, sizeof(header), 0);
+  if (n == static_cast<ssize_t>(sizeof(header)) && header[0] == kMagic && header[1] == kVersion) {
+    uint32_t old_workers = std::min<uint32_t>(header[3], 4096);
+    std::vector<uint8_t> old(kHeaderBytes + kEntryBytes * old_workers);
+    if (::pread(fd, old.data(), old.size(), 0) == static_cast<ssize_t>(old.size())) {
+      for (uint32_t w = 0; w < old_workers; ++w) {
+        uint64_t slot = 0, index = 0;
+        std::memcpy(&slot, old.data() + kHeaderBytes + kEntryBytes * w, 8);
+        std::memcpy(&index, old.data() + kHeaderBytes + kEntryBytes * w + 8, 8);
+        if (slot != 0) {
+          journal->previous_abnormal_ = true;
+          if (header[2] != 0) {
+            journal->crashed_in_flight_.push_back({static_cast<uint32_t>(slot >> 32), index});
+          }
+        }
+      }
+    }
+    if (header[2] != 0) journal->previous_abnormal_ = true;
+  }
+  size_t bytes = kHeaderBytes + kEntryBytes * worker_count;
+  if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat(path, ": ftruncate: ", std::strerror(err)));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat(path, ": mmap: ", std::strerror(err)));
+  }
+  journal->base_ = static_cast<uint8_t*>(base);
+  journal->bytes_ = bytes;
+  journal->worker_count_ = worker_count;
+  uint32_t fresh[4] = {kMagic, kVersion, 0, worker_count};
+  std::memcpy(base, fresh, sizeof(fresh));
+  return journal;
+}
+
+CrashJournal::~CrashJournal() {
+  uint32_t* expected = reinterpret_cast<uint32_t*>(base_ + 8);
+  g_crashed_word.compare_exchange_strong(expected, nullptr);
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+void CrashJournal::Begin(uint32_t worker_id, uint32_t dataset_hash, uint64_t sample_index) {
+  if (worker_id >= worker_count_) return;
+  IndexWord(base_, worker_id)->store(sample_index, std::memory_order_relaxed);
+  SlotWord(base_, worker_id)->store((uint64_t{dataset_hash} << 32) | 1, std::memory_order_release);
+}
+
+void CrashJournal::End(uint32_t worker_id) {
+  if (worker_id >= worker_count_) return;
+  SlotWord(base_, worker_id)->store(0, std::memory_order_release);
+}
+
+void CrashJournal::InstallCrashHandlers() {
+  g_crashed_word.store(reinterpret_cast<uint32_t*>(base_ + 8));
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = OnFatalSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) sigaction(sig, &sa, nullptr);
+}
+
+void CrashJournal::MarkCleanExit() {
+  for (uint32_t w = 0; w < worker_count_; ++w) End(w);
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + 8), 0u, __ATOMIC_RELEASE);
+}
+
+}  // namespace ringloader::server

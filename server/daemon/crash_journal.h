@@ -1,0 +1,62 @@
+#pragma once
+// Which sample each decode worker is on, kept in a small file mapped into memory
+// (<state_dir>/inflight), so that after the daemon dies the next incarnation knows what was being
+// decoded. A fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) sets the header's `crashed`
+// word before the process dies; SIGKILL cannot be caught, so a kill from outside (an operator, a
+// chaos test) leaves `crashed` at 0 and strikes nobody. Stores into a shared file mapping survive
+// the process, so no fsync is needed (only a machine crash loses them, and that is no poison).
+//
+// File layout (little-endian, version 1):
+//   [0]  u32 magic 'RLIF'  [4] u32 version  [8] u32 crashed  [12] u32 worker_count
+//   [16 + 16*w] u64 slot word: 0 = idle, else (name_hash << 32 | 1); [24 + 16*w] u64 sample index
+//
+// Thread-safety: Begin/End for worker w only from the thread that owns worker id w.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ringloader::server {
+
+struct InFlightSample {
+  uint32_t dataset_hash;  // DatasetHash(name)
+  uint64_t sample_index;
+};
+
+uint32_t DatasetHash(const std::string& name);
+
+class CrashJournal {
+ public:
+  // Opens (creating if needed) <state_dir>/inflight. If the previous incarnation died of a fatal
+  // signal, the samples it had in flight are returned by crashed_in_flight(). The journal is then
+  // reset for this incarnation.
+  static absl::StatusOr<std::unique_ptr<CrashJournal>> Open(const std::string& state_dir,
+                                                            uint32_t worker_count);
+  ~CrashJournal();
+
+  const std::vector<InFlightSample>& crashed_in_flight() const { return crashed_in_flight_; }
+  // True if the previous incarnation exited without clearing the journal (any abnormal exit).
+  bool previous_exit_was_abnormal() const { return previous_abnormal_; }
+
+  void Begin(uint32_t worker_id, uint32_t dataset_hash, uint64_t sample_index);
+  void End(uint32_t worker_id);
+
+  // Installs handlers for fatal signals that mark the journal crashed and then re-raise the signal
+  // with its default action (so the exit status still says what happened).
+  void InstallCrashHandlers();
+  // A clean shutdown: clears every slot, so the next start strikes nobody.
+  void MarkCleanExit();
+
+ private:
+  CrashJournal() = default;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  uint32_t worker_count_ = 0;
+  std::vector<InFlightSample> crashed_in_flight_;
+  bool previous_abnormal_ = false;
+};
+
+}  // namespace ringloader::server

@@ -1,0 +1,332 @@
+#include "server/daemon/daemon.h"
+
+#include <grp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/daemon/config.h"
+#include "server/daemon/crash_journal.h"
+#include "server/daemon/daemon_stats.h"
+#include "server/daemon/loader_service.h"
+#include "server/daemon/memory_budget.h"
+#include "server/daemon/quarantine.h"
+#include "server/daemon/sample_gate.h"
+#include "server/daemon/stream_manager.h"
+#include "server/pipeline/batch_filler.h"
+#include "server/pipeline/dataset.h"
+#include "server/pipeline/worker_pool.h"
+#include "shm/ring.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "server/daemon/status_text.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+namespace {
+
+// Before the config is read: plain lines on stderr. Afterwards: the configured level and format.
+void SetUpLogging(const ServerConfig* server) {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::stderr_logger_mt("ringloaderd");
+    l->set_pattern("[%l] %v");
+    l->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(l);
+    return l;
+  }();
+  if (server == nullptr) return;
+  // journald stamps each line itself; `timestamped` is for plain files and terminals.
+  logger->set_pattern(server->log_format == LogFormat::kPlain ? "[%l] %v"
+                                                              : "%Y-%m-%dT%H:%M:%S.%e [%l] %v");
+  logger->set_level(spdlog::level::from_str(server->log_level));
+}
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+// Unix socket paths: make the directory, and remove a socket file left by a dead daemon (but
+// refuse to start beside a live one).
+absl::Status PrepareUnixSocket(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create socket directory ", parent.string(), ": ", ec.message()));
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  if (live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another ringloaderd is already serving on ", path));
+  }
+  ::unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+// Everything the daemon owns, declared in start-up order so destruction runs in reverse.
+struct DaemonState {
+  DaemonConfig config;
+  uint64_t incarnation = 0;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::unique_ptr<MemoryBudget> budget;
+  std::vector<Reservation> fixed_reservations;
+  std::map<std::string, std::unique_ptr<pipeline::Dataset>> datasets;
+  std::unique_ptr<CrashJournal> journal;
+  std::unique_ptr<Quarantine> quarantine;
+  std::unique_ptr<Failpoints> failpoints;
+  DaemonStats stats;
+  std::unique_ptr<pipeline::WorkerPool> pool;
+  std::unique_ptr<pipeline::BatchFiller> filler;
+  std::unique_ptr<SampleGate> gate;
+  std::unique_ptr<StreamManager> streams;
+  std::unique_ptr<LoaderService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string socket_path;
+};
+
+absl::Status OpenDatasets(DaemonState& d) {
+  for (size_t i = 0; i < d.config.datasets.size(); ++i) {
+    const DatasetConfig& dc = d.config.datasets[i];
+    std::string key = absl::StrCat(d.config.source, ": datasets[", i, "]");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dc.path, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat(key, ".path: \"", dc.path, "\" is not a directory"));
+    }
+    pipeline::DatasetSpec spec;
+    spec.name = dc.name;
+    spec.format = dc.format;
+    spec.root = dc.path;
+    spec.manifest_path = dc.manifest;
+    spec.state_dir = d.config.server.state_dir;
+    absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
+    if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat(key, ": ", ds.status().message()));
+    absl::StatusOr<Reservation> r =
+        d.budget->Reserve((*ds)->MemoryBytes(), absl::StrCat("the index of dataset ", dc.name));
+    if (!r.ok()) return r.status();
+    d.fixed_reservations.push_back(std::move(*r));
+    SPDLOG_INFO("dataset {}: {} samples, {} classes{}", dc.name, (*ds)->size(),
+                (*ds)->class_names().size(), (*ds)->loaded_from_cache() ? " (index cache)" : "");
+    d.datasets[dc.name] = std::move(*ds);
+  }
+  return absl::OkStatus();
+}
+
+// Strikes for samples that were being decoded when the previous incarnation crashed.
+absl::Status ApplyStrikes(DaemonState& d) {
+  if (d.journal->previous_exit_was_abnormal()) {
+    SPDLOG_WARN("the previous ringloaderd did not shut down cleanly; {} samples were in flight "
+                "at a fatal signal",
+                d.journal->crashed_in_flight().size());
+  }
+  for (const InFlightSample& s : d.journal->crashed_in_flight()) {
+    for (const auto& [name, ds] : d.datasets) {
+      if (DatasetHash(name) != s.dataset_hash || s.sample_index >= ds->size()) continue;
+      std::string path(ds->relative_path(s.sample_index));
+      absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, s.sample_index, path);
+      if (!strikes.ok()) return strikes.status();
+      if (*strikes >= Quarantine::kStrikesToQuarantine) {
+        SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
+                    "will be skipped (`ringloaderctl quarantine clear` to retry it)",
+                    name, s.sample_index, path, *strikes);
+      } else {
+        SPDLOG_WARN("dataset {}: sample {} ({}) was being decoded when ringloaderd crashed "
+                    "(strike {}/{})",
+                    name, s.sample_index, path, *strikes, Quarantine::kStrikesToQuarantine);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StartUp(DaemonState& d) {
+  const ServerConfig& server = d.config.server;
+  std::error_code ec;
+  std::filesystem::create_directories(server.state_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        d.config.source, ": server.state_dir: cannot create \"", server.state_dir, "\": ",
+        ec.message()));
+  }
+  if (absl::StatusOr<int> removed = shm::RemoveStaleSegments(server.shm_dir); removed.ok()) {
+    if (*removed > 0) SPDLOG_INFO("removed {} stale segments of dead daemons", *removed);
+  } else {
+    SPDLOG_WARN("stale segment scan: {}", Text(removed.status()));
+  }
+  d.budget = std::make_unique<MemoryBudget>(server.memory_limit_bytes);
+  if (absl::Status s = OpenDatasets(d); !s.ok()) return s;
+
+  d.pool = std::make_unique<pipeline::WorkerPool>(server.decode_threads);
+  uint64_t per_worker = 0;
+  image::DecodeLimits limits;
+  limits.max_pixels = 0;
+  for (const DatasetConfig& dc : d.config.datasets) {
+    per_worker = std::max(per_worker, dc.max_pixels * 3 + dc.max_file_bytes);
+    limits.max_pixels = std::max(limits.max_pixels, dc.max_pixels);
+    limits.warnings_are_errors = dc.warnings_are_errors;
+    limits.max_scans = dc.max_scans;
+  }
+  absl::StatusOr<Reservation> workspace = d.budget->Reserve(
+      per_worker * d.pool->size(),
+      absl::StrCat("decode work space (", d.pool->size(), " threads x ", FormatBytes(per_worker),
+                   " for max_pixels and max_file_bytes)"));
+  if (!workspace.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(d.config.source, ": server.memory_limit: ", workspace.status().message()));
+  }
+  d.fixed_reservations.push_back(std::move(*workspace));
+
+  absl::StatusOr<std::unique_ptr<CrashJournal>> journal =
+      CrashJournal::Open(server.state_dir, d.pool->size());
+  if (!journal.ok()) return journal.status();
+  d.journal = std::move(*journal);
+  absl::StatusOr<std::unique_ptr<Quarantine>> quarantine = Quarantine::Load(server.state_dir);
+  if (!quarantine.ok()) return quarantine.status();
+  d.quarantine = std::move(*quarantine);
+  if (absl::Status s = ApplyStrikes(d); !s.ok()) return s;
+  d.journal->InstallCrashHandlers();
+  d.failpoints = std::make_unique<Failpoints>(d.config.failpoints);
+  if (d.failpoints->enabled()) SPDLOG_WARN("failpoints are enabled: this daemon will crash on purpose");
+
+  d.filler = std::make_unique<pipeline::BatchFiller>(*d.pool, limits);
+  d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints);
+  StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
+                         d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
+                         d.started};
+  d.streams = std::make_unique<StreamManager>(deps);
+  d.service = std::make_unique<LoaderService>(*d.streams);
+
+  // gRPC.
+  const std::string& listen = server.listen;
+  if (absl::StartsWith(listen, "unix:")) {
+    d.socket_path = listen.substr(5);
+    if (absl::StartsWith(d.socket_path, "//")) d.socket_path = d.socket_path.substr(2);
+    if (absl::Status s = PrepareUnixSocket(d.socket_path); !s.ok()) return s;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(d.service.get());
+  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
+  grpc::ResourceQuota quota("ringloaderd");
+  quota.SetMaxThreads(std::max<int>(16, 2 * server.max_streams + 8));
+  builder.SetResourceQuota(quota);
+  mode_t old_umask = umask(0117);  // the socket is created 0660 from the start
+  d.server = builder.BuildAndStart();
+  umask(old_umask);
+  if (!d.server || (!absl::StartsWith(listen, "unix:") && port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
+                                               " (address in use, or not permitted?)"));
+  }
+  if (!d.socket_path.empty()) {
+    if (chmod(d.socket_path.c_str(), server.socket_mode) != 0) {
+      return absl::InternalError(absl::StrCat("chmod ", d.socket_path, ": ", std::strerror(errno)));
+    }
+    if (!server.socket_group.empty()) {
+      struct group* g = getgrnam(server.socket_group.c_str());
+      if (g == nullptr || chown(d.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(d.config.source,
+                                                       ": server.socket_group: cannot use group \"",
+                                                       server.socket_group, "\""));
+      }
+    }
+  }
+  d.streams->StartReaper();
+  d.server->GetHealthCheckService()->SetServingStatus(true);
+  return absl::OkStatus();
+}
+
+void ShutDown(DaemonState& d) {
+  if (d.server) {
+    d.server->GetHealthCheckService()->SetServingStatus(false);
+    d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  if (d.streams) d.streams->Shutdown();  // producers stopped, segments unlinked
+  if (d.server) d.server->Wait();
+  if (!d.socket_path.empty()) ::unlink(d.socket_path.c_str());
+  if (d.journal) d.journal->MarkCleanExit();
+}
+
+}  // namespace
+
+int RunDaemon(const DaemonOptions& options) {
+  // Signals are taken synchronously by this thread; every thread started later inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  SetUpLogging(nullptr);
+  DaemonState d;
+  absl::StatusOr<DaemonConfig> config = LoadConfig(options.config_path);
+  if (!config.ok()) {
+    SPDLOG_ERROR("{}", Text(config.status()));
+    return 1;
+  }
+  d.config = std::move(*config);
+  if (!options.listen_override.empty()) d.config.server.listen = options.listen_override;
+  if (const char* env = std::getenv("RINGLOADER_FAILPOINTS"); env != nullptr && *env != '\0') {
+    absl::StatusOr<FailpointConfig> fp = ParseFailpointSpec(env);
+    if (!fp.ok()) {
+      SPDLOG_ERROR("{}", Text(fp.status()));
+      return 1;
+    }
+    d.config.failpoints = *fp;
+  }
+  SetUpLogging(&d.config.server);
+  d.incarnation = NewIncarnation();
+
+  if (absl::Status s = StartUp(d); !s.ok()) {
+    SPDLOG_ERROR("start-up failed: {}", Text(s));
+    ShutDown(d);
+    return 1;
+  }
+  SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
+              "memory_limit={}",
+              d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
+              FormatBytes(d.config.server.memory_limit_bytes));
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  SPDLOG_INFO("{} received: shutting down", strsignal(sig));
+  ShutDown(d);
+  SPDLOG_INFO("ringloaderd stopped cleanly");
+  return 0;
+}
+
+}  // namespace ringloader::server

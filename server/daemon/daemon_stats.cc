@@ -1,0 +1,67 @@
+#include "server/daemon/daemon_stats.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace ringloader::server {
+
+bool DaemonStats::RecordBadFile(uint64_t sample_index, BadFileRecord record) {
+  absl::MutexLock lock(&mu_);
+  ++errors_;
+  ++by_reason_[record.reason];
+  bool is_new = true;
+  auto key = std::make_pair(record.dataset, sample_index);
+  if (seen_.count(key)) {
+    is_new = false;
+  } else if (seen_.size() < kMaxRememberedBadFiles) {
+    seen_.insert(std::move(key));
+  }
+  if (is_new) {
+    recent_.push_back(std::move(record));
+    if (recent_.size() > kRecentBadFiles) recent_.pop_front();
+  }
+  return is_new;
+}
+
+uint64_t DaemonStats::decode_errors() const {
+  absl::MutexLock lock(&mu_);
+  return errors_;
+}
+
+std::map<std::string, uint64_t> DaemonStats::errors_by_reason() const {
+  absl::MutexLock lock(&mu_);
+  return by_reason_;
+}
+
+std::vector<BadFileRecord> DaemonStats::recent_bad_files() const {
+  absl::MutexLock lock(&mu_);
+  return {recent_.begin(), recent_.end()};
+}
+
+void DaemonStats::Sample(std::chrono::steady_clock::time_point now) {
+  absl::MutexLock lock(&mu_);
+  rate_samples_.emplace_back(now, images_decoded.load(std::memory_order_relaxed));
+  while (rate_samples_.size() > 6) rate_samples_.pop_front();
+}
+
+double DaemonStats::images_per_second() const {
+  absl::MutexLock lock(&mu_);
+  if (rate_samples_.size() < 2) return 0.0;
+  const auto& [t0, n0] = rate_samples_.front();
+  const auto& [t1, n1] = rate_samples_.back();
+  double seconds = std::chrono::duration<double>(t1 - t0).count();
+  return seconds > 0 ? static_cast<double>(n1 - n0) / seconds : 0.0;
+}
+
+uint64_t CurrentRssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  if (n != 2) return 0;
+  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace ringloader::server

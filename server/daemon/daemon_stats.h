@@ -1,0 +1,66 @@
+#pragma once
+// Daemon-wide counters and the record of bad files, read by GetStats.
+// Per-sample events are counted here; a bad file is *logged* once (by the caller, when
+// RecordBadFile says it is new), counted by reason, and kept in a short "recent" list.
+//
+// Thread-safety: thread-safe; counters are relaxed atomics, the bad-file record has a mutex.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ringloader::server {
+
+struct BadFileRecord {
+  std::string dataset;
+  std::string path;
+  std::string reason;
+  std::string message;
+};
+
+class DaemonStats {
+ public:
+  static constexpr size_t kRecentBadFiles = 32;
+  // Bound on remembered (dataset, sample) pairs used to log each bad file once; past it, files
+  // are still counted but may be logged again (memory stays bounded whatever the dataset).
+  static constexpr size_t kMaxRememberedBadFiles = 100'000;
+
+  std::atomic<uint64_t> images_decoded{0};
+  std::atomic<uint64_t> batches_served{0};
+  std::atomic<uint64_t> batches_published{0};
+  std::atomic<uint64_t> requests_rejected{0};
+
+  // Returns true when this (dataset, sample) was not seen before (the caller logs it then).
+  bool RecordBadFile(uint64_t sample_index, BadFileRecord record);
+
+  uint64_t decode_errors() const;
+  std::map<std::string, uint64_t> errors_by_reason() const;
+  std::vector<BadFileRecord> recent_bad_files() const;
+
+  // Called about once a second; images_per_second() averages over the last ~5 s.
+  void Sample(std::chrono::steady_clock::time_point now);
+  double images_per_second() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, uint64_t> by_reason_ ABSL_GUARDED_BY(mu_);
+  std::deque<BadFileRecord> recent_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, uint64_t>> seen_ ABSL_GUARDED_BY(mu_);
+  uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> rate_samples_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Resident set size of this process, from /proc/self/statm (0 if unreadable).
+uint64_t CurrentRssBytes();
+
+}  // namespace ringloader::server

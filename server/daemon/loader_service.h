@@ -1,0 +1,54 @@
+#pragma once
+// The gRPC face of the daemon: each handler is one line that calls StreamManager and converts its
+// status. All logic lives in StreamManager, which has its own tests.
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ringloader.grpc.pb.h"
+#include "server/daemon/stream_manager.h"
+
+namespace ringloader::server {
+
+// The only place absl::Status becomes grpc::Status.
+grpc::Status ToGrpc(const absl::Status& status);
+
+class LoaderService final : public v1::Loader::Service {
+ public:
+  explicit LoaderService(StreamManager& streams) : streams_(streams) {}
+
+  grpc::Status OpenStream(grpc::ServerContext*, const v1::OpenStreamRequest* request,
+                          v1::OpenStreamResponse* response) override {
+    return ToGrpc(streams_.Open(*request, response));
+  }
+  grpc::Status NextBatch(grpc::ServerContext*, const v1::NextBatchRequest* request,
+                         v1::NextBatchResponse* response) override {
+    return ToGrpc(streams_.Next(*request, response));
+  }
+  grpc::Status ReleaseBatches(grpc::ServerContext*, const v1::ReleaseBatchesRequest* request,
+                              v1::ReleaseBatchesResponse*) override {
+    return ToGrpc(streams_.Release(*request));
+  }
+  grpc::Status CloseStream(grpc::ServerContext*, const v1::CloseStreamRequest* request,
+                           v1::CloseStreamResponse*) override {
+    return ToGrpc(streams_.Close(*request));
+  }
+  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                        v1::GetStatsResponse* response) override {
+    streams_.Stats(response);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListQuarantine(grpc::ServerContext*, const v1::ListQuarantineRequest*,
+                              v1::ListQuarantineResponse* response) override {
+    streams_.ListQuarantine(response);
+    return grpc::Status::OK;
+  }
+  grpc::Status ClearQuarantine(grpc::ServerContext*, const v1::ClearQuarantineRequest* request,
+                               v1::ClearQuarantineResponse* response) override {
+    return ToGrpc(streams_.ClearQuarantine(*request, response));
+  }
+
+ private:
+  StreamManager& streams_;
+};
+
+}  // namespace ringloader::server

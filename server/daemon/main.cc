@@ -1,0 +1,26 @@
+// ringloaderd: parse flags, then run the daemon (or its supervisor).
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "server/daemon/daemon.h"
+#include "server/daemon/supervisor.h"
+
+int main(int argc, char** argv) {
+  ringloader::server::DaemonOptions options;
+  bool supervise = false;
+  CLI::App app{"ringloaderd: decodes and batches training images into shared memory"};
+  app.add_option("--config", options.config_path, "TOML config file")->required();
+  app.add_option("--listen", options.listen_override, "unix:PATH or HOST:PORT (overrides config)");
+  app.add_flag("--supervise", supervise, "run the daemon as a child and restart it when it dies");
+  app.set_version_flag("--version", "ringloaderd 0.1.0");
+  CLI11_PARSE(app, argc, argv);
+  if (!supervise) return ringloader::server::RunDaemon(options);
+
+  ringloader::server::SupervisorOptions supervisor;
+  supervisor.child_argv = {"/proc/self/exe", "--config", options.config_path};
+  if (!options.listen_override.empty()) {
+    supervisor.child_argv.insert(supervisor.child_argv.end(), {"--listen", options.listen_override});
+  }
+  return ringloader::server::RunSupervisor(supervisor);
+}

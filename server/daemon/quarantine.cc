@@ -1,0 +1,101 @@
+#include "server/daemon/quarantine.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ringloader::server {
+
+absl::StatusOr<std::unique_ptr<Quarantine>> Quarantine::Load(const std::string& state_dir) {
+  auto q = std::unique_ptr<Quarantine>(new Quarantine(state_dir + "/quarantine.tsv"));
+  std::ifstream in(q->path_);
+  if (!in) return q;  // none yet
+  absl::MutexLock lock(&q->mu_);
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits('\t', 3));
+    QuarantineEntry e;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[1], &e.sample_index) ||
+        !absl::SimpleAtoi(f[2], &e.strikes)) {
+      return absl::DataLossError(absl::StrCat(q->path_, ":", line_no,
+                                              ": expected dataset<TAB>index<TAB>strikes<TAB>path"));
+    }
+    e.dataset = f[0];
+    e.path = f[3];
+    q->entries_[{e.dataset, e.sample_index}] = std::move(e);
+  }
+  return q;
+}
+
+absl::StatusOr<uint32_t> Quarantine::Strike(const std::string& dataset, uint64_t sample_index,
+                                            const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  QuarantineEntry& e = entries_[{dataset, sample_index}];
+  if (e.path != path) e.strikes = 0;  // a different file now sits at this index
+  e.dataset = dataset;
+  e.sample_index = sample_index;
+  e.path = path;
+  ++e.strikes;
+  if (auto s = SaveLocked(); !s.ok()) return s;
+  return e.strikes;
+}
+
+bool Quarantine::IsQuarantined(const std::string& dataset, uint64_t sample_index) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (entries_.empty()) return false;
+  auto it = entries_.find({dataset, sample_index});
+  return it != entries_.end() && it->second.strikes >= kStrikesToQuarantine;
+}
+
+std::vector<QuarantineEntry> Quarantine::Quarantined() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<QuarantineEntry> out;
+  for (const auto& [key, e] : entries_) {
+    if (e.strikes >= kStrikesToQuarantine) out.push_back(e);
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> Quarantine::Clear(const std::string& dataset) {
+  absl::MutexLock lock(&mu_);
+  uint64_t cleared = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (dataset.empty() || it->second.dataset == dataset) {
+      if (it->second.strikes >= kStrikesToQuarantine) ++cleared;
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (auto s = SaveLocked(); !s.ok()) return s;
+  return cleared;
+}
+
+absl::Status Quarantine::SaveLocked() {
+  std::string tmp = path_ + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    return absl::InternalError(absl::StrCat(tmp, ": ", std::strerror(errno)));
+  }
+  for (const auto& [key, e] : entries_) {
+    std::fprintf(f, "%s\t%llu\t%u\t%s\n", e.dataset.c_str(),
+                 static_cast<unsigned long long>(e.sample_index), e.strikes, e.path.c_str());
+  }
+  bool ok = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat(path_, ": cannot save: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringloader::server

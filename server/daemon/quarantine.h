@@ -1,0 +1,57 @@
+#pragma once
+// Samples suspected of crashing the daemon. Each sample that was being decoded when the daemon
+// died of a fatal signal gets a strike; a sample with `kStrikesToQuarantine` strikes is skipped in
+// every later epoch like a decode error (the same on every rank: they share this daemon).
+//
+// Persisted as <state_dir>/quarantine.tsv, one line per struck sample:
+//   dataset <TAB> sample_index <TAB> strikes <TAB> relative_path
+// rewritten atomically (temp file + rename) on every change.
+//
+// Thread-safety: thread-safe; IsQuarantined takes a reader lock.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ringloader::server {
+
+struct QuarantineEntry {
+  std::string dataset;
+  uint64_t sample_index = 0;
+  std::string path;
+  uint32_t strikes = 0;
+};
+
+class Quarantine {
+ public:
+  static constexpr uint32_t kStrikesToQuarantine = 2;
+
+  // Loads <state_dir>/quarantine.tsv if present; malformed lines are errors naming the line.
+  static absl::StatusOr<std::unique_ptr<Quarantine>> Load(const std::string& state_dir);
+
+  // Adds a strike; returns the new strike count. Persists.
+  absl::StatusOr<uint32_t> Strike(const std::string& dataset, uint64_t sample_index,
+                                  const std::string& path);
+  bool IsQuarantined(const std::string& dataset, uint64_t sample_index) const;
+  // Entries with >= kStrikesToQuarantine strikes.
+  std::vector<QuarantineEntry> Quarantined() const;
+  // Removes every entry (of `dataset`, or all when empty). Returns how many quarantined samples
+  // were cleared. Persists.
+  absl::StatusOr<uint64_t> Clear(const std::string& dataset);
+
+ private:
+  explicit Quarantine(std::string path) : path_(std::move(path)) {}
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  mutable absl::Mutex mu_;
+  std::map<std::pair<std::string, uint64_t>, QuarantineEntry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ringloader::server

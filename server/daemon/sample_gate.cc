@@ -1,0 +1,78 @@
+#include "server/daemon/sample_gate.h"
+
+#include <fnmatch.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/image/sample_decoder.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+
+void Failpoints::OnSample(const std::string& relative_path) const {
+  if (!config_.enabled() || config_.crash_on_path.empty()) return;
+  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) == 0) {
+    Act(absl::StrCat("sample ", relative_path, " matches crash_on_path"));
+  }
+}
+
+void Failpoints::OnBatchPublished(uint64_t published) const {
+  if (!config_.enabled() || config_.after_batches == 0) return;
+  if (published >= config_.after_batches) {
+    Act(absl::StrCat(published, " batches published (after_batches = ", config_.after_batches,
+                     ")"));
+  }
+}
+
+void Failpoints::Act(const std::string& why) const {
+  using Action = FailpointConfig::Action;
+  switch (config_.action) {
+    case Action::kAbort:
+      SPDLOG_CRITICAL("failpoint: abort: {}", why);
+      spdlog::default_logger()->flush();
+      std::abort();
+    case Action::kSegfault: {
+      SPDLOG_CRITICAL("failpoint: segfault: {}", why);
+      spdlog::default_logger()->flush();
+      volatile int* null_page = nullptr;
+      *null_page = 1;
+      std::abort();  // not reached
+    }
+    case Action::kOom: {
+      SPDLOG_CRITICAL("failpoint: allocating until out of memory: {}", why);
+      spdlog::default_logger()->flush();
+      std::vector<char*> hog;
+      for (;;) {
+        char* chunk = new char[64u << 20];  // throws bad_alloc under RLIMIT_AS -> terminate
+        std::memset(chunk, 1, 64u << 20);   // touch it so the kernel must back it
+        hog.push_back(chunk);
+      }
+    }
+    case Action::kNone:
+      break;
+  }
+  std::abort();
+}
+
+absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
+                                      uint32_t worker_id) {
+  if (quarantine_.IsQuarantined(dataset.name(), sample_index)) {
+    return image::WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            std::string(dataset.relative_path(sample_index)), ": quarantined: it was being decoded when the daemon "
+            "crashed ", Quarantine::kStrikesToQuarantine, " times")),
+        "quarantined");
+  }
+  journal_.Begin(worker_id, DatasetHash(dataset.name()), sample_index);
+  if (failpoints_.enabled()) failpoints_.OnSample(std::string(dataset.relative_path(sample_index)));
+  return absl::OkStatus();
+}
+
+void SampleGate::AfterDecode(const pipeline::Dataset&, uint64_t, uint32_t worker_id) {
+  journal_.End(worker_id);
+}
+
+}  // namespace ringloader::server

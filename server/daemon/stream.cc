@@ -1,0 +1,330 @@
+#include "server/daemon/stream.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/pipeline/sampler.h"
+#include "server/daemon/status_text.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A ring transition that can only fail if this class broke its own invariant: stop loudly.
+void CheckRing(const absl::Status& status, uint64_t stream_id) {
+  if (status.ok()) return;
+  SPDLOG_CRITICAL("stream {}: ring invariant broken: {}", stream_id, status.ToString());
+  std::abort();
+}
+
+v1::Position MakePosition(uint64_t epoch, uint64_t sequence, uint64_t cursor) {
+  v1::Position p;
+  p.set_epoch(epoch);
+  p.set_sequence(sequence);
+  p.set_cursor(cursor);
+  return p;
+}
+
+}  // namespace
+
+Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reservation reservation,
+               StreamDeps deps)
+    : setup_(std::move(setup)),
+      ring_(std::move(ring)),
+      reservation_(std::move(reservation)),
+      deps_(deps),
+      slots_(ring_->slot_count()),
+      last_activity_ns_(NowNs()) {
+  absl::MutexLock lock(&mu_);
+  produce_pos_ = setup_.start;
+  handles_.resize(slots_);
+}
+
+Stream::~Stream() { Stop(); }
+
+void Stream::Start() { producer_ = std::thread([this] { ProducerLoop(); }); }
+
+void Stream::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (producer_.joinable()) producer_.join();
+}
+
+std::chrono::steady_clock::time_point Stream::last_activity() const {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::nanoseconds(last_activity_ns_.load(std::memory_order_relaxed)));
+}
+
+void Stream::Touch() { last_activity_ns_.store(NowNs(), std::memory_order_relaxed); }
+
+void Stream::ProducerLoop() {
+  const v1::StreamSpec& spec = setup_.spec;
+  std::unique_ptr<pipeline::EpochShard> shard;
+  // An epoch that starts at cursor 0 and yields no batch at all means no sample of the shard
+  // decodes: end the stream with that error instead of decoding failures forever.
+  bool epoch_from_start = setup_.start.cursor() == 0;
+  uint64_t batches_this_epoch = 0;
+  auto next_epoch = [&](const v1::Position& pos) {
+    absl::MutexLock lock(&mu_);
+    if (epoch_from_start && batches_this_epoch == 0) {
+      error_ = absl::DataLossError(absl::StrCat(
+          "dataset ", setup_.dataset->name(), ": no sample of rank ", spec.rank(), "'s shard of epoch ",
+          pos.epoch(), " could be decoded (or all are quarantined); see `ringloaderctl stats`"));
+      ended_ = true;
+      cv_.SignalAll();
+      return;
+    }
+    produce_pos_ = MakePosition(pos.epoch() + 1, 0, 0);
+    epoch_from_start = true;
+    batches_this_epoch = 0;
+  };
+  while (true) {
+    uint64_t seq;
+    v1::Position pos;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && (ended_ || ring_->Slot(produce_seq_ % slots_).state !=
+                                      shm::SlotState::kFree)) {
+        cv_.Wait(&mu_);
+      }
+      if (stop_) return;
+      seq = produce_seq_;
+      pos = produce_pos_;
+    }
+    if (spec.end_epoch() != 0 && pos.epoch() >= spec.end_epoch()) {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      cv_.SignalAll();
+      continue;
+    }
+    if (!shard || shard->spec().epoch != pos.epoch()) {
+      pipeline::ShardSpec shard_spec;
+      shard_spec.seed = spec.seed();
+      shard_spec.epoch = pos.epoch();
+      shard_spec.rank = spec.rank();
+      shard_spec.world_size = spec.world_size();
+      shard_spec.shuffle = spec.shuffle();
+      shard_spec.drop_last = spec.drop_last();
+      shard = std::make_unique<pipeline::EpochShard>(setup_.dataset->size(), shard_spec);
+    }
+    if (pos.cursor() >= shard->size()) {
+      next_epoch(pos);
+      continue;
+    }
+
+    const uint32_t slot = static_cast<uint32_t>(seq % slots_);
+    CheckRing(ring_->BeginFill(slot), setup_.id);
+    pipeline::FillRequest request;
+    request.dataset = setup_.dataset;
+    request.shard = shard.get();
+    request.cursor = pos.cursor();
+    request.batch_size = spec.batch_size();
+    request.transform = setup_.transform;
+    request.on_error = setup_.on_error;
+    request.seed = spec.seed();
+    request.epoch = pos.epoch();
+    std::span<uint8_t> payload = ring_->Payload(slot);
+    absl::StatusOr<pipeline::FilledBatch> filled =
+        deps_.filler->Fill(request, payload, deps_.observer);
+    if (!filled.ok()) {
+      CheckRing(ring_->Abandon(slot), setup_.id);
+      SPDLOG_WARN("stream {} ended: {}", setup_.id, Text(filled.status()));
+      absl::MutexLock lock(&mu_);
+      error_ = filled.status();
+      ended_ = true;
+      cv_.SignalAll();
+      continue;
+    }
+    RecordSkipped(*filled);
+    deps_.stats->images_decoded.fetch_add(filled->count, std::memory_order_relaxed);
+    const bool dropped = spec.drop_last() && filled->count < spec.batch_size();
+    if (filled->count == 0 || dropped) {  // the rest of this epoch's shard yields no full batch
+      CheckRing(ring_->Abandon(slot), setup_.id);
+      if (filled->count > 0) ++batches_this_epoch;  // a dropped partial batch still decoded
+      next_epoch(pos);
+      continue;
+    }
+    const bool last_in_epoch = filled->next_cursor >= shard->size();
+    v1::Position next = last_in_epoch
+                            ? MakePosition(pos.epoch() + 1, 0, 0)
+                            : MakePosition(pos.epoch(), pos.sequence() + 1, filled->next_cursor);
+    v1::BatchHandle handle =
+        MakeHandle(slot, seq, pos, next, *filled, last_in_epoch, payload);
+    CheckRing(ring_->Publish(slot, seq, setup_.layout.total_bytes), setup_.id);
+    {
+      absl::MutexLock lock(&mu_);
+      handle.set_payload_checksum(ring_->Slot(slot).checksum);
+      handles_[slot] = std::move(handle);
+      produce_seq_ = seq + 1;
+      produce_pos_ = next;
+      if (last_in_epoch) {
+        epoch_from_start = true;
+        batches_this_epoch = 0;
+      } else {
+        ++batches_this_epoch;
+      }
+      cv_.SignalAll();
+    }
+    SPDLOG_DEBUG("stream {} published epoch={} sequence={} slot={} samples={}", setup_.id,
+                 pos.epoch(), pos.sequence(), slot, filled->count);
+    uint64_t published = deps_.stats->batches_published.fetch_add(1) + 1;
+    if (deps_.failpoints->enabled()) deps_.failpoints->OnBatchPublished(published);
+  }
+}
+
+void Stream::RecordSkipped(const pipeline::FilledBatch& filled) {
+  for (const pipeline::SampleError& e : filled.errors) {
+    BadFileRecord record{setup_.dataset->name(), e.relative_path, e.reason, e.message};
+    if (deps_.stats->RecordBadFile(e.sample_index, std::move(record))) {
+      SPDLOG_WARN("dataset {}: skipping sample {} ({}): {}", setup_.dataset->name(),
+                  e.sample_index, e.reason, e.message);
+    }
+  }
+}
+
+v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
+                                   const v1::Position& position, const v1::Position& next,
+                                   const pipeline::FilledBatch& filled, bool last_in_epoch,
+                                   std::span<const uint8_t> payload) const {
+  v1::BatchHandle h;
+  h.set_stream_id(setup_.id);
+  h.set_incarnation(setup_.incarnation);
+  h.set_slot(slot);
+  h.set_ring_sequence(ring_sequence);
+  *h.mutable_position() = position;
+  *h.mutable_next() = next;
+  h.set_sample_count(filled.count);
+  h.set_last_in_epoch(last_in_epoch);
+  const image::TransformSpec& t = setup_.transform;
+  const uint64_t n = filled.count;
+  const uint64_t size = t.image_size;
+  v1::TensorView* images = h.mutable_images();
+  images->set_offset(setup_.layout.images_offset);
+  images->add_shape(n);
+  if (t.layout == image::Layout::kNHWC) {
+    images->add_shape(size);
+    images->add_shape(size);
+    images->add_shape(3);
+  } else {
+    images->add_shape(3);
+    images->add_shape(size);
+    images->add_shape(size);
+  }
+  images->set_dtype(t.dtype == image::DType::kUint8 ? v1::DTYPE_UINT8 : v1::DTYPE_FLOAT32);
+  images->set_bytes(n * t.SampleBytes());
+  v1::TensorView* labels = h.mutable_labels();
+  labels->set_offset(setup_.layout.labels_offset);
+  labels->add_shape(n);
+  labels->set_dtype(v1::DTYPE_INT64);
+  labels->set_bytes(n * sizeof(int64_t));
+  v1::TensorView* indices = h.mutable_indices();
+  indices->set_offset(setup_.layout.indices_offset);
+  indices->add_shape(n);
+  indices->set_dtype(v1::DTYPE_INT64);
+  indices->set_bytes(n * sizeof(int64_t));
+  const auto* index_array =
+      reinterpret_cast<const int64_t*>(payload.data() + setup_.layout.indices_offset);
+  for (uint64_t i = 0; i < n; ++i) {
+    h.add_relative_paths(std::string(setup_.dataset->relative_path(index_array[i])));
+  }
+  return h;
+}
+
+absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out) {
+  Touch();
+  absl::MutexLock lock(&mu_);
+  if (next_busy_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stream ", setup_.id, ": another NextBatch call is already waiting"));
+  }
+  next_busy_ = true;
+  struct Done {
+    bool* flag;
+    ~Done() { *flag = false; }
+  } done{&next_busy_};
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    if (stop_) {
+      return absl::UnavailableError(absl::StrCat("stream ", setup_.id, " is closing"));
+    }
+    if (lease_seq_ < produce_seq_) {
+      const uint32_t slot = static_cast<uint32_t>(lease_seq_ % slots_);
+      if (absl::Status s = ring_->Lease(slot, lease_seq_); !s.ok()) {
+        return absl::InternalError(absl::StrCat("stream ", setup_.id, ": ", s.message()));
+      }
+      *out->mutable_batch() = handles_[slot];
+      ++lease_seq_;
+      ++batches_served_;
+      deps_.stats->batches_served.fetch_add(1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    if (ended_) {
+      if (!error_.ok()) return error_;
+      out->set_end_of_stream(true);
+      return absl::OkStatus();
+    }
+    if (ring_->Slot(static_cast<uint32_t>(produce_seq_ % slots_)).state ==
+        shm::SlotState::kLeased) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "stream ", setup_.id, ": the client holds all ", slots_,
+          " ring slots; release batches (destroy Batch objects) before asking for more, or open "
+          "the stream with more ring_slots"));
+    }
+    if (cv_.WaitWithDeadline(&mu_, deadline)) {
+      out->set_pending(true);
+      return absl::OkStatus();
+    }
+  }
+}
+
+absl::Status Stream::Release(uint32_t slot, uint64_t ring_sequence) {
+  Touch();
+  if (slot >= slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("stream ", setup_.id, ": slot ", slot,
+                                                   " out of range (ring has ", slots_, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::Status s = ring_->Release(slot, ring_sequence);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("stream ", setup_.id, ": release of slot ",
+                                                      slot, " sequence ", ring_sequence, ": ",
+                                                      s.message()));
+  }
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Stream::FillStats(v1::StreamStats* out) const {
+  out->set_stream_id(setup_.id);
+  out->set_dataset(setup_.dataset->name());
+  out->set_client_name(setup_.client_name);
+  out->set_rank(setup_.spec.rank());
+  out->set_world_size(setup_.spec.world_size());
+  out->set_batch_size(setup_.spec.batch_size());
+  out->set_slots_total(slots_);
+  out->set_ring_bytes(ring_->segment_bytes());
+  uint32_t ready = 0, leased = 0, filling = 0;
+  for (uint32_t s = 0; s < slots_; ++s) {
+    switch (ring_->Slot(s).state) {
+      case shm::SlotState::kReady: ++ready; break;
+      case shm::SlotState::kLeased: ++leased; break;
+      case shm::SlotState::kFilling: ++filling; break;
+      default: break;
+    }
+  }
+  out->set_slots_ready(ready);
+  out->set_slots_leased(leased);
+  out->set_slots_filling(filling);
+  absl::MutexLock lock(&mu_);
+  out->set_batches_served(batches_served_);
+  *out->mutable_position() = produce_pos_;
+}
+
+}  // namespace ringloader::server

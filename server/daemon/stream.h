@@ -1,0 +1,112 @@
+#pragma once
+// One open stream: its shared-memory ring and the producer thread that fills it.
+//
+// The producer fills slot (ring_sequence % slot_count) for ring_sequence = 0, 1, 2, ... as soon
+// as that slot is FREE, so it decodes ahead exactly as far as the ring allows (backpressure: a
+// slow reader costs its ring and nothing more). Next() leases batches in the same order.
+// Positions advance batch by batch: (epoch, sequence, cursor) -> the handle's `next`.
+//
+// Thread-safety: thread-safe. One NextBatch call at a time per stream (a second concurrent call
+// is refused with FailedPrecondition).
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ringloader.pb.h"
+#include "server/daemon/daemon_stats.h"
+#include "server/daemon/memory_budget.h"
+#include "server/daemon/sample_gate.h"
+#include "server/image/transform.h"
+#include "server/pipeline/batch_filler.h"
+#include "server/pipeline/dataset.h"
+#include "shm/ring.h"
+
+namespace ringloader::server {
+
+struct StreamSetup {
+  uint64_t id = 0;
+  uint64_t incarnation = 0;
+  std::string client_name;
+  v1::StreamSpec spec;  // validated and normalised (world_size >= 1, ring_slots set, ...)
+  const pipeline::Dataset* dataset = nullptr;
+  pipeline::OnError on_error = pipeline::OnError::kSkip;
+  image::TransformSpec transform;
+  pipeline::BatchLayout layout;
+  v1::Position start;
+};
+
+// What the stream needs from the daemon; all outlive the stream.
+struct StreamDeps {
+  pipeline::BatchFiller* filler;
+  pipeline::SampleObserver* observer;
+  DaemonStats* stats;
+  const Failpoints* failpoints;
+};
+
+class Stream {
+ public:
+  Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reservation reservation,
+         StreamDeps deps);
+  ~Stream();  // Stop()
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  void Start();
+  // Stops the producer (after the batch it is filling) and wakes waiters. Idempotent.
+  void Stop();
+
+  // Leases the next batch into out->batch, or sets out->pending (nothing within `wait`) or
+  // out->end_of_stream. DataLoss when on_error = "fail" and a sample failed (after the batches
+  // before it were delivered). ResourceExhausted when the client holds every slot.
+  absl::Status Next(absl::Duration wait, v1::NextBatchResponse* out);
+  // LEASED -> FREE for a handle of this stream. FailedPrecondition for a double or stale release.
+  absl::Status Release(uint32_t slot, uint64_t ring_sequence);
+
+  uint64_t id() const { return setup_.id; }
+  const std::string& segment_name() const { return ring_->name(); }
+  const shm::ProducerRing& ring() const { return *ring_; }
+  const StreamSetup& setup() const { return setup_; }
+  // Time of the last request naming this stream (for the idle reaper).
+  std::chrono::steady_clock::time_point last_activity() const;
+  void Touch();
+  void FillStats(v1::StreamStats* out) const;
+  void Heartbeat() { ring_->Heartbeat(); }
+
+ private:
+  void ProducerLoop();
+  void RecordSkipped(const pipeline::FilledBatch& filled);
+  v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,
+                             const v1::Position& next, const pipeline::FilledBatch& filled,
+                             bool last_in_epoch, std::span<const uint8_t> payload) const;
+
+  const StreamSetup setup_;
+  const std::unique_ptr<shm::ProducerRing> ring_;
+  const Reservation reservation_;
+  const StreamDeps deps_;
+  const uint32_t slots_;
+  std::thread producer_;
+  std::atomic<int64_t> last_activity_ns_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // any change of the fields below
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // the producer has nothing more to produce
+  absl::Status error_ ABSL_GUARDED_BY(mu_);      // why the stream ended early (on_error = fail)
+  bool next_busy_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t produce_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ring sequence of the next batch to fill
+  uint64_t lease_seq_ ABSL_GUARDED_BY(mu_) = 0;    // ring sequence of the next batch to lease
+  v1::Position produce_pos_ ABSL_GUARDED_BY(mu_);  // position of the next batch to fill
+  std::vector<v1::BatchHandle> handles_ ABSL_GUARDED_BY(mu_);  // per slot, once published
+  uint64_t batches_served_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ringloader::server

@@ -1,0 +1,366 @@
+#include "server/daemon/stream_manager.h"
+
+#include <grp.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/pipeline/sampler.h"
+#include "server/daemon/status_text.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+namespace {
+
+constexpr uint32_t kMaxWorldSize = 1 << 16;
+
+image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
+  image::TransformSpec t;
+  t.image_size = spec.image_size();
+  t.augment = spec.augmentation() == v1::AUGMENTATION_EVAL ? image::Augment::kEval
+                                                            : image::Augment::kTrain;
+  t.dtype = spec.dtype() == v1::DTYPE_FLOAT32 ? image::DType::kFloat32 : image::DType::kUint8;
+  t.layout = spec.layout() == v1::LAYOUT_NCHW ? image::Layout::kNCHW : image::Layout::kNHWC;
+  if (spec.mean_size() == 3) {
+    for (int c = 0; c < 3; ++c) t.mean[c] = spec.mean(c);
+  }
+  if (spec.std_size() == 3) {
+    for (int c = 0; c < 3; ++c) t.std[c] = spec.std(c);
+  }
+  return t;
+}
+
+std::optional<gid_t> LookupGroup(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  struct group* g = getgrnam(name.c_str());
+  if (g == nullptr) return std::nullopt;
+  return g->gr_gid;
+}
+
+}  // namespace
+
+StreamManager::StreamManager(StreamManagerDeps deps) : deps_(deps) {}
+
+StreamManager::~StreamManager() { Shutdown(); }
+
+absl::Status StreamManager::Reject(absl::Status status) {
+  deps_.stats->requests_rejected.fetch_add(1, std::memory_order_relaxed);
+  SPDLOG_DEBUG("request rejected: {}", status.ToString());
+  return status;
+}
+
+absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
+  const ServerConfig& s = deps_.config->server;
+  auto invalid = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  if (spec.batch_size() == 0 || spec.batch_size() > s.max_batch_size) {
+    return invalid("batch_size: must be in [1, ", s.max_batch_size, "] (got ", spec.batch_size(),
+                   ")");
+  }
+  if (spec.image_size() == 0 || spec.image_size() > s.max_image_size) {
+    return invalid("image_size: must be in [1, ", s.max_image_size, "] (got ", spec.image_size(),
+                   ")");
+  }
+  if (spec.world_size() > kMaxWorldSize) {
+    return invalid("world_size: must be in [1, ", kMaxWorldSize, "] (got ", spec.world_size(), ")");
+  }
+  if (spec.rank() >= spec.world_size()) {
+    return invalid("rank: must be < world_size (got rank ", spec.rank(), ", world_size ",
+                   spec.world_size(), ")");
+  }
+  if (!v1::Augmentation_IsValid(spec.augmentation())) {
+    return invalid("augmentation: unknown value ", spec.augmentation());
+  }
+  if (spec.dtype() != v1::DTYPE_UNSPECIFIED && spec.dtype() != v1::DTYPE_UINT8 &&
+      spec.dtype() != v1::DTYPE_FLOAT32) {
+    return invalid("dtype: images can be UINT8 or FLOAT32 (got ", spec.dtype(), ")");
+  }
+  if (!v1::Layout_IsValid(spec.layout())) return invalid("layout: unknown value ", spec.layout());
+  if (spec.dtype() != v1::DTYPE_FLOAT32 && (spec.mean_size() != 0 || spec.std_size() != 0)) {
+    return invalid("mean/std: only valid with dtype FLOAT32");
+  }
+  if ((spec.mean_size() != 0 && spec.mean_size() != 3) ||
+      (spec.std_size() != 0 && spec.std_size() != 3)) {
+    return invalid("mean/std: need exactly 3 values each (got ", spec.mean_size(), " and ",
+                   spec.std_size(), ")");
+  }
+  for (float v : spec.std()) {
+    if (!(v > 0.0f) || v > 1e6f) return invalid("std: values must be > 0 (got ", v, ")");
+  }
+  for (float v : spec.mean()) {
+    if (!(v > -1e6f && v < 1e6f)) return invalid("mean: values must be finite (got ", v, ")");
+  }
+  if (spec.ring_slots() != 0 && (spec.ring_slots() < 2 || spec.ring_slots() > s.max_ring_slots)) {
+    return invalid("ring_slots: must be 0 (default) or in [2, ", s.max_ring_slots, "] (got ",
+                   spec.ring_slots(), ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
+                                 v1::OpenStreamResponse* response) {
+  v1::StreamSpec spec = request.spec();
+  if (spec.world_size() == 0) spec.set_world_size(1);
+  if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.ring_slots);
+  if (auto it = deps_.datasets->find(spec.dataset()); it == deps_.datasets->end()) {
+    std::vector<std::string> names;
+    for (const auto& [name, ds] : *deps_.datasets) names.push_back(name);
+    return Reject(absl::NotFoundError(absl::StrCat("unknown dataset \"", spec.dataset(),
+                                                   "\"; configured: ", absl::StrJoin(names, ", "))));
+  }
+  if (absl::Status s = Validate(spec); !s.ok()) return Reject(s);
+  const pipeline::Dataset& dataset = *deps_.datasets->at(spec.dataset());
+  const DatasetConfig& dataset_config = *deps_.config->FindDataset(spec.dataset());
+  const uint64_t shard_size =
+      pipeline::EpochShard::ShardSize(dataset.size(), spec.world_size(), spec.drop_last());
+  if (request.start().cursor() > shard_size) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("start.cursor: must be <= the shard size ", shard_size, " (got ",
+                     request.start().cursor(), ")")));
+  }
+
+  StreamSetup setup;
+  setup.incarnation = deps_.incarnation;
+  setup.client_name = request.client_name().substr(0, 128);
+  setup.spec = spec;
+  setup.dataset = &dataset;
+  setup.on_error = dataset_config.on_error;
+  setup.transform = ToTransform(spec);
+  setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform);
+  setup.start = request.start();
+
+  // Ring + one epoch's shard order (4 bytes a sample), reserved before anything is allocated.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t slot_bytes = (setup.layout.total_bytes + page - 1) / page * page;
+  const uint64_t ring_bytes = spec.ring_slots() * slot_bytes + 64 * 1024;
+  absl::StatusOr<Reservation> reservation = deps_.budget->Reserve(
+      ring_bytes + shard_size * 4,
+      absl::StrCat("a stream of dataset \"", spec.dataset(), "\" (ring of ", spec.ring_slots(),
+                   " slots x ", FormatBytes(slot_bytes), ")"));
+  if (!reservation.ok()) return Reject(reservation.status());
+
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
+    if (streams_.size() >= deps_.config->server.max_streams) {
+      return Reject(absl::ResourceExhaustedError(
+          absl::StrCat("too many open streams (server.max_streams = ",
+                       deps_.config->server.max_streams, ")")));
+    }
+    id = next_stream_id_++;
+  }
+  setup.id = id;
+  shm::RingOptions ring_options;
+  ring_options.name = shm::SegmentName(getpid(), deps_.incarnation, id);
+  ring_options.slot_count = spec.ring_slots();
+  ring_options.slot_bytes = slot_bytes;
+  ring_options.incarnation = deps_.incarnation;
+  ring_options.mode = deps_.config->server.segment_mode;
+  ring_options.group = LookupGroup(deps_.config->server.segment_group);
+  ring_options.shm_dir = deps_.config->server.shm_dir;
+  absl::StatusOr<std::unique_ptr<shm::ProducerRing>> ring = shm::ProducerRing::Create(ring_options);
+  if (!ring.ok()) {
+    SPDLOG_WARN("stream open refused: {}", Text(ring.status()));
+    return Reject(ring.status());
+  }
+  StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints};
+  auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
+                                         std::move(*reservation), stream_deps);
+  response->set_stream_id(id);
+  response->set_incarnation(deps_.incarnation);
+  response->set_segment_name(stream->segment_name());
+  response->set_slot_count(stream->ring().slot_count());
+  response->set_slot_bytes(stream->ring().slot_bytes());
+  response->set_layout_version(1);
+  response->set_dataset_size(dataset.size());
+  response->set_samples_per_epoch(shard_size);
+  response->set_batches_per_epoch((shard_size + spec.batch_size() - 1) / spec.batch_size());
+  stream->Start();
+  {
+    absl::MutexLock lock(&mu_);
+    streams_[id] = stream;
+  }
+  SPDLOG_INFO(
+      "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{} "
+      "client=\"{}\"",
+      id, spec.dataset(), spec.rank(), spec.world_size(), spec.batch_size(), spec.image_size(),
+      spec.ring_slots(), request.start().epoch(), request.start().sequence(),
+      request.start().cursor(), request.client_name());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Stream>> StreamManager::Find(uint64_t stream_id,
+                                                            uint64_t incarnation) {
+  if (incarnation != deps_.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stream ", stream_id, " belongs to daemon incarnation ", incarnation,
+        "; this daemon is incarnation ", deps_.incarnation, " (it restarted): reopen the stream"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("stream ", stream_id, " not found (closed, or idle past the timeout)"));
+  }
+  return it->second;
+}
+
+absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
+                                 v1::NextBatchResponse* response) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  if (!stream.ok()) return Reject(stream.status());
+  for (const v1::Release& r : request.releases()) {
+    // A bad release in a NextBatch call is the client's bug, not a reason to withhold its batch:
+    // it changes nothing and is counted. ReleaseBatches reports such errors.
+    if (absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence()); !s.ok()) {
+      Reject(s).IgnoreError();
+    }
+  }
+  uint32_t wait_ms = request.wait_ms() == 0 ? deps_.config->server.max_wait_ms
+                                            : std::min(request.wait_ms(),
+                                                       deps_.config->server.max_wait_ms);
+  absl::Status s = (*stream)->Next(absl::Milliseconds(wait_ms), response);
+  if (!s.ok() && s.code() != absl::StatusCode::kDataLoss) return Reject(s);
+  return s;
+}
+
+absl::Status StreamManager::Release(const v1::ReleaseBatchesRequest& request) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  if (!stream.ok()) return Reject(stream.status());
+  absl::Status first;
+  for (const v1::Release& r : request.releases()) {
+    absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence());
+    if (!s.ok() && first.ok()) first = s;
+  }
+  if (!first.ok()) return Reject(first);
+  return absl::OkStatus();
+}
+
+absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
+  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  if (!stream.ok()) return Reject(stream.status());
+  {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(request.stream_id());
+  }
+  (*stream)->Stop();
+  SPDLOG_INFO("stream closed id={} by the client", request.stream_id());
+  return absl::OkStatus();
+}
+
+void StreamManager::Stats(v1::GetStatsResponse* response) {
+  DaemonStats& stats = *deps_.stats;
+  response->set_incarnation(deps_.incarnation);
+  response->set_pid(static_cast<uint32_t>(getpid()));
+  response->set_uptime_ms(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                            deps_.started)
+          .count()));
+  response->set_batches_served(stats.batches_served.load());
+  response->set_images_decoded(stats.images_decoded.load());
+  response->set_decode_errors(stats.decode_errors());
+  for (const auto& [reason, count] : stats.errors_by_reason()) {
+    (*response->mutable_decode_errors_by_reason())[reason] = count;
+  }
+  for (const BadFileRecord& r : stats.recent_bad_files()) {
+    v1::BadFile* b = response->add_recent_bad_files();
+    b->set_dataset(r.dataset);
+    b->set_path(r.path);
+    b->set_reason(r.reason);
+    b->set_message(r.message);
+  }
+  response->set_images_per_second(stats.images_per_second());
+  response->set_rss_bytes(CurrentRssBytes());
+  response->set_memory_limit_bytes(deps_.budget->limit());
+  response->set_memory_reserved_bytes(deps_.budget->reserved());
+  response->set_requests_rejected(stats.requests_rejected.load());
+  for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
+    v1::QuarantinedSample* q = response->add_quarantined();
+    q->set_dataset(e.dataset);
+    q->set_sample_index(e.sample_index);
+    q->set_path(e.path);
+    q->set_strikes(e.strikes);
+  }
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : streams_) streams.push_back(s);
+  }
+  response->set_streams_open(streams.size());
+  for (const auto& s : streams) s->FillStats(response->add_streams());
+}
+
+void StreamManager::ListQuarantine(v1::ListQuarantineResponse* response) {
+  for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
+    v1::QuarantinedSample* q = response->add_samples();
+    q->set_dataset(e.dataset);
+    q->set_sample_index(e.sample_index);
+    q->set_path(e.path);
+    q->set_strikes(e.strikes);
+  }
+}
+
+absl::Status StreamManager::ClearQuarantine(const v1::ClearQuarantineRequest& request,
+                                            v1::ClearQuarantineResponse* response) {
+  if (!request.dataset().empty() && deps_.datasets->count(request.dataset()) == 0) {
+    return Reject(absl::NotFoundError(absl::StrCat("unknown dataset \"", request.dataset(), "\"")));
+  }
+  absl::StatusOr<uint64_t> cleared = deps_.quarantine->Clear(request.dataset());
+  if (!cleared.ok()) return cleared.status();
+  response->set_cleared(*cleared);
+  SPDLOG_INFO("quarantine cleared for {}: {} samples",
+              request.dataset().empty() ? "all datasets" : request.dataset(), *cleared);
+  return absl::OkStatus();
+}
+
+void StreamManager::StartReaper() { reaper_ = std::thread([this] { ReaperLoop(); }); }
+
+void StreamManager::ReaperLoop() {
+  const auto idle_timeout =
+      std::chrono::milliseconds(deps_.config->server.stream_idle_timeout_ms);
+  while (!stop_reaper_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+    const auto now = std::chrono::steady_clock::now();
+    deps_.stats->Sample(now);
+    std::vector<std::shared_ptr<Stream>> idle;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = streams_.begin(); it != streams_.end();) {
+        it->second->Heartbeat();
+        if (now - it->second->last_activity() > idle_timeout) {
+          idle.push_back(it->second);
+          it = streams_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& s : idle) {
+      SPDLOG_INFO("stream {} closed: no request for {} ms (client gone?); its {} slots reclaimed",
+                  s->id(), idle_timeout.count(), s->ring().slot_count());
+      s->Stop();
+    }
+  }
+}
+
+void StreamManager::Shutdown() {
+  if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+  std::map<uint64_t, std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    streams.swap(streams_);
+  }
+  for (auto& [id, s] : streams) s->Stop();
+}
+
+size_t StreamManager::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return streams_.size();
+}
+
+}  // namespace ringloader::server

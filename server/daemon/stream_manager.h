@@ -1,0 +1,81 @@
+#pragma once
+// All open streams of one daemon incarnation: validates requests, creates each stream's ring
+// within the memory budget, routes NextBatch/Release/Close, and reaps streams whose client went
+// quiet (a killed trainer's slots come back after server.stream_idle_timeout_ms).
+//
+// Plain C++ with its own tests; LoaderService only adapts gRPC to it. Every error names the field
+// or the stream: INVALID_ARGUMENT for a bad field, NOT_FOUND for an unknown dataset or stream,
+// FAILED_PRECONDITION for a handle or stream of another incarnation, RESOURCE_EXHAUSTED for a
+// limit.
+//
+// Thread-safety: thread-safe.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "proto/ringloader.pb.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon_stats.h"
+#include "server/daemon/memory_budget.h"
+#include "server/daemon/quarantine.h"
+#include "server/daemon/stream.h"
+
+namespace ringloader::server {
+
+struct StreamManagerDeps {
+  const DaemonConfig* config;
+  const std::map<std::string, std::unique_ptr<pipeline::Dataset>>* datasets;
+  pipeline::BatchFiller* filler;
+  pipeline::SampleObserver* observer;
+  DaemonStats* stats;
+  MemoryBudget* budget;
+  Quarantine* quarantine;
+  const Failpoints* failpoints;
+  uint64_t incarnation;
+  std::chrono::steady_clock::time_point started;
+};
+
+class StreamManager {
+ public:
+  explicit StreamManager(StreamManagerDeps deps);
+  ~StreamManager();  // Shutdown()
+
+  absl::Status Open(const v1::OpenStreamRequest& request, v1::OpenStreamResponse* response);
+  absl::Status Next(const v1::NextBatchRequest& request, v1::NextBatchResponse* response);
+  absl::Status Release(const v1::ReleaseBatchesRequest& request);
+  absl::Status Close(const v1::CloseStreamRequest& request);
+  void Stats(v1::GetStatsResponse* response);
+  void ListQuarantine(v1::ListQuarantineResponse* response);
+  absl::Status ClearQuarantine(const v1::ClearQuarantineRequest& request,
+                               v1::ClearQuarantineResponse* response);
+
+  // Starts the background loop that reaps idle streams, beats ring heartbeats and samples rates.
+  void StartReaper();
+  // Stops the reaper and every stream; unlinks their segments. Idempotent.
+  void Shutdown();
+  size_t open_streams() const;
+
+ private:
+  absl::StatusOr<std::shared_ptr<Stream>> Find(uint64_t stream_id, uint64_t incarnation);
+  absl::Status Validate(const v1::StreamSpec& spec) const;
+  void ReaperLoop();
+  absl::Status Reject(absl::Status status);
+
+  const StreamManagerDeps deps_;
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ringloader::server

@@ -1,0 +1,29 @@
+#pragma once
+// `ringloaderd --supervise`: for hosts without systemd (containers, notebooks, CI). Runs the
+// serving daemon as its direct child and restarts it when it dies, with capped exponential
+// backoff (reset once a child has lived long enough) and a restart-rate limit. SIGTERM/SIGINT are
+// forwarded to the child; the supervisor exits when the child exits after one. It decodes nothing
+// and holds no big memory, so it is not what the OOM killer picks.
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ringloader::server {
+
+struct SupervisorOptions {
+  std::vector<std::string> child_argv;  // argv[0] is the executable to run
+  std::chrono::milliseconds initial_backoff{50};
+  std::chrono::milliseconds max_backoff{5000};
+  // A child that lived at least this long resets the backoff.
+  std::chrono::milliseconds healthy_uptime{1000};
+  // More restarts than this within `restart_window` and the supervisor gives up (exit 1).
+  int max_restarts = 60;
+  std::chrono::seconds restart_window{60};
+};
+
+// Returns the exit code: the child's when it exited by itself with 0 or after SIGTERM, 1 when
+// the restart rate limit was hit or the child could not be started.
+int RunSupervisor(const SupervisorOptions& options);
+
+}  // namespace ringloader::server

@@ -1,0 +1,102 @@
+#pragma once
+// Decodes one JPEG and writes one transformed sample straight into its place in a batch.
+//
+// One SampleDecoder per worker thread (decoder state is not shared; no locks on the hot path).
+// Decoding reads only what the output needs: the header first (dimensions checked against
+// max_pixels before any allocation), then libjpeg's DCT scaling by 1/2, 1/4 or 1/8 where the
+// scaled crop still covers the output resolution, and only the crop's rows and columns
+// (jpeg_crop_scanline / jpeg_skip_scanlines). Grayscale, CMYK/YCCK (Adobe-inverted or not) and
+// progressive JPEGs all come out as RGB. Resampling is antialiased (triangle filter widened by the
+// scale factor when downscaling, as PIL does).
+//
+// Errors belong to the sample: every failure is a Status whose message starts with the sample's
+// path and carries libjpeg's message, "<path>: <reason>: <libjpeg message>", with the reason also
+// attached as a payload (ErrorReason). Bad image data is DataLoss whatever the reason;
+// a caller's mistake (wrong output size, image_size 0) is InvalidArgument with reason "other".
+// libjpeg's default error handler (which calls exit()) is never used. Nothing throws.
+//
+// Truncation: a decode that stops after the crop's last row still reports a file whose JPEG data
+// has no EOI marker as "truncated" (when warnings_are_errors), so a cut file fails the same way
+// whatever crop was drawn.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/image/transform.h"
+
+namespace ringloader::image {
+
+struct DecodeLimits {
+  uint64_t max_pixels = 100'000'000;  // width x height above this is refused before decoding
+  bool warnings_are_errors = true;    // libjpeg warnings (e.g. truncated data, grey fill) fail
+  uint32_t max_scans = 500;           // progressive scan bound (a crafted file cannot spin)
+};
+
+// A short machine-readable reason for a failed sample; the Status message carries the details.
+// Reasons: "read_error", "empty", "not_jpeg", "too_large", "truncated", "corrupt",
+// "unsupported", "too_many_scans", "quarantined", "other".
+// The reason is attached to failed Statuses as the payload "ringloader.reason".
+std::string_view ErrorReason(const absl::Status& status);
+absl::Status WithReason(absl::Status status, std::string_view reason);
+
+// What the last DecodeInto did, for tests and benchmarks (not part of the data contract).
+struct DecodeStats {
+  int32_t scale_denom = 0;        // DCT scaling used: 1, 2, 4 or 8
+  int32_t scaled_width = 0;       // libjpeg's output size at that scale
+  int32_t scaled_height = 0;
+  int32_t decoded_x = 0;          // first decoded column (scaled; after jpeg_crop_scanline)
+  int32_t decoded_width = 0;      // columns decoded per row
+  int32_t decoded_y = 0;          // rows skipped before the first decoded row
+  int32_t decoded_rows = 0;       // rows decoded
+  bool full_decode_fallback = false;  // crop/skip refused by libjpeg; decoded the whole image
+};
+
+struct ImageInfo {
+  int32_t width = 0;
+  int32_t height = 0;
+  int32_t components = 0;   // 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
+  bool progressive = false;
+};
+
+class SampleDecoder {
+ public:
+  explicit SampleDecoder(DecodeLimits limits);
+  ~SampleDecoder();
+  SampleDecoder(const SampleDecoder&) = delete;
+  SampleDecoder& operator=(const SampleDecoder&) = delete;
+
+  // Header only. `path` is used in error messages.
+  absl::StatusOr<ImageInfo> ReadInfo(std::span<const uint8_t> jpeg, std::string_view path);
+
+  // Decodes `jpeg`, applies `spec` with randomness from `rng` (train crop + flip), and writes
+  // exactly spec.SampleBytes() bytes into `out` (HWC or CHW for this one sample).
+  // REQUIRES: out.size() == spec.SampleBytes().
+  absl::Status DecodeInto(std::span<const uint8_t> jpeg, std::string_view path,
+                          const TransformSpec& spec, SampleRng& rng, std::span<uint8_t> out);
+
+  // Full-size RGB decode (tests, validate): returns width*height*3 bytes. `info` may be null.
+  absl::StatusOr<std::vector<uint8_t>> DecodeRgb(std::span<const uint8_t> jpeg,
+                                                 std::string_view path, ImageInfo* info);
+
+  // For tests and benchmarks: what the last successful DecodeInto decoded.
+  const DecodeStats& last_decode() const { return last_decode_; }
+  int32_t last_scale_denom() const { return last_decode_.scale_denom; }
+
+ private:
+  struct State;  // libjpeg decompressor, error manager, scratch buffers (reused across samples)
+  std::unique_ptr<State> state_;
+  DecodeLimits limits_;
+  DecodeStats last_decode_;
+};
+
+// Reads a whole file into memory. NotFound / PermissionDenied / DataLoss with the path and errno
+// text; reason "read_error" (or "empty" for zero bytes, "too_large" above 1 GiB).
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+
+}  // namespace ringloader::image

@@ -1,0 +1,148 @@
+#include "server/pipeline/batch_filler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+constexpr uint64_t kSectionAlign = 64;
+
+uint64_t AlignUp(uint64_t v) { return (v + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+
+// dest is only byte-aligned as far as we know, so int64 entries are written with memcpy.
+void PutI64(uint8_t* base, uint64_t i, int64_t v) { std::memcpy(base + i * 8, &v, 8); }
+
+// Every sample error names its file: observers may return statuses that do not.
+absl::Status NamingPath(const absl::Status& status, const std::string& path) {
+  if (absl::StartsWith(status.message(), path)) return status;
+  absl::Status named(status.code(), absl::StrCat(path, ": ", status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    named.SetPayload(url, payload);
+  });
+  return named;
+}
+
+}  // namespace
+
+BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& spec) {
+  BatchLayout layout;
+  layout.images_offset = 0;
+  layout.images_bytes = uint64_t{batch_size} * spec.SampleBytes();
+  layout.labels_offset = AlignUp(layout.images_offset + layout.images_bytes);
+  layout.indices_offset = AlignUp(layout.labels_offset + uint64_t{batch_size} * 8);
+  layout.total_bytes = AlignUp(layout.indices_offset + uint64_t{batch_size} * 8);
+  return layout;
+}
+
+BatchFiller::BatchFiller(WorkerPool& pool, image::DecodeLimits limits) : pool_(pool) {
+  decoders_.reserve(pool.size());
+  for (uint32_t i = 0; i < pool.size(); ++i) {
+    decoders_.push_back(std::make_unique<image::SampleDecoder>(limits));
+  }
+}
+
+BatchFiller::~BatchFiller() = default;
+
+absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::span<uint8_t> dest,
+                                              SampleObserver* observer) {
+  if (request.dataset == nullptr || request.shard == nullptr) {
+    return absl::InvalidArgumentError("Fill: dataset and shard are required");
+  }
+  if (request.batch_size == 0 || request.transform.image_size == 0) {
+    return absl::InvalidArgumentError("Fill: batch_size and image_size must be > 0");
+  }
+  const Dataset& dataset = *request.dataset;
+  const EpochShard& shard = *request.shard;
+  const BatchLayout layout = ComputeBatchLayout(request.batch_size, request.transform);
+  if (dest.size() < layout.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("Fill: destination holds ", dest.size(),
+                                                   " bytes, the batch needs ", layout.total_bytes));
+  }
+  if (request.cursor > shard.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("Fill: cursor ", request.cursor, " is past the shard's end ", shard.size()));
+  }
+
+  const uint64_t sample_bytes = request.transform.SampleBytes();
+  uint8_t* const images = dest.data() + layout.images_offset;
+  uint8_t* const labels = dest.data() + layout.labels_offset;
+  uint8_t* const indices = dest.data() + layout.indices_offset;
+
+  FilledBatch batch;
+  uint64_t pos = request.cursor;  // next shard position to consume
+  std::vector<absl::Status> statuses;
+  // Rounds: decode exactly the number of slots still empty, from the next shard positions, each
+  // straight into its slot; then compact the good ones down in shard order. All good -> one round.
+  while (batch.count < request.batch_size && pos < shard.size()) {
+    const uint64_t first_slot = batch.count;
+    const uint64_t k = std::min<uint64_t>(request.batch_size - batch.count, shard.size() - pos);
+    for (uint64_t i = 0; i < k; ++i) {
+      if (shard.at(pos + i) >= dataset.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Fill: shard index ", shard.at(pos + i), " >= dataset size ", dataset.size()));
+      }
+    }
+    statuses.assign(k, absl::OkStatus());
+    pool_.ParallelFor(k, [&](uint64_t i, uint32_t worker_id) {
+      const uint64_t index = shard.at(pos + i);
+      const std::string path = dataset.AbsolutePath(index);
+      absl::Status status = observer != nullptr
+                                ? observer->BeforeDecode(dataset, index, worker_id)
+                                : absl::OkStatus();
+      if (status.ok()) {
+        absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(path);
+        if (!bytes.ok()) {
+          status = bytes.status();
+        } else {
+          image::SampleRng rng(request.seed, request.epoch, index);
+          std::span<uint8_t> out(images + (first_slot + i) * sample_bytes, sample_bytes);
+          status = decoders_[worker_id]->DecodeInto(*bytes, path, request.transform, rng, out);
+        }
+      }
+      if (!status.ok()) statuses[i] = NamingPath(status, path);
+      if (observer != nullptr) observer->AfterDecode(dataset, index, worker_id);
+    });
+
+    uint64_t write = first_slot;
+    for (uint64_t i = 0; i < k; ++i) {
+      const uint64_t index = shard.at(pos + i);
+      if (!statuses[i].ok()) {
+        if (request.on_error == OnError::kFail) {
+          return image::WithReason(absl::DataLossError(statuses[i].message()),
+                                   image::ErrorReason(statuses[i]));
+        }
+        batch.errors.push_back(SampleError{index, std::string(dataset.relative_path(index)),
+                                           std::string(image::ErrorReason(statuses[i])),
+                                           std::string(statuses[i].message())});
+        continue;
+      }
+      if (write != first_slot + i) {
+        std::memmove(images + write * sample_bytes, images + (first_slot + i) * sample_bytes,
+                     sample_bytes);
+      }
+      PutI64(labels, write, dataset.label(index));
+      PutI64(indices, write, static_cast<int64_t>(index));
+      ++write;
+    }
+    batch.count = static_cast<uint32_t>(write);
+    pos += k;
+  }
+  batch.next_cursor = pos;
+
+  // A short batch (end of shard) zeroes its unused tail so the whole buffer is deterministic too.
+  if (batch.count < request.batch_size) {
+    const uint64_t rest = request.batch_size - batch.count;
+    std::memset(images + batch.count * sample_bytes, 0, rest * sample_bytes);
+    std::memset(labels + batch.count * 8, 0, rest * 8);
+    std::memset(indices + batch.count * 8, 0, rest * 8);
+  }
+  return batch;
+}
+
+}  // namespace ringloader::pipeline

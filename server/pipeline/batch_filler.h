@@ -1,0 +1,96 @@
+#pragma once
+// Fills one batch of a stream straight into its destination buffer (a ring slot's payload).
+//
+// A batch is the first `batch_size` *good* samples of the rank's shard starting at `cursor`, in
+// shard order. Samples are decoded in parallel on the WorkerPool, each directly into its place;
+// when a sample fails (on_error = skip) the good ones after it are moved down and the next samples
+// of the shard fill the tail. Which samples fail depends only on the files, so the result is a pure
+// function of (dataset, spec, seed, epoch, rank, cursor) whatever the thread count.
+//
+// Payload layout of a batch (offsets from the start of the buffer, each 64-byte aligned):
+//   images  : batch_size x SampleBytes()   (NHWC uint8 / NCHW float32 ...)
+//   labels  : int64[batch_size]
+//   indices : int64[batch_size]  (dataset sample indices)
+// Only the first `count` entries of each are meaningful.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/image/sample_decoder.h"
+#include "server/image/transform.h"
+#include "server/pipeline/dataset.h"
+#include "server/pipeline/sampler.h"
+#include "server/pipeline/worker_pool.h"
+
+namespace ringloader::pipeline {
+
+struct BatchLayout {
+  uint64_t images_offset = 0;
+  uint64_t images_bytes = 0;   // for batch_size samples
+  uint64_t labels_offset = 0;
+  uint64_t indices_offset = 0;
+  uint64_t total_bytes = 0;    // what a slot must hold
+};
+BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& spec);
+
+enum class OnError { kSkip, kFail };
+
+struct SampleError {
+  uint64_t sample_index;
+  std::string relative_path;
+  std::string reason;   // image::ErrorReason
+  std::string message;  // full message, starting with the path
+};
+
+struct FilledBatch {
+  uint32_t count = 0;        // good samples written (< batch_size only at the end of the shard)
+  uint64_t next_cursor = 0;  // shard position after the last sample consumed (good or bad)
+  std::vector<SampleError> errors;  // samples skipped in this batch, in shard order
+};
+
+// Hooks the daemon uses around each decode (in-flight records for crash strikes, quarantine,
+// failpoints). Called on worker threads; must be thread-safe and must not throw.
+class SampleObserver {
+ public:
+  virtual ~SampleObserver() = default;
+  // Before reading the file. A non-OK status skips the sample with that error (e.g. quarantined).
+  virtual absl::Status BeforeDecode(const Dataset& dataset, uint64_t sample_index,
+                                    uint32_t worker_id) = 0;
+  // After the sample is done, whatever the outcome.
+  virtual void AfterDecode(const Dataset& dataset, uint64_t sample_index, uint32_t worker_id) = 0;
+};
+
+struct FillRequest {
+  const Dataset* dataset = nullptr;
+  const EpochShard* shard = nullptr;
+  uint64_t cursor = 0;         // shard position to start at
+  uint32_t batch_size = 0;
+  image::TransformSpec transform;
+  OnError on_error = OnError::kSkip;
+  uint64_t seed = 0;           // per-sample randomness is SampleRng(seed, epoch, sample_index)
+  uint64_t epoch = 0;
+};
+
+// One per daemon: owns the per-worker SampleDecoders.
+class BatchFiller {
+ public:
+  BatchFiller(WorkerPool& pool, image::DecodeLimits limits);
+  ~BatchFiller();
+
+  // Writes the batch into `dest` (REQUIRES: dest.size() >= ComputeBatchLayout(...).total_bytes).
+  // With on_error = kFail the first failure (in shard order) is returned as DataLoss naming the
+  // file. `observer` may be null. Thread-safe: many streams may fill concurrently.
+  absl::StatusOr<FilledBatch> Fill(const FillRequest& request, std::span<uint8_t> dest,
+                                   SampleObserver* observer);
+
+ private:
+  WorkerPool& pool_;
+  std::vector<std::unique_ptr<image::SampleDecoder>> decoders_;  // one per worker id
+};
+
+}  // namespace ringloader::pipeline

@@ -1,0 +1,169 @@
+#include "server/pipeline/index_cache.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+constexpr char kMagic[8] = {'R', 'L', 'I', 'N', 'D', 'E', 'X', '\0'};
+constexpr size_t kHeaderBytes = 32;
+
+void PutU64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+void PutString(std::string& out, std::string_view s) {
+  PutU64(out, s.size());
+  out.append(s);
+}
+
+// Bounds-checked reader over the payload; any overrun makes ok() false.
+class Reader {
+ public:
+  explicit Reader(std::string_view data) : data_(data) {}
+  bool ok() const { return ok_; }
+  bool done() const { return pos_ == data_.size(); }
+  uint64_t U64() {
+    uint64_t v = 0;
+    if (!Need(8)) return 0;
+    std::memcpy(&v, data_.data() + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  std::string_view Bytes(uint64_t n) {
+    if (!Need(n)) return {};
+    std::string_view s = data_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::string_view String() { return Bytes(U64()); }
+  // Reads n fixed-width values into `out` (n bounded by the remaining bytes first).
+  template <typename T>
+  void Array(uint64_t n, std::vector<T>& out) {
+    if (n > (data_.size() - pos_) / sizeof(T)) {
+      ok_ = false;
+      return;
+    }
+    out.resize(n);
+    std::memcpy(out.data(), data_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+  }
+
+ private:
+  bool Need(uint64_t n) {
+    if (!ok_ || n > data_.size() - pos_) ok_ = false;
+    return ok_;
+  }
+  std::string_view data_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+std::atomic<uint64_t> g_temp_counter{0};
+
+}  // namespace
+
+std::string IndexCachePath(const std::string& state_dir, const std::string& absolute_root) {
+  const uint64_t h = XXH3_64bits(absolute_root.data(), absolute_root.size());
+  return absl::StrFormat("%s/imagefolder-%016x.index", state_dir, h);
+}
+
+std::optional<SampleList> LoadIndexCache(const std::string& path, const std::string& key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad() || file.size() < kHeaderBytes) return std::nullopt;
+  if (std::memcmp(file.data(), kMagic, sizeof(kMagic)) != 0) return std::nullopt;
+  Reader header(std::string_view(file).substr(8, kHeaderBytes - 8));
+  const uint64_t version_word = header.U64();  // version (low 32) + reserved (high 32)
+  const uint64_t payload_bytes = header.U64();
+  const uint64_t checksum = header.U64();
+  if (static_cast<uint32_t>(version_word) != kIndexCacheVersion) return std::nullopt;
+  if (payload_bytes != file.size() - kHeaderBytes) return std::nullopt;
+  const std::string_view payload = std::string_view(file).substr(kHeaderBytes);
+  if (XXH3_64bits(payload.data(), payload.size()) != checksum) return std::nullopt;
+
+  Reader r(payload);
+  if (r.String() != key || !r.ok()) return std::nullopt;
+  SampleList list;
+  const uint64_t class_count = r.U64();
+  if (!r.ok() || class_count > payload.size()) return std::nullopt;
+  for (uint64_t i = 0; i < class_count && r.ok(); ++i) list.class_names.emplace_back(r.String());
+  const uint64_t sample_count = r.U64();
+  list.path_blob = std::string(r.String());
+  r.Array(sample_count, list.path_ends);
+  r.Array(sample_count, list.labels);
+  if (!r.ok() || !r.done()) return std::nullopt;
+  // The checksum proves the bytes are what we wrote; still check the invariants we rely on.
+  uint64_t prev = 0;
+  for (uint64_t i = 0; i < sample_count; ++i) {
+    if (list.path_ends[i] <= prev && i > 0) return std::nullopt;
+    if (list.path_ends[i] > list.path_blob.size()) return std::nullopt;
+    if (list.labels[i] < 0 || static_cast<uint64_t>(list.labels[i]) >= class_count) {
+      return std::nullopt;
+    }
+    prev = list.path_ends[i];
+  }
+  if (sample_count > 0 && list.path_ends.back() != list.path_blob.size()) return std::nullopt;
+  return list;
+}
+
+absl::Status SaveIndexCache(const std::string& path, const std::string& key,
+                            const SampleList& list) {
+  std::string payload;
+  payload.reserve(key.size() + list.path_blob.size() + list.size() * 16 + 64);
+  PutString(payload, key);
+  PutU64(payload, list.class_names.size());
+  for (const std::string& c : list.class_names) PutString(payload, c);
+  PutU64(payload, list.size());
+  PutString(payload, list.path_blob);
+  payload.append(reinterpret_cast<const char*>(list.path_ends.data()), list.size() * 8);
+  payload.append(reinterpret_cast<const char*>(list.labels.data()), list.size() * 8);
+
+  std::string header(kMagic, sizeof(kMagic));
+  PutU64(header, kIndexCacheVersion);  // version + zero reserved word
+  PutU64(header, payload.size());
+  PutU64(header, XXH3_64bits(payload.data(), payload.size()));
+
+  const std::filesystem::path target(path);
+  std::error_code ec;
+  std::filesystem::create_directories(target.parent_path(), ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(target.parent_path().string(), ": ", ec.message()));
+  const std::string temp =
+      absl::StrCat(path, ".tmp.", ::getpid(), ".", g_temp_counter.fetch_add(1));
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(temp, ": ", std::strerror(errno)));
+  int err = 0;  // first errno seen
+  for (const std::string* part : {&header, &payload}) {
+    size_t done = 0;
+    while (err == 0 && done < part->size()) {
+      const ssize_t n = ::write(fd, part->data() + done, part->size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) err = errno;
+      else if (n == 0) err = EIO;
+      else done += static_cast<size_t>(n);
+    }
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err == 0 && ::rename(temp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat(path, ": cannot write index cache: ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringloader::pipeline

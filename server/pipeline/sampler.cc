@@ -1,0 +1,75 @@
+#include "server/pipeline/sampler.h"
+
+#include <cstdlib>
+#include <numeric>
+#include <utility>
+
+namespace ringloader::pipeline {
+namespace {
+
+// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, passes BigCrush, and is defined purely by
+// 64-bit unsigned arithmetic, so the permutation is the same on every platform and compiler.
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias: reject the first (2^64 mod bound) values.
+uint64_t Bounded(uint64_t& state, uint64_t bound) {
+  const uint64_t threshold = (0 - bound) % bound;
+  while (true) {
+    const uint64_t r = SplitMix64(state);
+    if (r >= threshold) return r % bound;
+  }
+}
+
+// Domain tag so the epoch order never correlates with image::SampleRng streams.
+constexpr uint64_t kShuffleTag = 0x52'4C'53'48'55'46'46'4Cull;  // "RLSHUFFL"
+
+// The epoch's order: identity, or a Fisher-Yates shuffle driven by SplitMix64(seed, epoch).
+std::vector<uint32_t> EpochOrder(uint64_t n, const ShardSpec& spec) {
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), uint32_t{0});
+  if (!spec.shuffle || n < 2) return order;
+  uint64_t s = spec.seed ^ kShuffleTag;
+  uint64_t state = SplitMix64(s) ^ spec.epoch;
+  state = SplitMix64(state);
+  for (uint64_t i = n - 1; i > 0; --i) {
+    const uint64_t j = Bounded(state, i + 1);
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+}  // namespace
+
+uint64_t EpochShard::ShardSize(uint64_t dataset_size, uint32_t world_size, bool drop_last) {
+  if (world_size == 0) return 0;
+  return drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+}
+
+EpochShard::EpochShard(uint64_t dataset_size, const ShardSpec& spec) : spec_(spec) {
+  // Contract violations are programming errors in the caller (the daemon validates requests).
+  if (dataset_size >= (uint64_t{1} << 32) || spec.world_size == 0 ||
+      spec.rank >= spec.world_size) {
+    std::abort();
+  }
+  const uint64_t shard_size = ShardSize(dataset_size, spec.world_size, spec.drop_last);
+  if (shard_size == 0) return;
+  std::vector<uint32_t> order = EpochOrder(dataset_size, spec);
+  if (spec.world_size == 1) {
+    // drop_last with one rank keeps everything, so the shard is the order itself.
+    indices_ = std::move(order);
+    return;
+  }
+  // PyTorch's DistributedSampler: pad the order by wrapping (order[i % n]) up to
+  // shard_size * world_size, or truncate to it; rank r takes every world_size-th position.
+  indices_.resize(shard_size);
+  for (uint64_t k = 0; k < shard_size; ++k) {
+    indices_[k] = order[(spec.rank + k * spec.world_size) % dataset_size];
+  }
+}
+
+}  // namespace ringloader::pipeline

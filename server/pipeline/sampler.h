@@ -1,0 +1,45 @@
+#pragma once
+// Which samples a rank reads in an epoch, in which order.
+//
+// The epoch's order is a permutation of [0, dataset_size) drawn from (seed, epoch) when shuffling,
+// else the identity. Sharding follows PyTorch's DistributedSampler: the order is padded by wrapping
+// to a multiple of world_size (or, with drop_last, truncated to one), and rank r takes positions
+// r, r + world_size, r + 2*world_size, ... So every rank gets the same number of samples per epoch,
+// and the shards are disjoint (padding repeats the first few samples of the order).
+//
+// Memory: 4 bytes a sample for the shard of one epoch. Any position is O(1) after construction, so
+// a stream can start at any batch without replaying the epoch.
+
+#include <cstdint>
+#include <vector>
+
+namespace ringloader::pipeline {
+
+struct ShardSpec {
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  bool shuffle = true;
+  bool drop_last = false;
+};
+
+class EpochShard {
+ public:
+  // REQUIRES: dataset_size < 2^32, world_size >= 1, rank < world_size.
+  EpochShard(uint64_t dataset_size, const ShardSpec& spec);
+
+  const ShardSpec& spec() const { return spec_; }
+  uint64_t size() const { return indices_.size(); }
+  // Dataset sample index at shard position `pos`. REQUIRES: pos < size().
+  uint32_t at(uint64_t pos) const { return indices_[pos]; }
+
+  // Shard size without building the shard.
+  static uint64_t ShardSize(uint64_t dataset_size, uint32_t world_size, bool drop_last);
+
+ private:
+  ShardSpec spec_;
+  std::vector<uint32_t> indices_;
+};
+
+}  // namespace ringloader::pipeline

@@ -1,0 +1,197 @@
+// ConsumerRing: a trainer's read-only view of a ring segment.
+#include <atomic>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "shm/futex.h"
+#include "shm/ring.h"
+#include "shm/ring_layout.h"
+#include "shm/segment_file.h"
+
+namespace ringloader::shm {
+
+struct ConsumerRing::Impl {
+  std::string name;
+  internal::MappedSegment segment;
+  const RingHeader* header = nullptr;
+  const SlotDescriptor* slots = nullptr;
+  const uint8_t* payload = nullptr;
+  // Copied from the header once validated; the creator never changes them.
+  uint32_t slot_count = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t incarnation = 0;
+};
+
+namespace {
+
+std::string Hex(uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
+
+bool HoldsBatch(uint32_t state) {
+  return state == static_cast<uint32_t>(SlotState::kReady) ||
+         state == static_cast<uint32_t>(SlotState::kLeased);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
+    std::string_view name, std::optional<uint64_t> expected_incarnation,
+    const std::string& shm_dir) {
+  absl::StatusOr<internal::MappedSegment> segment =
+      internal::OpenSegmentReadOnly(shm_dir, std::string(name), sizeof(RingHeader));
+  if (!segment.ok()) return segment.status();
+  const std::string where = absl::StrCat("segment ", internal::Sv(name), ": ");
+  const uint64_t file_bytes = segment->file_bytes;
+  if (file_bytes == 0) {
+    return absl::UnavailableError(
+        absl::StrCat(where, "not initialised yet (file size 0; its creator is still setting it up)"));
+  }
+  if (file_bytes < sizeof(RingHeader)) {
+    return absl::DataLossError(absl::StrCat(where, "file size ", file_bytes,
+                                            " bytes, expected at least ", sizeof(RingHeader),
+                                            " (the header)"));
+  }
+  // The mapping is PROT_READ: these objects were constructed by the creating process.
+  const auto* header = reinterpret_cast<const RingHeader*>(segment->base());
+  const uint32_t magic = header->magic.load(std::memory_order_acquire);
+  if (magic == 0) {
+    return absl::UnavailableError(
+        absl::StrCat(where, "not initialised yet (magic 0; its creator is still setting it up)"));
+  }
+  if (magic != kRingMagic) {
+    return absl::DataLossError(absl::StrCat(where, "magic ", Hex(magic), ", expected ",
+                                            Hex(kRingMagic), " (not a ringloader ring)"));
+  }
+  if (header->layout_version != kRingLayoutVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(where, "layout version ",
+                                                      header->layout_version, ", expected ",
+                                                      kRingLayoutVersion));
+  }
+  if (header->layout_hash != kRingLayoutHash) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, "layout hash ", Hex(header->layout_hash), ", expected ",
+                     Hex(kRingLayoutHash), " (daemon and client built from different layouts)"));
+  }
+  const uint64_t page = internal::PageBytes();
+  if (header->slot_count == 0) {
+    return absl::DataLossError(absl::StrCat(where, "slot count 0, expected >= 1"));
+  }
+  if (header->slot_bytes == 0 || header->slot_bytes % page != 0) {
+    return absl::DataLossError(absl::StrCat(where, "slot bytes ", header->slot_bytes,
+                                            ", expected a positive multiple of ", page));
+  }
+  const std::optional<internal::Geometry> g =
+      internal::ComputeGeometry(header->slot_count, header->slot_bytes, page);
+  if (!g.has_value()) {
+    return absl::DataLossError(absl::StrCat(where, header->slot_count, " slots x ",
+                                            header->slot_bytes, " bytes overflows"));
+  }
+  if (header->slots_offset != g->slots_offset || header->payload_offset != g->payload_offset) {
+    return absl::DataLossError(absl::StrCat(
+        where, "slots/payload offsets ", header->slots_offset, "/", header->payload_offset,
+        ", expected ", g->slots_offset, "/", g->payload_offset));
+  }
+  if (file_bytes < g->segment_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        where, "file size ", file_bytes, " bytes, expected at least ", g->segment_bytes, " (",
+        header->slot_count, " slots x ", header->slot_bytes, " bytes + ", g->payload_offset,
+        " bytes of header and descriptors)"));
+  }
+  if (expected_incarnation.has_value() && header->incarnation != *expected_incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(where, "incarnation ",
+                                                      Hex(header->incarnation), ", expected ",
+                                                      Hex(*expected_incarnation)));
+  }
+
+  auto impl = std::make_unique<Impl>();
+  impl->name = std::string(name);
+  impl->header = header;
+  impl->slots = reinterpret_cast<const SlotDescriptor*>(segment->base() + g->slots_offset);
+  impl->payload = segment->base() + g->payload_offset;
+  impl->slot_count = header->slot_count;
+  impl->slot_bytes = header->slot_bytes;
+  impl->incarnation = header->incarnation;
+  impl->segment = std::move(*segment);
+  std::unique_ptr<ConsumerRing> ring(new ConsumerRing());
+  ring->impl_ = std::move(impl);
+  return ring;
+}
+
+ConsumerRing::~ConsumerRing() = default;
+
+const std::string& ConsumerRing::name() const { return impl_->name; }
+uint32_t ConsumerRing::slot_count() const { return impl_->slot_count; }
+uint64_t ConsumerRing::slot_bytes() const { return impl_->slot_bytes; }
+uint64_t ConsumerRing::incarnation() const { return impl_->incarnation; }
+uint64_t ConsumerRing::heartbeat_ms() const {
+  return impl_->header->heartbeat_ms.load(std::memory_order_acquire);
+}
+
+std::span<const uint8_t> ConsumerRing::Payload(uint32_t slot) const {
+  return {impl_->payload + uint64_t{slot} * impl_->slot_bytes, impl_->slot_bytes};
+}
+
+SlotInfo ConsumerRing::Slot(uint32_t slot) const {
+  const SlotDescriptor& d = impl_->slots[slot];
+  SlotInfo info;
+  info.state = static_cast<SlotState>(d.state.load(std::memory_order_acquire));
+  info.ring_sequence = d.ring_sequence.load(std::memory_order_relaxed);
+  info.payload_bytes = d.payload_bytes.load(std::memory_order_relaxed);
+  info.checksum = d.checksum.load(std::memory_order_relaxed);
+  return info;
+}
+
+absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence) const {
+  const Impl& r = *impl_;
+  if (slot >= r.slot_count) {
+    return absl::OutOfRangeError(absl::StrCat("segment ", r.name, ": slot ", slot,
+                                              " out of range (slot_count ", r.slot_count, ")"));
+  }
+  const std::string where = absl::StrCat("segment ", r.name, ": slot ", slot, ": ");
+  const SlotDescriptor& d = r.slots[slot];
+  const uint32_t state = d.state.load(std::memory_order_acquire);
+  const uint64_t held = d.ring_sequence.load(std::memory_order_relaxed);
+  if (!HoldsBatch(state) || held != ring_sequence) {
+    return absl::DataLossError(absl::StrCat(
+        where, "holds ", internal::Sv(SlotStateName(static_cast<SlotState>(state))), " ring_sequence ", held,
+        ", expected READY or LEASED ring_sequence ", ring_sequence));
+  }
+  const uint64_t bytes = d.payload_bytes.load(std::memory_order_relaxed);
+  const uint64_t expected = d.checksum.load(std::memory_order_relaxed);
+  if (bytes > r.slot_bytes) {
+    return absl::DataLossError(absl::StrCat(where, "payload bytes ", bytes, " exceed slot bytes ",
+                                            r.slot_bytes));
+  }
+  const uint64_t actual = Checksum({r.payload + uint64_t{slot} * r.slot_bytes, bytes});
+  // Seqlock-style re-check: if the daemon reclaimed and refilled the slot while we hashed, the
+  // checksum would be meaningless. Sequences only grow per slot, so an equal one means no reuse.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint32_t state_after = d.state.load(std::memory_order_relaxed);
+  const uint64_t held_after = d.ring_sequence.load(std::memory_order_relaxed);
+  if (!HoldsBatch(state_after) || held_after != ring_sequence) {
+    return absl::DataLossError(absl::StrCat(where, "reused while verifying ring_sequence ",
+                                            ring_sequence, " (now ring_sequence ", held_after,
+                                            ")"));
+  }
+  if (actual != expected) {
+    return absl::DataLossError(absl::StrCat(where, "checksum ", Hex(actual), ", expected ",
+                                            Hex(expected), " for ring_sequence ", ring_sequence,
+                                            " (", bytes, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+bool ConsumerRing::WaitForState(uint32_t slot, SlotState state,
+                                std::chrono::microseconds timeout) const {
+  const std::atomic<uint32_t>& word = impl_->slots[slot].state;
+  const auto want = static_cast<uint32_t>(state);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const uint32_t now_state = word.load(std::memory_order_acquire);
+    if (now_state == want) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    internal::FutexWait(word, now_state, deadline - now);
+  }
+}
+
+}  // namespace ringloader::shm

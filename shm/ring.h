@@ -1,0 +1,155 @@
+#pragma once
+// The shared-memory batch ring: one POSIX shm segment per stream, created by the daemon
+// (ProducerRing, read-write) and mapped read-only by trainers (ConsumerRing).
+//
+// Segment: [RingHeader][SlotDescriptor x slot_count][payload x slot_count], payloads page-aligned.
+// (Layout and its version live in shm/ring_layout.h.)
+//
+// Slot life: FREE -> FILLING -> READY -> LEASED -> FREE, every transition made by the producer
+// process. Consumers never write: a consumer asks the daemon (over gRPC) to release a slot.
+// Publication rule: a slot's payload and descriptor fields are published by the release store of
+// its state to READY; a reader that acquire-loads READY (and the same ring_sequence) sees them.
+//
+// No mutex, condition variable or allocator lives in the segment: no process can ever block on a
+// lock that a dead process holds. Waiting for a state is a futex on the slot's state word.
+//
+// Thread-safety: ProducerRing state transitions are lock-free atomics and may be called from any
+// thread of the producer process, but each slot has one filler at a time (the daemon's design).
+// ConsumerRing is read-only and thread-safe.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ringloader::shm {
+
+enum class SlotState : uint32_t { kFree = 0, kFilling = 1, kReady = 2, kLeased = 3 };
+std::string_view SlotStateName(SlotState state);
+
+struct RingOptions {
+  // POSIX shm name with leading slash, e.g. "/ringloader.<pid>.<incarnation>.<stream>".
+  std::string name;
+  uint32_t slot_count = 4;      // >= 1
+  uint64_t slot_bytes = 0;      // payload capacity of each slot; rounded up to the page size
+  uint64_t incarnation = 0;     // daemon incarnation id, stored in the header
+  mode_t mode = 0600;           // segment file mode
+  std::optional<gid_t> group;   // chown the segment to this group (mode should then be 0640)
+  // Directory backing POSIX shm, used for the free-space check and fallocate. Injectable so tests
+  // can point at a small tmpfs; the segment is then created as a file in this directory.
+  std::string shm_dir = "/dev/shm";
+};
+
+// A snapshot of one slot descriptor (acquire-loaded).
+struct SlotInfo {
+  SlotState state;
+  uint64_t ring_sequence;   // the sequence of the batch last published in this slot
+  uint64_t payload_bytes;   // bytes of payload in use
+  uint64_t checksum;        // XXH3-64 of payload[0, payload_bytes)
+};
+
+// Daemon side. Owns the mapping; the segment name is unlinked by Unlink() or by the destructor
+// when `unlink_on_destroy` is true (clean shutdown).
+class ProducerRing {
+ public:
+  // Creates (O_EXCL) the segment, reserves its memory with posix_fallocate after checking free
+  // space in options.shm_dir (ResourceExhausted with the sizes on shortfall), writes the header
+  // (magic last, with release). Errors name the segment and the failing call.
+  static absl::StatusOr<std::unique_ptr<ProducerRing>> Create(const RingOptions& options);
+  ~ProducerRing();
+  ProducerRing(const ProducerRing&) = delete;
+  ProducerRing& operator=(const ProducerRing&) = delete;
+
+  const std::string& name() const;
+  uint32_t slot_count() const;
+  uint64_t slot_bytes() const;      // payload capacity per slot
+  uint64_t segment_bytes() const;   // whole mapping
+  uint64_t incarnation() const;
+
+  // Payload of `slot` for writing. REQUIRES: slot < slot_count() and the slot is FILLING.
+  std::span<uint8_t> Payload(uint32_t slot);
+
+  // FREE -> FILLING. FailedPrecondition (naming the state found) otherwise.
+  absl::Status BeginFill(uint32_t slot);
+  // FILLING -> READY: stores ring_sequence, payload_bytes, the payload checksum, then the state
+  // with release, and wakes futex waiters. InvalidArgument if payload_bytes > slot_bytes().
+  absl::Status Publish(uint32_t slot, uint64_t ring_sequence, uint64_t payload_bytes);
+  // FILLING -> FREE (a fill that was abandoned).
+  absl::Status Abandon(uint32_t slot);
+  // READY -> LEASED, only if the slot holds `ring_sequence`.
+  absl::Status Lease(uint32_t slot, uint64_t ring_sequence);
+  // LEASED -> FREE, only if the slot holds `ring_sequence` (a double release or a stale handle is
+  // FailedPrecondition and changes nothing).
+  absl::Status Release(uint32_t slot, uint64_t ring_sequence);
+  // Any state -> FREE (reclaiming a dead client's leases). Returns the state it was in.
+  SlotState ForceFree(uint32_t slot);
+
+  SlotInfo Slot(uint32_t slot) const;
+  // Stores now (ms since the epoch) into the header's heartbeat word.
+  void Heartbeat();
+
+  // Removes the name; existing mappings (the daemon's and consumers') stay valid.
+  absl::Status Unlink();
+  void set_unlink_on_destroy(bool unlink) { unlink_on_destroy_ = unlink; }
+
+ private:
+  ProducerRing() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  bool unlink_on_destroy_ = true;
+};
+
+// Trainer side: maps an existing segment read-only (PROT_READ), so a buggy trainer cannot corrupt
+// batches. The mapping stays valid after the daemon dies or unlinks the name.
+class ConsumerRing {
+ public:
+  // Opens `name` and validates the header: magic, layout version, layout hash, and that the file
+  // is large enough for slot_count x slot_bytes. Each failure says which check failed and the
+  // values found vs expected. If `expected_incarnation` is set it must match too.
+  static absl::StatusOr<std::unique_ptr<ConsumerRing>> Open(
+      std::string_view name, std::optional<uint64_t> expected_incarnation = std::nullopt,
+      const std::string& shm_dir = "/dev/shm");
+  ~ConsumerRing();
+  ConsumerRing(const ConsumerRing&) = delete;
+  ConsumerRing& operator=(const ConsumerRing&) = delete;
+
+  const std::string& name() const;
+  uint32_t slot_count() const;
+  uint64_t slot_bytes() const;
+  uint64_t incarnation() const;
+  uint64_t heartbeat_ms() const;
+
+  // REQUIRES: slot < slot_count().
+  std::span<const uint8_t> Payload(uint32_t slot) const;
+  SlotInfo Slot(uint32_t slot) const;
+  // DataLoss if the slot does not hold `ring_sequence` or its payload's checksum does not match.
+  absl::Status Verify(uint32_t slot, uint64_t ring_sequence) const;
+  // Futex wait until the slot's state is `state` (true) or `timeout` passes (false).
+  bool WaitForState(uint32_t slot, SlotState state, std::chrono::microseconds timeout) const;
+
+ private:
+  ConsumerRing() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Segment names: "/ringloader.<pid>.<incarnation hex>.<stream id>". The pid lets a new daemon
+// recognise segments of dead daemons.
+std::string SegmentName(pid_t daemon_pid, uint64_t incarnation, uint64_t stream_id);
+
+// Removes "ringloader.*" segments in `shm_dir` whose creating pid is no longer alive (and is not
+// us). Returns how many it removed. Never touches segments of live daemons.
+absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir = "/dev/shm");
+
+// XXH3-64 of `bytes`: the checksum stored in slot descriptors.
+uint64_t Checksum(std::span<const uint8_t> bytes);
+
+}  // namespace ringloader::shm

@@ -1,0 +1,390 @@
+#include "server/pipeline/batch_filler.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/image/synthetic.h"
+#include "tests/support/test_support.h"
+
+namespace ringloader::pipeline {
+namespace {
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+image::TransformSpec SmallTrain() {
+  image::TransformSpec spec;
+  spec.image_size = 32;
+  spec.augment = image::Augment::kTrain;
+  return spec;
+}
+
+std::unique_ptr<Dataset> OpenFolder(const std::string& root) {
+  DatasetSpec spec;
+  spec.name = "test";
+  spec.root = root;
+  auto ds = Dataset::Open(spec);
+  REQUIRE(ds.ok());
+  return *std::move(ds);
+}
+
+void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  testing::WriteFile(path, std::string(bytes.begin(), bytes.end()));
+}
+
+std::vector<uint8_t> SmallJpeg(uint64_t seed) {
+  image::SyntheticImageOptions o;
+  o.width = 64 + static_cast<int32_t>(seed % 5) * 8;
+  o.height = 48;
+  o.seed = seed;
+  auto jpeg = image::MakeSyntheticJpeg(o);
+  REQUIRE(jpeg.ok());
+  return *std::move(jpeg);
+}
+
+// An imagefolder of `count` photo-like JPEGs over 3 classes: sizes from 80x60 to ~400x300,
+// portrait and landscape, some grayscale and some progressive. (MakeSyntheticJpeg per image.)
+void WriteVariedDataset(const std::string& root, int count) {
+  for (int i = 0; i < count; ++i) {
+    image::SyntheticImageOptions o;
+    o.seed = static_cast<uint64_t>(i) * 7919;
+    o.width = 80 + (i * 37) % 320;
+    o.height = 60 + (i * 53) % 240;
+    o.quality = 75 + i % 20;
+    o.grayscale = i % 10 == 3;
+    o.progressive = i % 15 == 7;
+    auto jpeg = image::MakeSyntheticJpeg(o);
+    REQUIRE(jpeg.ok());
+    const std::string cls = root + "/class_" + std::to_string(i % 3);
+    fs::create_directories(cls);
+    char name[32];
+    std::snprintf(name, sizeof(name), "/img_%03d.jpg", i);
+    WriteBytes(cls + name, *jpeg);
+  }
+}
+
+int64_t I64At(const std::vector<uint8_t>& buf, uint64_t offset, uint64_t i) {
+  int64_t v;
+  std::memcpy(&v, buf.data() + offset + i * 8, 8);
+  return v;
+}
+
+struct Filled {
+  FilledBatch batch;
+  std::vector<uint8_t> bytes;
+};
+
+Filled FillOne(BatchFiller& filler, const Dataset& ds, const EpochShard& shard, uint64_t cursor,
+               uint32_t batch_size, OnError on_error = OnError::kSkip,
+               SampleObserver* observer = nullptr) {
+  FillRequest req;
+  req.dataset = &ds;
+  req.shard = &shard;
+  req.cursor = cursor;
+  req.batch_size = batch_size;
+  req.transform = SmallTrain();
+  req.on_error = on_error;
+  req.seed = shard.spec().seed;
+  req.epoch = shard.spec().epoch;
+  Filled out;
+  out.bytes.assign(ComputeBatchLayout(batch_size, req.transform).total_bytes, 0xAB);
+  auto batch = filler.Fill(req, out.bytes, observer);
+  REQUIRE(batch.ok());
+  out.batch = *std::move(batch);
+  return out;
+}
+
+TEST_CASE("ComputeBatchLayout: sections are 64-byte aligned (pinned)", "[pipeline]") {
+  image::TransformSpec spec = SmallTrain();  // 32x32x3 uint8 = 3072 bytes a sample
+  const BatchLayout l = ComputeBatchLayout(3, spec);
+  CHECK(l.images_offset == 0);
+  CHECK(l.images_bytes == 9216);
+  CHECK(l.labels_offset == 9216);
+  CHECK(l.indices_offset == 9280);
+  CHECK(l.total_bytes == 9344);
+  spec.dtype = image::DType::kFloat32;
+  spec.image_size = 5;  // 300 bytes a sample
+  const BatchLayout f = ComputeBatchLayout(1, spec);
+  CHECK(f.labels_offset == 320);
+  CHECK(f.indices_offset == 384);
+  CHECK(f.total_bytes == 448);
+}
+
+TEST_CASE("BatchFiller: batches are identical byte for byte with 1, 2 and 4 threads",
+          "[pipeline]") {
+  TempDir dir;
+  WriteVariedDataset(dir.path(), 60);
+  auto ds = OpenFolder(dir.path());
+  REQUIRE(ds->size() == 60);
+
+  constexpr uint32_t kBatch = 16;  // 4 batches an epoch, the last one short
+  std::vector<std::vector<uint8_t>> reference;  // all batches of 2 epochs, 1 thread
+  for (uint32_t threads : {1u, 2u, 4u}) {
+    WorkerPool pool(threads);
+    BatchFiller filler(pool, image::DecodeLimits{});
+    std::vector<std::vector<uint8_t>> got;
+    for (uint64_t epoch : {0u, 1u}) {
+      ShardSpec s;
+      s.seed = 99;
+      s.epoch = epoch;
+      EpochShard shard(ds->size(), s);
+      uint64_t cursor = 0;
+      while (cursor < shard.size()) {
+        Filled f = FillOne(filler, *ds, shard, cursor, kBatch);
+        for (const SampleError& e : f.batch.errors) UNSCOPED_INFO(e.reason << ": " << e.message);
+        REQUIRE(f.batch.errors.empty());
+        CHECK(f.batch.count == std::min<uint64_t>(kBatch, shard.size() - cursor));
+        const BatchLayout l = ComputeBatchLayout(kBatch, SmallTrain());
+        for (uint32_t i = 0; i < f.batch.count; ++i) {
+          const uint32_t index = shard.at(cursor + i);
+          CHECK(I64At(f.bytes, l.indices_offset, i) == index);
+          CHECK(I64At(f.bytes, l.labels_offset, i) == ds->label(index));
+        }
+        cursor = f.batch.next_cursor;
+        got.push_back(std::move(f.bytes));
+      }
+    }
+    REQUIRE(got.size() == 8);
+    if (reference.empty()) {
+      reference = got;
+      CHECK(reference[0] != reference[4]);  // epoch 1 is ordered and augmented differently
+      CHECK(std::count(reference[0].begin(), reference[0].end(), 0) <
+            static_cast<long>(reference[0].size() / 2));  // real pixels, not an empty buffer
+    } else {
+      INFO("threads = " << threads);
+      for (size_t b = 0; b < got.size(); ++b) CHECK(got[b] == reference[b]);
+    }
+  }
+}
+
+// root/a/00.jpg .. : good or broken by name, in a known order (shuffle off).
+struct CorruptCorpus {
+  TempDir dir;
+  std::vector<std::string> names;  // sorted = shard order
+  std::vector<bool> good;
+  std::vector<std::string> reason;  // expected reason for bad ones ("" = any decode reason)
+
+  CorruptCorpus() {
+    fs::create_directories(dir.Join("a"));
+    std::mt19937 rng(5);
+    for (int i = 0; i < 14; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "a/%02d.jpg", i);
+      names.push_back(name);
+      std::vector<uint8_t> jpeg = SmallJpeg(static_cast<uint64_t>(i));
+      bool ok = true;
+      std::string why;
+      if (i == 2) {  // truncated
+        jpeg.resize(jpeg.size() / 2);
+        ok = false;
+      } else if (i == 3) {  // zero bytes, next to another bad one
+        jpeg.clear();
+        ok = false;
+        why = "empty";
+      } else if (i == 9) {  // random bytes
+        for (uint8_t& b : jpeg) b = static_cast<uint8_t>(rng());
+        jpeg.resize(300);
+        ok = false;
+      }
+      WriteBytes(dir.Join(name), jpeg);
+      good.push_back(ok);
+      reason.push_back(why);
+    }
+  }
+};
+
+TEST_CASE("BatchFiller: with on_error = skip each batch holds only good samples in shard order",
+          "[pipeline]") {
+  CorruptCorpus corpus;
+  auto ds = OpenFolder(corpus.dir.path());
+  REQUIRE(ds->size() == corpus.names.size());
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  constexpr uint32_t kBatch = 4;
+  const BatchLayout l = ComputeBatchLayout(kBatch, SmallTrain());
+
+  std::vector<int64_t> delivered;
+  std::vector<uint64_t> skipped;
+  uint64_t cursor = 0;
+  std::vector<Filled> batches;
+  while (cursor < shard.size()) {
+    Filled f = FillOne(filler, *ds, shard, cursor, kBatch);
+    for (uint32_t i = 0; i < f.batch.count; ++i) delivered.push_back(I64At(f.bytes, l.indices_offset, i));
+    for (const SampleError& e : f.batch.errors) {
+      skipped.push_back(e.sample_index);
+      CHECK(e.relative_path == corpus.names[e.sample_index]);
+      CHECK_THAT(e.message, Catch::StartsWith(ds->AbsolutePath(e.sample_index)));
+      CHECK_FALSE(e.reason.empty());
+      if (!corpus.reason[e.sample_index].empty()) CHECK(e.reason == corpus.reason[e.sample_index]);
+    }
+    CHECK(f.batch.next_cursor > cursor);
+    cursor = f.batch.next_cursor;
+    batches.push_back(std::move(f));
+  }
+  CHECK(cursor == shard.size());
+  CHECK(skipped == std::vector<uint64_t>{2, 3, 9});
+  CHECK(delivered == std::vector<int64_t>{0, 1, 4, 5, 6, 7, 8, 10, 11, 12, 13});
+  // Batch 0: 0 1 [2 3 bad] 4 5 -> consumed 6; batch 1: 6 7 8 [9 bad] 10 -> 11; batch 2: 11 12 13.
+  REQUIRE(batches.size() == 3);
+  CHECK(batches[0].batch.next_cursor == 6);
+  CHECK(batches[1].batch.next_cursor == 11);
+  CHECK(batches[2].batch.count == 3);
+  CHECK(batches[2].batch.errors.empty());
+
+  // Compaction moved the right bytes: each delivered sample equals a batch of just that sample.
+  const uint64_t sample_bytes = SmallTrain().SampleBytes();
+  for (uint32_t i = 0; i < batches[0].batch.count; ++i) {
+    const uint64_t index = static_cast<uint64_t>(I64At(batches[0].bytes, l.indices_offset, i));
+    Filled single = FillOne(filler, *ds, shard, /*cursor=*/index, 1);
+    REQUIRE(single.batch.count == 1);
+    CHECK(std::memcmp(single.bytes.data(), batches[0].bytes.data() + i * sample_bytes,
+                      sample_bytes) == 0);
+  }
+}
+
+TEST_CASE("BatchFiller: with on_error = fail the first bad sample ends it as DataLoss",
+          "[pipeline]") {
+  CorruptCorpus corpus;
+  auto ds = OpenFolder(corpus.dir.path());
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  FillRequest req;
+  req.dataset = ds.get();
+  req.shard = &shard;
+  req.batch_size = 8;
+  req.transform = SmallTrain();
+  req.on_error = OnError::kFail;
+  std::vector<uint8_t> buf(ComputeBatchLayout(8, req.transform).total_bytes);
+  auto r = filler.Fill(req, buf, nullptr);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains(ds->AbsolutePath(2)));
+  CHECK_FALSE(image::ErrorReason(r.status()).empty());
+}
+
+TEST_CASE("BatchFiller: a file deleted after Open fails only that sample", "[pipeline]") {
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  for (int i = 0; i < 6; ++i) WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+  auto ds = OpenFolder(dir.path());
+  fs::remove(dir.Join("c/3.jpg"));
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  Filled f = FillOne(filler, *ds, shard, 0, 6);
+  for (const SampleError& e : f.batch.errors) UNSCOPED_INFO(e.reason << ": " << e.message);
+  CHECK(f.batch.count == 5);
+  CHECK(f.batch.next_cursor == 6);
+  REQUIRE(f.batch.errors.size() == 1);
+  CHECK(f.batch.errors[0].sample_index == 3);
+  CHECK(f.batch.errors[0].relative_path == "c/3.jpg");
+  CHECK(f.batch.errors[0].reason == "read_error");
+  CHECK_THAT(f.batch.errors[0].message, Catch::Contains(dir.Join("c/3.jpg")));
+  // The short batch's unused tail is zeroed, so the whole buffer is deterministic.
+  const BatchLayout l = ComputeBatchLayout(6, SmallTrain());
+  CHECK(I64At(f.bytes, l.indices_offset, 5) == 0);
+  CHECK(f.bytes[l.images_offset + 5 * SmallTrain().SampleBytes()] == 0);
+}
+
+class CountingObserver : public SampleObserver {
+ public:
+  explicit CountingObserver(uint64_t refuse) : refuse_(refuse) {}
+  absl::Status BeforeDecode(const Dataset&, uint64_t index, uint32_t) override {
+    before_++;
+    if (index == refuse_) return image::WithReason(absl::UnavailableError("quarantined"), "quarantined");
+    return absl::OkStatus();
+  }
+  void AfterDecode(const Dataset&, uint64_t, uint32_t) override { after_++; }
+  std::atomic<int> before_{0};
+  std::atomic<int> after_{0};
+
+ private:
+  uint64_t refuse_;
+};
+
+TEST_CASE("BatchFiller: an observer can refuse a sample and sees every decode", "[pipeline]") {
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  for (int i = 0; i < 5; ++i) WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+  auto ds = OpenFolder(dir.path());
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  CountingObserver observer(/*refuse=*/1);
+  Filled f = FillOne(filler, *ds, shard, 0, 4, OnError::kSkip, &observer);
+  CHECK(f.batch.count == 4);
+  CHECK(f.batch.next_cursor == 5);
+  CHECK(observer.before_.load() == 5);
+  CHECK(observer.after_.load() == 5);
+  REQUIRE(f.batch.errors.size() == 1);
+  CHECK(f.batch.errors[0].reason == "quarantined");
+  CHECK_THAT(f.batch.errors[0].message, Catch::StartsWith(ds->AbsolutePath(1)));
+}
+
+TEST_CASE("BatchFiller: concurrent fills on one pool give the same bytes as sequential ones",
+          "[pipeline]") {
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  for (int i = 0; i < 12; ++i) WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+  auto ds = OpenFolder(dir.path());
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  ShardSpec s0;
+  ShardSpec s1;
+  s1.epoch = 1;
+  EpochShard shard0(ds->size(), s0);
+  EpochShard shard1(ds->size(), s1);
+  const Filled seq0 = FillOne(filler, *ds, shard0, 0, 6);
+  const Filled seq1 = FillOne(filler, *ds, shard1, 3, 6);
+  std::vector<uint8_t> par0, par1;
+  std::thread t0([&] { par0 = FillOne(filler, *ds, shard0, 0, 6).bytes; });
+  std::thread t1([&] { par1 = FillOne(filler, *ds, shard1, 3, 6).bytes; });
+  t0.join();
+  t1.join();
+  CHECK(par0 == seq0.bytes);
+  CHECK(par1 == seq1.bytes);
+}
+
+TEST_CASE("BatchFiller: bad requests are refused, a cursor at the end gives an empty batch",
+          "[pipeline]") {
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  WriteBytes(dir.Join("c/0.jpg"), SmallJpeg(0));
+  auto ds = OpenFolder(dir.path());
+  EpochShard shard(ds->size(), ShardSpec{});
+  WorkerPool pool(1);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  FillRequest req;
+  req.dataset = ds.get();
+  req.shard = &shard;
+  req.batch_size = 2;
+  req.transform = SmallTrain();
+  std::vector<uint8_t> small(ComputeBatchLayout(2, req.transform).total_bytes - 1);
+  CHECK(filler.Fill(req, small, nullptr).status().code() == absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> buf(small.size() + 1);
+  req.cursor = 2;
+  CHECK(filler.Fill(req, buf, nullptr).status().code() == absl::StatusCode::kOutOfRange);
+  req.cursor = 1;
+  auto end = filler.Fill(req, buf, nullptr);
+  REQUIRE(end.ok());
+  CHECK(end->count == 0);
+  CHECK(end->next_cursor == 1);
+}
+
+}  // namespace
+}  // namespace ringloader::pipeline

@@ -1,0 +1,255 @@
+#include "server/pipeline/dataset.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_support.h"
+
+namespace ringloader::pipeline {
+namespace {
+namespace fs = std::filesystem;
+using testing::TempDir;
+using testing::WriteFile;
+
+std::vector<std::string> Paths(const Dataset& ds) {
+  std::vector<std::string> out;
+  for (uint64_t i = 0; i < ds.size(); ++i) out.emplace_back(ds.relative_path(i));
+  return out;
+}
+std::vector<int64_t> Labels(const Dataset& ds) {
+  std::vector<int64_t> out;
+  for (uint64_t i = 0; i < ds.size(); ++i) out.push_back(ds.label(i));
+  return out;
+}
+
+// The index cache is only written for trees older than a few seconds (see dataset.cc), so tests
+// that want it move the folder mtimes an hour back, as if the dataset had been copied long ago.
+void SetMtime(const fs::path& p, std::chrono::seconds age) {
+  fs::last_write_time(p, fs::file_time_type::clock::now() - age);
+}
+void Backdate(const std::string& root) {
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    if (e.is_directory()) SetMtime(e.path(), std::chrono::hours(1));
+  }
+  SetMtime(root, std::chrono::hours(1));
+}
+
+// bird/z.Jpg, cat/x.jpg (+ hidden and non-image files), dog/{b.jpg,a.JPEG,sub/c.jpeg}, and a
+// hidden class folder. Contents do not matter: Dataset never decodes.
+void MakeTree(const std::string& root) {
+  for (const char* d : {"bird", "cat", "dog/sub", ".hidden_class", "empty"}) {
+    fs::create_directories(fs::path(root) / d);
+  }
+  for (const char* f : {"bird/z.Jpg", "cat/x.jpg", "cat/.hidden.jpg", "cat/notes.txt",
+                        "dog/b.jpg", "dog/a.JPEG", "dog/sub/c.jpeg", ".hidden_class/y.jpg",
+                        "stray.jpg"}) {
+    WriteFile(root + "/" + f, "x");
+  }
+}
+
+DatasetSpec FolderSpec(const std::string& root, const std::string& state_dir = "") {
+  DatasetSpec spec;
+  spec.name = "folder";
+  spec.format = DatasetFormat::kImageFolder;
+  spec.root = root;
+  spec.state_dir = state_dir;
+  return spec;
+}
+
+DatasetSpec ManifestSpec(const std::string& root, const std::string& manifest) {
+  DatasetSpec spec;
+  spec.name = "man";
+  spec.format = DatasetFormat::kManifest;
+  spec.root = root;
+  spec.manifest_path = manifest;
+  return spec;
+}
+
+TEST_CASE("Dataset: imagefolder sorts classes and paths and skips hidden and other files",
+          "[pipeline]") {
+  TempDir dir;
+  MakeTree(dir.path());
+  auto ds = Dataset::Open(FolderSpec(dir.path()));
+  REQUIRE(ds.ok());
+  CHECK((*ds)->class_names() == std::vector<std::string>{"bird", "cat", "dog", "empty"});
+  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/x.jpg", "dog/a.JPEG",
+                                                "dog/b.jpg", "dog/sub/c.jpeg"});
+  CHECK(Labels(**ds) == std::vector<int64_t>{0, 1, 2, 2, 2});
+  CHECK((*ds)->AbsolutePath(1) == dir.path() + "/cat/x.jpg");
+  CHECK_FALSE((*ds)->loaded_from_cache());
+}
+
+TEST_CASE("Dataset: imagefolder does not follow symlinks out of the root", "[pipeline]") {
+  TempDir dir;
+  TempDir outside;
+  MakeTree(dir.path());
+  WriteFile(outside.Join("secret.jpg"), "x");
+  fs::create_directories(outside.Join("more"));
+  WriteFile(outside.Join("more/m.jpg"), "x");
+  fs::create_symlink(outside.Join("secret.jpg"), dir.Join("cat/leak.jpg"));
+  fs::create_directory_symlink(outside.Join("more"), dir.Join("cat/more"));
+  fs::create_directory_symlink(outside.Join("more"), dir.Join("linked_class"));
+  fs::create_symlink(dir.Join("bird/z.Jpg"), dir.Join("cat/inside.jpg"));
+  auto ds = Dataset::Open(FolderSpec(dir.path()));
+  REQUIRE(ds.ok());
+  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/inside.jpg", "cat/x.jpg",
+                                                "dog/a.JPEG", "dog/b.jpg", "dog/sub/c.jpeg"});
+}
+
+TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class folder changes",
+          "[pipeline]") {
+  TempDir dir;
+  TempDir state;
+  MakeTree(dir.path());
+  Backdate(dir.path());
+  auto first = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(first.ok());
+  CHECK_FALSE((*first)->loaded_from_cache());
+
+  auto second = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(second.ok());
+  CHECK((*second)->loaded_from_cache());
+  CHECK(Paths(**second) == Paths(**first));
+  CHECK(Labels(**second) == Labels(**first));
+  CHECK((*second)->class_names() == (*first)->class_names());
+
+  WriteFile(dir.Join("cat/w.jpg"), "x");
+  SetMtime(dir.Join("cat"), std::chrono::minutes(30));  // what the kernel does, made explicit
+  auto third = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(third.ok());
+  CHECK_FALSE((*third)->loaded_from_cache());
+  CHECK(Paths(**third)[1] == "cat/w.jpg");
+  CHECK((*third)->size() == (*first)->size() + 1);
+
+  auto fourth = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(fourth.ok());
+  CHECK((*fourth)->loaded_from_cache());
+  CHECK(Paths(**fourth) == Paths(**third));
+}
+
+TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten", "[pipeline]") {
+  TempDir dir;
+  TempDir state;
+  MakeTree(dir.path());
+  Backdate(dir.path());
+  auto fresh = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(fresh.ok());
+  std::vector<fs::path> caches;
+  for (const fs::directory_entry& e : fs::directory_iterator(state.path())) caches.push_back(e);
+  REQUIRE(caches.size() == 1);
+  const std::string good = testing::ReadFile(caches[0]);
+
+  std::string flipped = good;
+  flipped[good.size() - 20] ^= 0x01;  // inside the labels: only the checksum can tell
+  for (const std::string& bad : {flipped, good.substr(0, good.size() / 2), std::string()}) {
+    WriteFile(caches[0], bad);
+    auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
+    REQUIRE(reopened.ok());
+    CHECK_FALSE((*reopened)->loaded_from_cache());
+    CHECK(Labels(**reopened) == Labels(**fresh));
+    CHECK(testing::ReadFile(caches[0]) == good);  // rewritten
+  }
+}
+
+TEST_CASE("Dataset: no cache is written for a tree that changed in the last seconds",
+          "[pipeline]") {
+  TempDir dir;
+  TempDir state;
+  MakeTree(dir.path());  // just created: a file added in the same mtime tick could be missed
+  REQUIRE(Dataset::Open(FolderSpec(dir.path(), state.path())).ok());
+  auto again = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(again.ok());
+  CHECK_FALSE((*again)->loaded_from_cache());
+}
+
+TEST_CASE("Dataset: manifest CSV and TSV, with and without a header", "[pipeline]") {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a.csv", "path,label\nx/1.jpg,3\ny/2.jpg,0\n"},
+      {"b.csv", "x/1.jpg,3\r\n\r\ny/2.jpg, 0\r\n"},
+      {"c.tsv", "relative_path\tlabel\nx/1.jpg\t3\ny/2.jpg\t0"},
+      {"d.tsv", "x/1.jpg\t3\ny/2.jpg\t0\n"},
+  };
+  for (const auto& [name, text] : cases) {
+    WriteFile(dir.Join(name), text);
+    auto ds = Dataset::Open(ManifestSpec(dir.path(), dir.Join(name)));
+    INFO(name);
+    REQUIRE(ds.ok());
+    CHECK(Paths(**ds) == std::vector<std::string>{"x/1.jpg", "y/2.jpg"});
+    CHECK(Labels(**ds) == std::vector<int64_t>{3, 0});
+    CHECK((*ds)->class_names().empty());
+  }
+  WriteFile(dir.Join("e.csv"), "\"a,b \"\"c\"\".jpg\",1\nd,e.jpg,2\n");
+  auto quoted = Dataset::Open(ManifestSpec(dir.path(), dir.Join("e.csv")));
+  REQUIRE(quoted.ok());
+  CHECK(Paths(**quoted) == std::vector<std::string>{"a,b \"c\".jpg", "d,e.jpg"});
+}
+
+TEST_CASE("Dataset: errors name the dataset, the file and the line", "[pipeline]") {
+  TempDir dir;
+  auto missing = Dataset::Open(FolderSpec(dir.Join("nope")));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("dataset 'folder'") && Catch::Contains(dir.Join("nope")));
+
+  fs::create_directories(dir.Join("empty_root/cls"));
+  auto empty = Dataset::Open(FolderSpec(dir.Join("empty_root")));
+  REQUIRE_FALSE(empty.ok());
+  CHECK_THAT(std::string(empty.status().message()), Catch::Contains("no samples"));
+
+  const std::string m = dir.Join("m.csv");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"path,label\na.jpg,1\nb.jpg,cat\n", m + ":3: label must be an integer >= 0"},
+      {"a.jpg,1\nb.jpg,-2\n", m + ":2: label must be an integer >= 0"},
+      {"a.jpg,1\n../b.jpg,2\n", m + ":2: path escapes the root"},
+      {"a.jpg,1\nx/../../b.jpg,2\n", m + ":2: path escapes the root"},
+      {"a.jpg,1\n\n/etc/b.jpg,2\n", m + ":3: path must be relative"},
+      {"a.jpg,1\nb.jpg\n", m + ":2: expected"},
+      {"path,label\n", "no samples"},
+  };
+  for (const auto& [text, expected] : cases) {
+    WriteFile(m, text);
+    auto ds = Dataset::Open(ManifestSpec(dir.path(), m));
+    INFO(text);
+    REQUIRE_FALSE(ds.ok());
+    CHECK_THAT(std::string(ds.status().message()),
+               Catch::Contains(expected) && Catch::Contains("dataset 'man'"));
+  }
+  auto no_manifest = Dataset::Open(ManifestSpec(dir.path(), dir.Join("absent.csv")));
+  REQUIRE_FALSE(no_manifest.ok());
+  CHECK_THAT(std::string(no_manifest.status().message()), Catch::Contains(dir.Join("absent.csv")));
+}
+
+TEST_CASE("Dataset: a manifest of a million samples opens and stays compact", "[pipeline]") {
+  constexpr uint64_t kSamples = 1'000'000;
+  TempDir dir;
+  {
+    std::string text = "path,label\n";
+    text.reserve(kSamples * 32);
+    char line[64];
+    for (uint64_t i = 0; i < kSamples; ++i) {
+      const int n = std::snprintf(line, sizeof(line), "n%04llu/img_%07llu.JPEG,%llu\n",
+                                  static_cast<unsigned long long>(i % 1000),
+                                  static_cast<unsigned long long>(i),
+                                  static_cast<unsigned long long>(i % 1000));
+      text.append(line, static_cast<size_t>(n));
+    }
+    WriteFile(dir.Join("big.csv"), text);
+  }
+  auto ds = Dataset::Open(ManifestSpec(dir.path(), dir.Join("big.csv")));
+  REQUIRE(ds.ok());
+  REQUIRE((*ds)->size() == kSamples);
+  CHECK((*ds)->relative_path(0) == "n0000/img_0000000.JPEG");
+  CHECK((*ds)->relative_path(kSamples - 1) == "n0999/img_0999999.JPEG");
+  CHECK((*ds)->label(kSamples - 1) == 999);
+  CHECK((*ds)->MemoryBytes() > kSamples * 16);       // it does count the arrays
+  CHECK((*ds)->MemoryBytes() < kSamples * 100);      // no per-sample std::string
+}
+
+}  // namespace
+}  // namespace ringloader::pipeline
