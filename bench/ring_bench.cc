@@ -65,8 +65,8 @@ std::unique_ptr<ProducerRing> MakeRing(uint32_t slots, uint64_t slot_bytes, uint
 // Scratch page shared with the forked consumer (MAP_SHARED | MAP_ANONYMOUS): the consumer can
 // not write the ring, so it reports here.
 struct Scratch {
-  std::atomic<uint64_t> acked;     // consumer: number of batches seen
-  std::atomic<uint64_t> seen_ns;   // consumer: when it saw the last one READY
+  std::atomic<uint64_t> acked;    // consumer: number of batches seen
+  std::atomic<uint64_t> seen_ns;  // consumer: when it saw the last one READY
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -95,8 +95,8 @@ void ConsumerProcess(const std::string& name, bool spin, int batches, Scratch* s
 
 void Handoff(bool spin, int batches) {
   auto ring = MakeRing(kHandoffSlots, 4096, spin ? 1 : 2);
-  void* page = mmap(nullptr, sizeof(Scratch), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                    -1, 0);
+  void* page =
+      mmap(nullptr, sizeof(Scratch), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) Die("mmap scratch");
   auto* scratch = new (page) Scratch{};
   const pid_t child = fork();
@@ -182,10 +182,11 @@ void Bandwidth(const char* label, uint64_t bytes, int reps) {
 
   std::printf("  %-7s slot %6.2f GB/s   memcpy %6.2f GB/s   ratio %.2fx   target >= 0.9x: %s\n",
               label, gbs_slot, gbs_priv, ratio, ratio >= 0.9 ? "met" : "MISSED");
-  std::printf("          first write into a fresh slot %.2f GB/s; Publish (XXH3-64 checksum) %.2f ms "
-              "(%.2f GB/s)\n",
-              static_cast<double>(bytes) / cold / 1e9, publish * 1e3,
-              static_cast<double>(bytes) / publish / 1e9);
+  std::printf(
+      "          first write into a fresh slot %.2f GB/s; Publish (XXH3-64 checksum) %.2f ms "
+      "(%.2f GB/s)\n",
+      static_cast<double>(bytes) / cold / 1e9, publish * 1e3,
+      static_cast<double>(bytes) / publish / 1e9);
 }
 
 }  // namespace

@@ -9,15 +9,20 @@ namespace ringloader::client {
 namespace {
 
 absl::Status Bad(absl::string_view field, absl::string_view why) {
-  return absl::InternalError(absl::StrCat("daemon sent an invalid batch handle: ", field, ": ", why));
+  return absl::InternalError(
+      absl::StrCat("daemon sent an invalid batch handle: ", field, ": ", why));
 }
 
 std::optional<DType> FromWire(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_UINT8: return DType::kUint8;
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_INT64: return DType::kInt64;
-    default: return std::nullopt;
+    case v1::DTYPE_UINT8:
+      return DType::kUint8;
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_INT64:
+      return DType::kInt64;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -33,15 +38,15 @@ absl::StatusOr<TensorView> MakeView(absl::string_view name, const v1::TensorView
                                   DTypeName(expected_dtype)));
   }
   if (static_cast<size_t>(wire.shape_size()) != expected_shape.size()) {
-    return Bad(name, absl::StrCat("rank ", wire.shape_size(), ", expected ",
-                                  expected_shape.size()));
+    return Bad(name,
+               absl::StrCat("rank ", wire.shape_size(), ", expected ", expected_shape.size()));
   }
   uint64_t elements = 1;
   std::vector<int64_t> shape;
   for (int i = 0; i < wire.shape_size(); ++i) {
     if (wire.shape(i) != expected_shape[i]) {
-      return Bad(name, absl::StrCat("shape[", i, "] = ", wire.shape(i), ", expected ",
-                                    expected_shape[i]));
+      return Bad(
+          name, absl::StrCat("shape[", i, "] = ", wire.shape(i), ", expected ", expected_shape[i]));
     }
     if (__builtin_mul_overflow(elements, wire.shape(i), &elements)) {
       return Bad(name, "shape overflows 64 bits");
@@ -60,8 +65,8 @@ absl::StatusOr<TensorView> MakeView(absl::string_view name, const v1::TensorView
                                   payload.size(), " bytes"));
   }
   if (wire.offset() % DTypeSize(*dtype) != 0) {
-    return Bad(name, absl::StrCat("offset ", wire.offset(), " not aligned for ",
-                                  DTypeName(*dtype)));
+    return Bad(name,
+               absl::StrCat("offset ", wire.offset(), " not aligned for ", DTypeName(*dtype)));
   }
   return TensorView(payload.data() + wire.offset(), std::move(shape), *dtype, bytes);
 }
@@ -78,14 +83,15 @@ absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
   if (n == 0 || n > options.batch_size) {
     return Bad("sample_count", absl::StrCat(n, " not in 1..", options.batch_size));
   }
-  if (handle.relative_paths_size() != 0 && static_cast<uint64_t>(handle.relative_paths_size()) != n) {
-    return Bad("relative_paths", absl::StrCat(handle.relative_paths_size(), " paths for ", n,
-                                              " samples"));
+  if (handle.relative_paths_size() != 0 &&
+      static_cast<uint64_t>(handle.relative_paths_size()) != n) {
+    return Bad("relative_paths",
+               absl::StrCat(handle.relative_paths_size(), " paths for ", n, " samples"));
   }
   const uint64_t s = options.image_size;
-  const std::vector<uint64_t> image_shape =
-      options.layout == Layout::kNCHW ? std::vector<uint64_t>{n, 3, s, s}
-                                      : std::vector<uint64_t>{n, s, s, 3};
+  const std::vector<uint64_t> image_shape = options.layout == Layout::kNCHW
+                                                ? std::vector<uint64_t>{n, 3, s, s}
+                                                : std::vector<uint64_t>{n, s, s, 3};
   const std::span<const uint8_t> payload = ring->Payload(handle.slot());
 
   auto impl = std::make_unique<Batch::Impl>();

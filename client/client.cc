@@ -11,13 +11,20 @@ namespace ringloader::client {
 
 const char* ErrorCodeName(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kResourceExhausted: return "resource_exhausted";
-    case ErrorCode::kDataLoss: return "data_loss";
-    case ErrorCode::kFailedPrecondition: return "failed_precondition";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kDataLoss:
+      return "data_loss";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -27,18 +34,24 @@ Error::Error(ErrorCode code, const std::string& message)
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kUint8: return 1;
-    case DType::kFloat32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kUint8:
+      return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kUint8: return "uint8";
-    case DType::kFloat32: return "float32";
-    case DType::kInt64: return "int64";
+    case DType::kUint8:
+      return "uint8";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt64:
+      return "int64";
   }
   return "unknown";
 }
@@ -70,8 +83,10 @@ void FillSpec(const StreamOptions& o, v1::StreamSpec& spec) {
 
 Connection::Connection(std::string endpoint) : endpoint_(std::move(endpoint)) {
   absl::StatusOr<std::string> target = GrpcTarget(endpoint_);
-  if (!target.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
-  stub_ = v1::Loader::NewStub(MakeChannel(*target));
+  if (!target.ok())
+    throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
+  channel_ = MakeChannel(*target);
+  stub_ = v1::Loader::NewStub(channel_);
 }
 
 absl::StatusOr<std::shared_ptr<const shm::ConsumerRing>> Connection::MapSegment(

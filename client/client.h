@@ -38,11 +38,11 @@
 namespace ringloader::client {
 
 enum class ErrorCode {
-  kUnavailable,       // daemon unreachable (past the reconnect deadline)
-  kNotFound,          // unknown dataset
-  kInvalidArgument,   // a bad option (the message names it)
-  kResourceExhausted, // daemon's memory_limit or a configured limit
-  kDataLoss,          // on_error = "fail" and a sample failed; or a checksum mismatch
+  kUnavailable,        // daemon unreachable (past the reconnect deadline)
+  kNotFound,           // unknown dataset
+  kInvalidArgument,    // a bad option (the message names it)
+  kResourceExhausted,  // daemon's memory_limit or a configured limit
+  kDataLoss,           // on_error = "fail" and a sample failed; or a checksum mismatch
   kFailedPrecondition,
   kInternal,
 };
@@ -69,7 +69,9 @@ class TensorView {
       : data_(data), shape_(std::move(shape)), dtype_(dtype), bytes_(bytes) {}
   const void* raw() const { return data_; }
   template <typename T>
-  const T* data() const { return static_cast<const T*>(data_); }
+  const T* data() const {
+    return static_cast<const T*>(data_);
+  }
   const std::vector<int64_t>& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   uint64_t bytes() const { return bytes_; }
@@ -104,7 +106,7 @@ struct StreamOptions {
   Layout layout = Layout::kNHWC;
   bool shuffle = true;
   bool drop_last = false;
-  uint64_t end_epoch = 0;  // the stream ends after epoch end_epoch-1; 0 = never
+  uint64_t end_epoch = 0;        // the stream ends after epoch end_epoch-1; 0 = never
   std::vector<float> mean, std;  // float32 only; empty = ImageNet's
   uint32_t ring_slots = 0;       // 0 = the daemon's default
   Position start;                // where to begin
@@ -132,7 +134,7 @@ class Batch {
   const Position& position() const;   // this batch
   const Position& next() const;       // resume here for the batch after this one
   bool last_in_epoch() const;
-  uint64_t incarnation() const;       // of the daemon that produced it
+  uint64_t incarnation() const;  // of the daemon that produced it
   // Bytes of sample i's image (i < size()).
   const uint8_t* sample_image(uint32_t i) const;
   uint64_t sample_image_bytes() const;

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
@@ -28,6 +29,8 @@ class Connection {
 
   const std::string& endpoint() const { return endpoint_; }
   v1::Loader::Stub& stub() { return *stub_; }
+  // True when the channel has a live connection (does not try to connect).
+  bool connected() { return channel_->GetState(false) == GRPC_CHANNEL_READY; }
 
   // Maps `segment` read-only, or returns the live mapping of the same (incarnation, segment).
   // Batches hold the returned pointer, so a mapping lives as long as any batch read from it.
@@ -36,6 +39,7 @@ class Connection {
 
  private:
   const std::string endpoint_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Loader::Stub> stub_;
   absl::Mutex mu_;
   std::map<std::pair<uint64_t, std::string>, std::weak_ptr<const shm::ConsumerRing>> mappings_

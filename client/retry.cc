@@ -10,24 +10,42 @@ namespace {
 
 const char* CodeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    default: return "UNKNOWN_CODE";
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    default:
+      return "UNKNOWN_CODE";
   }
 }
 
@@ -42,8 +60,7 @@ Recovery Classify(grpc::StatusCode code, absl::string_view message, RpcKind kind
     case grpc::StatusCode::UNKNOWN:
       return Recovery::kReopen;
     case grpc::StatusCode::INTERNAL:
-      return absl::StartsWith(message, "Received RST_STREAM") ? Recovery::kReopen
-                                                             : Recovery::kFail;
+      return absl::StartsWith(message, "Received RST_STREAM") ? Recovery::kReopen : Recovery::kFail;
     case grpc::StatusCode::NOT_FOUND:
     case grpc::StatusCode::FAILED_PRECONDITION:
       return kind == RpcKind::kStreamCall ? Recovery::kReopen : Recovery::kFail;
@@ -58,14 +75,19 @@ ErrorCode ToErrorCode(grpc::StatusCode code) {
     case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return ErrorCode::kUnavailable;
-    case grpc::StatusCode::NOT_FOUND: return ErrorCode::kNotFound;
+    case grpc::StatusCode::NOT_FOUND:
+      return ErrorCode::kNotFound;
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::OUT_OF_RANGE:
       return ErrorCode::kInvalidArgument;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return ErrorCode::kResourceExhausted;
-    case grpc::StatusCode::DATA_LOSS: return ErrorCode::kDataLoss;
-    case grpc::StatusCode::FAILED_PRECONDITION: return ErrorCode::kFailedPrecondition;
-    default: return ErrorCode::kInternal;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return ErrorCode::kResourceExhausted;
+    case grpc::StatusCode::DATA_LOSS:
+      return ErrorCode::kDataLoss;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return ErrorCode::kFailedPrecondition;
+    default:
+      return ErrorCode::kInternal;
   }
 }
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <random>
 #include <string>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "client/client.h"
 #include "grpcpp/support/status.h"
 

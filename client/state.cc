@@ -1,8 +1,8 @@
 // Stream state text (FormatState / ParseState) and option validation. See client.h for the format.
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <map>
-#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -145,8 +145,8 @@ void ValidateOptions(const StreamOptions& o) {
     if (!(s > 0)) BadOption("std", absl::StrCat("values must be > 0 (got ", s, ")"));
   }
   if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) {
-    BadOption("start.epoch", absl::StrCat("is past end_epoch (", o.start.epoch, " > ",
-                                          o.end_epoch, ")"));
+    BadOption("start.epoch",
+              absl::StrCat("is past end_epoch (", o.start.epoch, " > ", o.end_epoch, ")"));
   }
   if (o.reconnect_deadline.count() < 0) BadOption("reconnect_deadline", "must be >= 0");
 }
@@ -186,9 +186,9 @@ ResumeState ParseState(const std::string& text) {
   }
   // In the order FormatState writes them, so "missing" names the first one absent.
   static const std::vector<absl::string_view> kRequired = {
-      "dataset", "batch_size", "seed",      "rank",       "world_size", "image_size",
-      "augment", "dtype",      "layout",    "shuffle",    "drop_last",  "end_epoch",
-      "ring_slots", "epoch",   "sequence",  "cursor"};
+      "dataset",    "batch_size", "seed",     "rank",    "world_size", "image_size",
+      "augment",    "dtype",      "layout",   "shuffle", "drop_last",  "end_epoch",
+      "ring_slots", "epoch",      "sequence", "cursor"};
   for (const auto& [key, value] : fields) {
     if (std::find(kRequired.begin(), kRequired.end(), key) == kRequired.end() && key != "mean" &&
         key != "std") {

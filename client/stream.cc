@@ -43,6 +43,9 @@ struct Stream::Impl {
 
   // One OpenStream at `position` plus mapping its segment. On success the stream is current.
   // A vanished segment comes back as UNAVAILABLE (retried); other mapping failures throw.
+  // The call waits for the channel to become ready (up to `timeout`): a synchronous gRPC client
+  // only drives a connection's handshake while a call is active, so a fail-fast call followed by
+  // a sleep would leave reconnecting to gRPC's 5 s backup poller.
   grpc::Status TryOpen(std::chrono::milliseconds timeout) {
     v1::OpenStreamRequest request;
     FillSpec(options, *request.mutable_spec());
@@ -52,8 +55,14 @@ struct Stream::Impl {
     request.set_client_name(options.client_name);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + timeout);
+    context.set_wait_for_ready(true);
     v1::OpenStreamResponse response;
     grpc::Status status = connection->stub().OpenStream(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connection->connected()) {
+      // Waiting for a connection that never came: say that, not "deadline exceeded".
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "no connection (is ringloaderd running and the endpoint right?)");
+    }
     if (!status.ok()) return status;
     auto mapped = connection->MapSegment(response.segment_name(), response.incarnation());
     if (!mapped.ok()) {
@@ -72,7 +81,9 @@ struct Stream::Impl {
   }
 
   void OpenFirst() {
-    grpc::Status status = TryOpen(kOpenTimeout);
+    grpc::Status status = TryOpen(std::clamp(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options.reconnect_deadline),
+        std::chrono::milliseconds(100), kOpenTimeout));
     if (status.ok()) return;
     if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
         Recovery::kFail) {
@@ -95,7 +106,8 @@ struct Stream::Impl {
       }
       const auto remaining = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
       std::this_thread::sleep_for(std::min(backoff.NextDelay(), remaining));
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       grpc::Status status = TryOpen(std::clamp(left, std::chrono::milliseconds(100), kOpenTimeout));
       if (status.ok()) return;
       if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
@@ -171,7 +183,8 @@ struct Stream::Impl {
       throw Error(ErrorCode::kInternal, std::string(impl.status().message()));
     }
     const Position& at = (*impl)->position;
-    if (at.epoch < position.epoch || (at.epoch == position.epoch && at.sequence < position.sequence)) {
+    if (at.epoch < position.epoch ||
+        (at.epoch == position.epoch && at.sequence < position.sequence)) {
       releases->Push(lease);
       throw Error(ErrorCode::kInternal,
                   absl::StrCat("daemon sent batch (epoch ", at.epoch, ", sequence ", at.sequence,
@@ -181,9 +194,9 @@ struct Stream::Impl {
     if (options.verify_checksums) {
       absl::Status verified = ring->Verify(handle.slot(), handle.ring_sequence());
       if (verified.ok() && ring->Slot(handle.slot()).checksum != handle.payload_checksum()) {
-        verified = absl::DataLossError(absl::StrCat(
-            "slot ", handle.slot(), ": handle checksum ", handle.payload_checksum(),
-            " != descriptor checksum ", ring->Slot(handle.slot()).checksum));
+        verified = absl::DataLossError(
+            absl::StrCat("slot ", handle.slot(), ": handle checksum ", handle.payload_checksum(),
+                         " != descriptor checksum ", ring->Slot(handle.slot()).checksum));
       }
       if (!verified.ok()) {
         releases->Push(lease);

@@ -42,8 +42,8 @@ absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
   const std::string where = absl::StrCat("segment ", internal::Sv(name), ": ");
   const uint64_t file_bytes = segment->file_bytes;
   if (file_bytes == 0) {
-    return absl::UnavailableError(
-        absl::StrCat(where, "not initialised yet (file size 0; its creator is still setting it up)"));
+    return absl::UnavailableError(absl::StrCat(
+        where, "not initialised yet (file size 0; its creator is still setting it up)"));
   }
   if (file_bytes < sizeof(RingHeader)) {
     return absl::DataLossError(absl::StrCat(where, "file size ", file_bytes,
@@ -62,9 +62,8 @@ absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
                                             Hex(kRingMagic), " (not a ringloader ring)"));
   }
   if (header->layout_version != kRingLayoutVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(where, "layout version ",
-                                                      header->layout_version, ", expected ",
-                                                      kRingLayoutVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, "layout version ", header->layout_version, ", expected ", kRingLayoutVersion));
   }
   if (header->layout_hash != kRingLayoutHash) {
     return absl::FailedPreconditionError(
@@ -86,15 +85,15 @@ absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
                                             header->slot_bytes, " bytes overflows"));
   }
   if (header->slots_offset != g->slots_offset || header->payload_offset != g->payload_offset) {
-    return absl::DataLossError(absl::StrCat(
-        where, "slots/payload offsets ", header->slots_offset, "/", header->payload_offset,
-        ", expected ", g->slots_offset, "/", g->payload_offset));
+    return absl::DataLossError(absl::StrCat(where, "slots/payload offsets ", header->slots_offset,
+                                            "/", header->payload_offset, ", expected ",
+                                            g->slots_offset, "/", g->payload_offset));
   }
   if (file_bytes < g->segment_bytes) {
-    return absl::DataLossError(absl::StrCat(
-        where, "file size ", file_bytes, " bytes, expected at least ", g->segment_bytes, " (",
-        header->slot_count, " slots x ", header->slot_bytes, " bytes + ", g->payload_offset,
-        " bytes of header and descriptors)"));
+    return absl::DataLossError(
+        absl::StrCat(where, "file size ", file_bytes, " bytes, expected at least ",
+                     g->segment_bytes, " (", header->slot_count, " slots x ", header->slot_bytes,
+                     " bytes + ", g->payload_offset, " bytes of header and descriptors)"));
   }
   if (expected_incarnation.has_value() && header->incarnation != *expected_incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(where, "incarnation ",
@@ -152,21 +151,28 @@ absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence) const {
   const uint64_t held = d.ring_sequence.load(std::memory_order_relaxed);
   if (!HoldsBatch(state) || held != ring_sequence) {
     return absl::DataLossError(absl::StrCat(
-        where, "holds ", internal::Sv(SlotStateName(static_cast<SlotState>(state))), " ring_sequence ", held,
-        ", expected READY or LEASED ring_sequence ", ring_sequence));
+        where, "holds ", internal::Sv(SlotStateName(static_cast<SlotState>(state))),
+        " ring_sequence ", held, ", expected READY or LEASED ring_sequence ", ring_sequence));
   }
   const uint64_t bytes = d.payload_bytes.load(std::memory_order_relaxed);
   const uint64_t expected = d.checksum.load(std::memory_order_relaxed);
   if (bytes > r.slot_bytes) {
-    return absl::DataLossError(absl::StrCat(where, "payload bytes ", bytes, " exceed slot bytes ",
-                                            r.slot_bytes));
+    return absl::DataLossError(
+        absl::StrCat(where, "payload bytes ", bytes, " exceed slot bytes ", r.slot_bytes));
   }
   const uint64_t actual = Checksum({r.payload + uint64_t{slot} * r.slot_bytes, bytes});
   // Seqlock-style re-check: if the daemon reclaimed and refilled the slot while we hashed, the
   // checksum would be meaningless. Sequences only grow per slot, so an equal one means no reuse.
-  std::atomic_thread_fence(std::memory_order_acquire);
+#if defined(__SANITIZE_THREAD__)
+  // GCC's TSan rejects atomic_thread_fence; acquire loads are the closest it can check (within
+  // one process the payload is never rewritten while a test verifies it).
+  const uint32_t state_after = d.state.load(std::memory_order_acquire);
+  const uint64_t held_after = d.ring_sequence.load(std::memory_order_acquire);
+#else
+  std::atomic_thread_fence(std::memory_order_acquire);  // keeps the payload reads above
   const uint32_t state_after = d.state.load(std::memory_order_relaxed);
   const uint64_t held_after = d.ring_sequence.load(std::memory_order_relaxed);
+#endif
   if (!HoldsBatch(state_after) || held_after != ring_sequence) {
     return absl::DataLossError(absl::StrCat(where, "reused while verifying ring_sequence ",
                                             ring_sequence, " (now ring_sequence ", held_after,

@@ -36,15 +36,15 @@ struct ProducerRing::Impl {
 
   absl::Status CheckIndex(uint32_t slot) const {
     if (slot < slot_count) return absl::OkStatus();
-    return absl::OutOfRangeError(
-        absl::StrCat("ring ", name, ": slot ", slot, " out of range (slot_count ", slot_count, ")"));
+    return absl::OutOfRangeError(absl::StrCat("ring ", name, ": slot ", slot,
+                                              " out of range (slot_count ", slot_count, ")"));
   }
 
   absl::Status WrongState(uint32_t slot, const char* op, SlotState need, uint32_t found,
                           const char* hint = "") const {
     return absl::FailedPreconditionError(absl::StrCat(
-        "ring ", name, ": slot ", slot, ": ", op, " needs ", internal::Sv(SlotStateName(need)), ", found ",
-        internal::Sv(SlotStateName(static_cast<SlotState>(found))), hint));
+        "ring ", name, ": slot ", slot, ": ", op, " needs ", internal::Sv(SlotStateName(need)),
+        ", found ", internal::Sv(SlotStateName(static_cast<SlotState>(found))), hint));
   }
 
   // from -> to with acq_rel, then wakes waiters. FailedPrecondition naming the state found.
@@ -73,10 +73,9 @@ struct ProducerRing::Impl {
     }
     const uint64_t held = slots[slot].ring_sequence.load(std::memory_order_relaxed);
     if (held != ring_sequence) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("ring ", name, ": slot ", slot, ": ", op, " of ring_sequence ",
-                       ring_sequence, " refused: the slot holds ring_sequence ", held,
-                       " (stale handle)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ring ", name, ": slot ", slot, ": ", op, " of ring_sequence ", ring_sequence,
+          " refused: the slot holds ring_sequence ", held, " (stale handle)"));
     }
     return Transition(slot, op, from, to);
   }

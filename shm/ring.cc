@@ -1,16 +1,16 @@
 // Free functions of shm/ring.h: names, stale-segment cleanup, checksums.
+#include "shm/ring.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <charconv>
 #include <memory>
 
-#include <xxhash.h>
-
 #include "absl/strings/str_cat.h"
-#include "shm/ring.h"
 #include "shm/segment_file.h"
 
 namespace ringloader::shm {
@@ -53,7 +53,8 @@ std::string_view SlotStateName(SlotState state) {
 }
 
 std::string SegmentName(pid_t daemon_pid, uint64_t incarnation, uint64_t stream_id) {
-  return absl::StrCat("/", internal::Sv(kNamePrefix), daemon_pid, ".", absl::Hex(incarnation), ".", stream_id);
+  return absl::StrCat("/", internal::Sv(kNamePrefix), daemon_pid, ".", absl::Hex(incarnation), ".",
+                      stream_id);
 }
 
 absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir) {

@@ -14,8 +14,15 @@
 // lock that a dead process holds. Waiting for a state is a futex on the slot's state word.
 //
 // Thread-safety: ProducerRing state transitions are lock-free atomics and may be called from any
-// thread of the producer process, but each slot has one filler at a time (the daemon's design).
-// ConsumerRing is read-only and thread-safe.
+// thread of the producer process, but each slot has one filler at a time (the daemon's design),
+// and Lease/Release of one slot are serialised by the caller (the daemon's lease table): Lease
+// checks ring_sequence and then swaps the state, so two racing Leases of the same slot could
+// otherwise pass the check for different batches. ConsumerRing is read-only and thread-safe.
+// Every state change wakes futex waiters on that slot (FUTEX_WAKE, shared, not _PRIVATE).
+//
+// Slot indexes: the status-returning methods answer OutOfRange for slot >= slot_count(); the
+// others (Payload, Slot, WaitForState) REQUIRE a valid index.
+// Both sides map with MAP_POPULATE, so no page faults happen on the first write/read of a slot.
 
 #include <sys/types.h>
 
@@ -38,11 +45,11 @@ std::string_view SlotStateName(SlotState state);
 struct RingOptions {
   // POSIX shm name with leading slash, e.g. "/ringloader.<pid>.<incarnation>.<stream>".
   std::string name;
-  uint32_t slot_count = 4;      // >= 1
-  uint64_t slot_bytes = 0;      // payload capacity of each slot; rounded up to the page size
-  uint64_t incarnation = 0;     // daemon incarnation id, stored in the header
-  mode_t mode = 0600;           // segment file mode
-  std::optional<gid_t> group;   // chown the segment to this group (mode should then be 0640)
+  uint32_t slot_count = 4;     // >= 1
+  uint64_t slot_bytes = 0;     // payload capacity of each slot; rounded up to the page size
+  uint64_t incarnation = 0;    // daemon incarnation id, stored in the header
+  mode_t mode = 0600;          // segment file mode
+  std::optional<gid_t> group;  // chown the segment to this group (mode should then be 0640)
   // Directory backing POSIX shm, used for the free-space check and fallocate. Injectable so tests
   // can point at a small tmpfs; the segment is then created as a file in this directory.
   std::string shm_dir = "/dev/shm";
@@ -51,9 +58,9 @@ struct RingOptions {
 // A snapshot of one slot descriptor (acquire-loaded).
 struct SlotInfo {
   SlotState state;
-  uint64_t ring_sequence;   // the sequence of the batch last published in this slot
-  uint64_t payload_bytes;   // bytes of payload in use
-  uint64_t checksum;        // XXH3-64 of payload[0, payload_bytes)
+  uint64_t ring_sequence;  // the sequence of the batch last published in this slot
+  uint64_t payload_bytes;  // bytes of payload in use
+  uint64_t checksum;       // XXH3-64 of payload[0, payload_bytes)
 };
 
 // Daemon side. Owns the mapping; the segment name is unlinked by Unlink() or by the destructor
@@ -70,17 +77,22 @@ class ProducerRing {
 
   const std::string& name() const;
   uint32_t slot_count() const;
-  uint64_t slot_bytes() const;      // payload capacity per slot
-  uint64_t segment_bytes() const;   // whole mapping
+  uint64_t slot_bytes() const;     // payload capacity per slot
+  uint64_t segment_bytes() const;  // whole mapping
   uint64_t incarnation() const;
 
-  // Payload of `slot` for writing. REQUIRES: slot < slot_count() and the slot is FILLING.
+  // Payload of `slot` for writing: the whole capacity, slot_bytes() bytes, page-aligned.
+  // REQUIRES: slot < slot_count() and the slot is FILLING.
   std::span<uint8_t> Payload(uint32_t slot);
 
   // FREE -> FILLING. FailedPrecondition (naming the state found) otherwise.
   absl::Status BeginFill(uint32_t slot);
   // FILLING -> READY: stores ring_sequence, payload_bytes, the payload checksum, then the state
-  // with release, and wakes futex waiters. InvalidArgument if payload_bytes > slot_bytes().
+  // with release, and wakes futex waiters. InvalidArgument if payload_bytes > slot_bytes() or
+  // ring_sequence is UINT64_MAX (reserved). FailedPrecondition if ring_sequence is not greater
+  // than the one this slot held before: per slot, sequences only grow, so a stale handle
+  // (slot, ring_sequence) can never match a later batch. The daemon should therefore take the
+  // next ring_sequence after BeginFill, not before.
   absl::Status Publish(uint32_t slot, uint64_t ring_sequence, uint64_t payload_bytes);
   // FILLING -> FREE (a fill that was abandoned).
   absl::Status Abandon(uint32_t slot);
@@ -89,14 +101,16 @@ class ProducerRing {
   // LEASED -> FREE, only if the slot holds `ring_sequence` (a double release or a stale handle is
   // FailedPrecondition and changes nothing).
   absl::Status Release(uint32_t slot, uint64_t ring_sequence);
-  // Any state -> FREE (reclaiming a dead client's leases). Returns the state it was in.
+  // Any state -> FREE (reclaiming a dead client's leases). Returns the state it was in (kFree for
+  // an out-of-range slot).
   SlotState ForceFree(uint32_t slot);
 
   SlotInfo Slot(uint32_t slot) const;
   // Stores now (ms since the epoch) into the header's heartbeat word.
   void Heartbeat();
 
-  // Removes the name; existing mappings (the daemon's and consumers') stay valid.
+  // Removes the name; existing mappings (the daemon's and consumers') stay valid. Idempotent:
+  // OK if this ring already removed it.
   absl::Status Unlink();
   void set_unlink_on_destroy(bool unlink) { unlink_on_destroy_ = unlink; }
 
@@ -114,6 +128,9 @@ class ConsumerRing {
   // Opens `name` and validates the header: magic, layout version, layout hash, and that the file
   // is large enough for slot_count x slot_bytes. Each failure says which check failed and the
   // values found vs expected. If `expected_incarnation` is set it must match too.
+  // Codes: NotFound (no such segment); Unavailable (its creator has not finished initialising it:
+  // empty file or magic 0; retry shortly); DataLoss (not a ring, or corrupt/truncated);
+  // FailedPrecondition (layout version/hash or incarnation differ: a different build or daemon).
   static absl::StatusOr<std::unique_ptr<ConsumerRing>> Open(
       std::string_view name, std::optional<uint64_t> expected_incarnation = std::nullopt,
       const std::string& shm_dir = "/dev/shm");
@@ -127,12 +144,15 @@ class ConsumerRing {
   uint64_t incarnation() const;
   uint64_t heartbeat_ms() const;
 
+  // The whole capacity of `slot` (slot_bytes() bytes); the batch is the first
+  // Slot(slot).payload_bytes of it. Writing through it faults (SIGSEGV).
   // REQUIRES: slot < slot_count().
   std::span<const uint8_t> Payload(uint32_t slot) const;
   SlotInfo Slot(uint32_t slot) const;
   // DataLoss if the slot does not hold `ring_sequence` or its payload's checksum does not match.
   absl::Status Verify(uint32_t slot, uint64_t ring_sequence) const;
-  // Futex wait until the slot's state is `state` (true) or `timeout` passes (false).
+  // Futex wait until the slot's state is `state` (true) or `timeout` passes (false). Seeing the
+  // state says nothing about which batch: check Slot(slot).ring_sequence afterwards.
   bool WaitForState(uint32_t slot, SlotState state, std::chrono::microseconds timeout) const;
 
  private:
@@ -145,8 +165,10 @@ class ConsumerRing {
 // recognise segments of dead daemons.
 std::string SegmentName(pid_t daemon_pid, uint64_t incarnation, uint64_t stream_id);
 
-// Removes "ringloader.*" segments in `shm_dir` whose creating pid is no longer alive (and is not
-// us). Returns how many it removed. Never touches segments of live daemons.
+// Removes "ringloader.<pid>.<hex>.<dec>" segments in `shm_dir` whose creating pid is no longer
+// alive (kill(pid, 0) fails with ESRCH) and is not us. Returns how many it removed. Never touches
+// segments of live daemons, nor names it cannot parse. Pids are those of our pid namespace: a
+// daemon in another container sharing /dev/shm would look dead, so do not share /dev/shm.
 absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir = "/dev/shm");
 
 // XXH3-64 of `bytes`: the checksum stored in slot descriptors.

@@ -23,7 +23,8 @@
 //    +32..63 reserved            zero
 //  (zero padding up to the next page boundary)
 //  payload_offset ---------- payload x slot_count (slot_bytes each, page-aligned) --------------
-//  payload_offset + slot_count * slot_bytes = end of segment (the file may be longer, never shorter)
+//  payload_offset + slot_count * slot_bytes = end of segment (the file may be longer, never
+//  shorter)
 //
 // Every field is written by the creating daemon only; trainers map the segment PROT_READ.
 // Fields without a comment saying otherwise are written once, before magic is published, and
@@ -80,8 +81,10 @@ struct alignas(64) SlotDescriptor {
 
 // Shared between processes: the atomics must be plain memory words, not a lock in some other
 // process's address space, and the futex syscall needs the state to be exactly one aligned u32.
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "u64 atomics are shared across processes");
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "u32 atomics are shared across processes");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "u64 atomics are shared across processes");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "u32 atomics are shared across processes");
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4,
               "the state word is the futex word: exactly one aligned u32");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8,

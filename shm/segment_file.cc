@@ -5,16 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/file_mapping.hpp>
+#include <boost/interprocess/permissions.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <utility>
-
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/file_mapping.hpp>
-#include <boost/interprocess/permissions.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "shm/ring_layout.h"
@@ -42,7 +41,7 @@ absl::Status BoostStatus(const bip::interprocess_exception& e, absl::string_view
 // `obj` is a bip::shared_memory_object or bip::file_mapping opened read-write.
 template <typename Object>
 absl::StatusOr<MappedSegment> PrepareAndMap(const Object& obj, const std::string& name, mode_t mode,
-                                             std::optional<gid_t> group, uint64_t bytes) {
+                                            std::optional<gid_t> group, uint64_t bytes) {
   const int fd = obj.get_mapping_handle().handle;
   if (::fchmod(fd, mode) != 0) {
     return ErrnoStatus(errno, absl::StrCat("segment ", name, ": fchmod(0", absl::Hex(mode), ")"));
@@ -53,20 +52,21 @@ absl::StatusOr<MappedSegment> PrepareAndMap(const Object& obj, const std::string
   // Reserve every page now: a full /dev/shm is an error here, never a SIGBUS at the first write.
   const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
-    absl::Status s =
-        ErrnoStatus(err, absl::StrCat("segment ", name, ": posix_fallocate(", FormatBytes(bytes),
-                                      ")"));
+    absl::Status s = ErrnoStatus(
+        err, absl::StrCat("segment ", name, ": posix_fallocate(", FormatBytes(bytes), ")"));
     if (err == ENOSPC) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(s.message(), "; raise the size of the shm directory (e.g. docker "
-                                    "--shm-size) or lower ring_slots / batch_size / image_size"));
+          absl::StrCat(s.message(),
+                       "; raise the size of the shm directory (e.g. docker "
+                       "--shm-size) or lower ring_slots / batch_size / image_size"));
     }
     return s;
   }
   MappedSegment seg;
   try {
     // MAP_POPULATE: map every (already allocated) page now, so the first fill of a slot does not
-    // pay a minor fault per 4 KiB page (measured ~20x slower than a warm write by bench/ring_bench).
+    // pay a minor fault per 4 KiB page (measured ~20x slower than a warm write by
+    // bench/ring_bench).
     seg.region = bip::mapped_region(obj, bip::read_write, 0, static_cast<size_t>(bytes), nullptr,
                                     MAP_POPULATE);
   } catch (const bip::interprocess_exception& e) {
@@ -159,9 +159,9 @@ std::string FormatBytes(uint64_t bytes) {
 absl::Status ValidateSegmentName(const std::string& name) {
   if (name.size() < 2 || name.front() != '/' || name.size() > kMaxNameChars + 1 ||
       name.find('/', 1) != std::string::npos || name == "/." || name == "/..") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "segment name \"", name, "\": must be \"/\" followed by 1-", kMaxNameChars,
-        " characters without \"/\""));
+    return absl::InvalidArgumentError(absl::StrCat("segment name \"", name,
+                                                   "\": must be \"/\" followed by 1-",
+                                                   kMaxNameChars, " characters without \"/\""));
   }
   return absl::OkStatus();
 }

@@ -9,12 +9,11 @@
 
 #include <sys/types.h>
 
+#include <boost/interprocess/mapped_region.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <boost/interprocess/mapped_region.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -1,9 +1,10 @@
 // ringloaderctl's command line: flags -> one Run* function (ctl.h).
+#include "CLI/CLI.hpp"
+
 #include <unistd.h>
 
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "client/ctl/ctl.h"
 

@@ -138,10 +138,10 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
       const int64_t* indices = batch->indices().data<int64_t>();
       std::string lines;
       for (uint32_t i = 0; i < batch->size(); ++i) {
-        lines += FormatSampleLine(
-            {batch->position().epoch, batch->position().sequence, indices[i], labels[i],
-             batch->relative_path(i),
-             SampleDigest({batch->sample_image(i), batch->sample_image_bytes()})});
+        lines +=
+            FormatSampleLine({batch->position().epoch, batch->position().sequence, indices[i],
+                              labels[i], batch->relative_path(i),
+                              SampleDigest({batch->sample_image(i), batch->sample_image_bytes()})});
       }
       if (absl::Status s = samples->Append(lines); !s.ok()) return s;
       if (absl::Status s = samples->Flush(); !s.ok()) return s;
@@ -187,8 +187,7 @@ int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
                     kExitFailure);
       }
       if (absl::Status same = CheckSameRun(saved->options, *stream_options); !same.ok()) {
-        return fail(absl::StrCat("state file ", o.state_file, ": ", same.message()),
-                    kExitFailure);
+        return fail(absl::StrCat("state file ", o.state_file, ": ", same.message()), kExitFailure);
       }
       stream_options->start = saved->options.start;
       stream_options->ring_slots = saved->options.ring_slots;
@@ -200,8 +199,8 @@ int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
     if (!s.ok()) return fail(s.message(), kExitFailure);
   } catch (const client::Error& e) {
     if (o.progress) err << "\r\033[K";
-    return fail(e.what(), e.code() == client::ErrorCode::kUnavailable ? kExitUnavailable
-                                                                       : kExitFailure);
+    return fail(e.what(),
+                e.code() == client::ErrorCode::kUnavailable ? kExitUnavailable : kExitFailure);
   }
   return kExitOk;
 }

@@ -16,9 +16,8 @@ int RunHealth(const HealthOptions& options, std::ostream& out) {
   }
   auto stub = grpc::health::v1::Health::NewStub(*channel);
   grpc::ClientContext context;
-  const double timeout_s = std::isfinite(options.timeout_s) && options.timeout_s > 0
-                               ? options.timeout_s
-                               : 2.0;
+  const double timeout_s =
+      std::isfinite(options.timeout_s) && options.timeout_s > 0 ? options.timeout_s : 2.0;
   SetTimeout(context, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   grpc::health::v1::HealthCheckRequest request;  // service "" = the server as a whole
   grpc::health::v1::HealthCheckResponse response;

@@ -55,14 +55,14 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                            "CLIENT", "RANK", "BATCH", "SLOTS rdy/lsd/fil/tot", "SERVED",
                            "EPOCH:SEQ", "RING");
     for (const v1::StreamStats& st : s.streams()) {
-      out << absl::StrFormat(
-          "  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %s\n", st.stream_id(), st.dataset(),
-          st.client_name().empty() ? "-" : st.client_name(),
-          absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
-          absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/", st.slots_filling(), "/",
-                       st.slots_total()),
-          st.batches_served(), absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
-          Bytes(st.ring_bytes()));
+      out << absl::StrFormat("  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %s\n", st.stream_id(),
+                             st.dataset(), st.client_name().empty() ? "-" : st.client_name(),
+                             absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
+                             absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/",
+                                          st.slots_filling(), "/", st.slots_total()),
+                             st.batches_served(),
+                             absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
+                             Bytes(st.ring_bytes()));
     }
   }
   if (s.recent_bad_files_size() > 0) {

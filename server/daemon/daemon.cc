@@ -23,6 +23,7 @@
 #include "server/daemon/crash_journal.h"
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/loader_service.h"
+#include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/sample_gate.h"
@@ -31,28 +32,11 @@
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/worker_pool.h"
 #include "shm/ring.h"
-#include "spdlog/sinks/stdout_sinks.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
 
 namespace ringloader::server {
 namespace {
-
-// Before the config is read: plain lines on stderr. Afterwards: the configured level and format.
-void SetUpLogging(const ServerConfig* server) {
-  static std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = spdlog::stderr_logger_mt("ringloaderd");
-    l->set_pattern("[%l] %v");
-    l->flush_on(spdlog::level::info);
-    spdlog::set_default_logger(l);
-    return l;
-  }();
-  if (server == nullptr) return;
-  // journald stamps each line itself; `timestamped` is for plain files and terminals.
-  logger->set_pattern(server->log_format == LogFormat::kPlain ? "[%l] %v"
-                                                              : "%Y-%m-%dT%H:%M:%S.%e [%l] %v");
-  logger->set_level(spdlog::level::from_str(server->log_level));
-}
 
 uint64_t NewIncarnation() {
   std::random_device rd;
@@ -93,6 +77,21 @@ absl::Status PrepareUnixSocket(const std::string& path) {
   }
   ::unlink(path.c_str());
   return absl::OkStatus();
+}
+
+// Tells a supervisor that we serve: "READY=1\n" on the descriptor it passed in
+// RINGLOADER_READY_FD (the same words as sd_notify's).
+void NotifyReady() {
+  const char* fd_text = std::getenv(kReadyFdEnv);
+  if (fd_text == nullptr) return;
+  int fd = std::atoi(fd_text);
+  unsetenv(kReadyFdEnv);
+  if (fd <= 2) return;
+  static const char kReady[] = "READY=1\n";
+  if (::write(fd, kReady, sizeof(kReady) - 1) < 0) {
+    SPDLOG_WARN("cannot notify the supervisor: {}", std::strerror(errno));
+  }
+  ::close(fd);
 }
 
 // Everything the daemon owns, declared in start-up order so destruction runs in reverse.
@@ -221,7 +220,7 @@ absl::Status StartUp(DaemonState& d) {
   if (d.failpoints->enabled()) SPDLOG_WARN("failpoints are enabled: this daemon will crash on purpose");
 
   d.filler = std::make_unique<pipeline::BatchFiller>(*d.pool, limits);
-  d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints);
+  d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints, d.pool->size());
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
                          d.started};
@@ -241,6 +240,9 @@ absl::Status StartUp(DaemonState& d) {
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(d.service.get());
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
+  // Clients ping every 10 s during long NextBatch waits; accept that instead of answering
+  // "too_many_pings" and dropping them.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   grpc::ResourceQuota quota("ringloaderd");
   quota.SetMaxThreads(std::max<int>(16, 2 * server.max_streams + 8));
   builder.SetResourceQuota(quota);
@@ -266,6 +268,7 @@ absl::Status StartUp(DaemonState& d) {
   }
   d.streams->StartReaper();
   d.server->GetHealthCheckService()->SetServingStatus(true);
+  NotifyReady();
   return absl::OkStatus();
 }
 
@@ -291,7 +294,7 @@ int RunDaemon(const DaemonOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  SetUpLogging(nullptr);
+  InitLogging(nullptr);
   DaemonState d;
   absl::StatusOr<DaemonConfig> config = LoadConfig(options.config_path);
   if (!config.ok()) {
@@ -308,7 +311,7 @@ int RunDaemon(const DaemonOptions& options) {
     }
     d.config.failpoints = *fp;
   }
-  SetUpLogging(&d.config.server);
+  InitLogging(&d.config.server);
   d.incarnation = NewIncarnation();
 
   if (absl::Status s = StartUp(d); !s.ok()) {

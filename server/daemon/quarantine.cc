@@ -56,6 +56,21 @@ bool Quarantine::IsQuarantined(const std::string& dataset, uint64_t sample_index
   return it != entries_.end() && it->second.strikes >= kStrikesToQuarantine;
 }
 
+uint32_t Quarantine::StrikesOf(const std::string& dataset, uint64_t sample_index) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (entries_.empty()) return 0;
+  auto it = entries_.find({dataset, sample_index});
+  return it == entries_.end() ? 0 : it->second.strikes;
+}
+
+absl::Status Quarantine::Absolve(const std::string& dataset, uint64_t sample_index) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find({dataset, sample_index});
+  if (it == entries_.end() || it->second.strikes >= kStrikesToQuarantine) return absl::OkStatus();
+  entries_.erase(it);
+  return SaveLocked();
+}
+
 std::vector<QuarantineEntry> Quarantine::Quarantined() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<QuarantineEntry> out;

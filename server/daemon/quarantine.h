@@ -39,6 +39,11 @@ class Quarantine {
   absl::StatusOr<uint32_t> Strike(const std::string& dataset, uint64_t sample_index,
                                   const std::string& path);
   bool IsQuarantined(const std::string& dataset, uint64_t sample_index) const;
+  // Strikes of a sample (0 when it has none). Cheap when nothing is struck.
+  uint32_t StrikesOf(const std::string& dataset, uint64_t sample_index) const;
+  // A struck (not yet quarantined) sample decoded without crashing: it was a bystander of
+  // someone else's crash. Removes its entry. Persists.
+  absl::Status Absolve(const std::string& dataset, uint64_t sample_index);
   // Entries with >= kStrikesToQuarantine strikes.
   std::vector<QuarantineEntry> Quarantined() const;
   // Removes every entry (of `dataset`, or all when empty). Returns how many quarantined samples

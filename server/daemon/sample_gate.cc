@@ -66,13 +66,38 @@ absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t
             "crashed ", Quarantine::kStrikesToQuarantine, " times")),
         "quarantined");
   }
+  const bool probation = quarantine_.StrikesOf(dataset.name(), sample_index) > 0;
+  if (probation) {
+    decode_mu_.Lock();
+  } else {
+    decode_mu_.ReaderLock();
+  }
+  if (worker_id < on_probation_.size()) on_probation_[worker_id] = probation ? kExclusive : kShared;
   journal_.Begin(worker_id, DatasetHash(dataset.name()), sample_index);
   if (failpoints_.enabled()) failpoints_.OnSample(std::string(dataset.relative_path(sample_index)));
   return absl::OkStatus();
 }
 
-void SampleGate::AfterDecode(const pipeline::Dataset&, uint64_t, uint32_t worker_id) {
+void SampleGate::AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
+                             uint32_t worker_id) {
   journal_.End(worker_id);
+  // A refused (quarantined) sample never took the lock.
+  const uint8_t hold =
+      worker_id < on_probation_.size() ? on_probation_[worker_id] : uint8_t{kNoHold};
+  if (hold == kNoHold) return;
+  on_probation_[worker_id] = kNoHold;
+  if (hold == kExclusive) {
+    // Decoded alone without crashing (good or bad file alike): not a poison sample.
+    if (absl::Status s = quarantine_.Absolve(dataset.name(), sample_index); !s.ok()) {
+      SPDLOG_WARN("quarantine: {}", s.ToString());
+    } else {
+      SPDLOG_INFO("dataset {}: sample {} ({}) decoded alone without crashing: strike cleared",
+                  dataset.name(), sample_index, std::string(dataset.relative_path(sample_index)));
+    }
+    decode_mu_.Unlock();
+  } else {
+    decode_mu_.ReaderUnlock();
+  }
 }
 
 }  // namespace ringloader::server

@@ -1,14 +1,20 @@
 #pragma once
 // What the daemon does around every sample decode (a pipeline::SampleObserver):
 //   1. a quarantined sample is refused (an error for that sample, reason "quarantined");
-//   2. the sample is recorded in the crash journal while it is decoded;
-//   3. failpoints, when configured, crash the daemon on matching samples (tests only).
-// Failpoints cost one predictable branch when off.
+//   2. a sample with a strike is on probation: it is decoded alone (no other decode runs
+//      meanwhile), so if it crashes the daemon again it is the only sample in flight and the
+//      only one struck; if it decodes fine its strike is cleared (it was a bystander);
+//   3. the sample is recorded in the crash journal while it is decoded;
+//   4. failpoints, when configured, crash the daemon on matching samples (tests only).
+// Failpoints cost one predictable branch when off; probation costs a shared lock per sample.
 //
 // Thread-safety: thread-safe (per-worker journal slots; the quarantine locks itself).
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
@@ -33,8 +39,12 @@ class Failpoints {
 
 class SampleGate : public pipeline::SampleObserver {
  public:
-  SampleGate(CrashJournal& journal, const Quarantine& quarantine, const Failpoints& failpoints)
-      : journal_(journal), quarantine_(quarantine), failpoints_(failpoints) {}
+  SampleGate(CrashJournal& journal, Quarantine& quarantine, const Failpoints& failpoints,
+             uint32_t worker_count)
+      : journal_(journal),
+        quarantine_(quarantine),
+        failpoints_(failpoints),
+        on_probation_(worker_count, 0) {}
 
   absl::Status BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                             uint32_t worker_id) override;
@@ -43,8 +53,13 @@ class SampleGate : public pipeline::SampleObserver {
 
  private:
   CrashJournal& journal_;
-  const Quarantine& quarantine_;
+  Quarantine& quarantine_;
   const Failpoints& failpoints_;
+  // Held shared by every decode, exclusively by a decode on probation.
+  absl::Mutex decode_mu_;
+  // Per worker id (touched only by that worker): which hold of decode_mu_ it has while decoding.
+  enum Hold : uint8_t { kNoHold = 0, kShared = 1, kExclusive = 2 };
+  std::vector<uint8_t> on_probation_;
 };
 
 }  // namespace ringloader::server

@@ -1,6 +1,9 @@
 #include "server/daemon/supervisor.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +11,8 @@
 #include <cstring>
 #include <deque>
 
+#include "server/daemon/daemon.h"
+#include "server/daemon/logging.h"
 #include "spdlog/spdlog.h"
 
 namespace ringloader::server {
@@ -15,16 +20,31 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-pid_t StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  std::fprintf(stderr, "[error] supervisor: cannot exec %s: %s\n", args[0], std::strerror(errno));
-  _exit(127);
+struct Child {
+  pid_t pid = -1;
+  int ready_fd = -1;  // read end of the readiness pipe; -1 once read or closed
+};
+
+Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return {};
+  Child child;
+  child.pid = fork();
+  if (child.pid == 0) {
+    sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+    // The write end survives exec (no CLOEXEC on the duplicate); the daemon writes READY=1.
+    int ready = fcntl(pipe_fds[1], F_DUPFD, 3);
+    setenv(kReadyFdEnv, std::to_string(ready).c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "[error] supervisor: cannot exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  ::close(pipe_fds[1]);
+  child.ready_fd = pipe_fds[0];
+  return child;
 }
 
 std::string Describe(int status) {
@@ -33,80 +53,101 @@ std::string Describe(int status) {
   return "status " + std::to_string(status);
 }
 
+// Sleeps `delay` unless SIGTERM/SIGINT arrives first (returns false then).
+bool SleepUnlessStopped(int signal_fd, std::chrono::milliseconds delay) {
+  const Clock::time_point wake = Clock::now() + delay;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now());
+    if (left.count() <= 0) return true;
+    pollfd p{signal_fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) > 0) {
+      signalfd_siginfo info;
+      if (read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT)) {
+        SPDLOG_INFO("{} while waiting to restart: stopping", strsignal(info.ssi_signo));
+        return false;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int RunSupervisor(const SupervisorOptions& options) {
+  InitLogging(nullptr, "supervisor: ");
   sigset_t handled, original;
   sigemptyset(&handled);
   sigaddset(&handled, SIGTERM);
   sigaddset(&handled, SIGINT);
   sigaddset(&handled, SIGCHLD);
   sigprocmask(SIG_BLOCK, &handled, &original);
+  const int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    SPDLOG_ERROR("signalfd: {}", std::strerror(errno));
+    return 1;
+  }
 
   std::deque<Clock::time_point> restarts;
   auto backoff = options.initial_backoff;
-  bool stopping = false;
   while (true) {
-    const Clock::time_point started = Clock::now();
-    pid_t child = StartChild(options.child_argv, original);
-    if (child < 0) {
-      SPDLOG_ERROR("supervisor: fork: {}", std::strerror(errno));
+    Child child = StartChild(options.child_argv, original);
+    if (child.pid < 0) {
+      SPDLOG_ERROR("cannot start ringloaderd: {}", std::strerror(errno));
       return 1;
     }
-    SPDLOG_INFO("supervisor: started ringloaderd pid={}", child);
+    SPDLOG_INFO("started ringloaderd pid={}", child.pid);
+    bool ready = false;
+    bool stopping = false;
     int status = 0;
     while (true) {
-      siginfo_t info;
-      if (sigwaitinfo(&handled, &info) < 0) continue;
-      if (info.si_signo == SIGTERM || info.si_signo == SIGINT) {
+      pollfd fds[2] = {{signal_fd, POLLIN, 0}, {child.ready_fd, POLLIN, 0}};
+      if (poll(fds, child.ready_fd >= 0 ? 2 : 1, -1) < 0) continue;
+      if (child.ready_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
+        char buf[64];
+        ssize_t n = read(child.ready_fd, buf, sizeof(buf));
+        if (n > 0 && std::string(buf, n).find("READY=1") != std::string::npos) ready = true;
+        ::close(child.ready_fd);
+        child.ready_fd = -1;
+      }
+      if (!(fds[0].revents & POLLIN)) continue;
+      signalfd_siginfo info;
+      if (read(signal_fd, &info, sizeof(info)) != sizeof(info)) continue;
+      if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
         stopping = true;
-        kill(child, info.si_signo);
+        kill(child.pid, static_cast<int>(info.ssi_signo));
         continue;
       }
-      if (waitpid(child, &status, WNOHANG) == child) break;
+      if (waitpid(child.pid, &status, WNOHANG) == child.pid) break;
     }
+    if (child.ready_fd >= 0) ::close(child.ready_fd);
+
     if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      SPDLOG_INFO("supervisor: ringloaderd exited ({}); stopping", Describe(status));
+      SPDLOG_INFO("ringloaderd exited ({}); stopping", Describe(status));
       return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 1 &&
-        Clock::now() - started < options.healthy_uptime) {
-      // Exit code 1 within moments of starting is a start-up failure (bad config, socket in use):
-      // restarting would only repeat it.
-      SPDLOG_ERROR("supervisor: ringloaderd failed to start ({}); not restarting",
-                   Describe(status));
+    if (!ready && WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+      // A start-up failure (bad config, socket in use): restarting would only repeat it.
+      SPDLOG_ERROR("ringloaderd failed to start ({}); not restarting", Describe(status));
       return 1;
     }
     const Clock::time_point now = Clock::now();
-    if (now - started >= options.healthy_uptime) backoff = options.initial_backoff;
     restarts.push_back(now);
     while (!restarts.empty() && now - restarts.front() > options.restart_window) {
       restarts.pop_front();
     }
     if (static_cast<int>(restarts.size()) > options.max_restarts) {
-      SPDLOG_ERROR("supervisor: ringloaderd died {} times within {} s; giving up",
-                   restarts.size(), options.restart_window.count());
+      SPDLOG_ERROR("ringloaderd died {} times within {} s; giving up", restarts.size(),
+                   options.restart_window.count());
       return 1;
     }
-    SPDLOG_WARN("supervisor: ringloaderd pid={} died ({}); restarting in {} ms", child,
-                Describe(status), backoff.count());
-    // Sleep, but stay responsive to SIGTERM.
-    timespec ts{static_cast<time_t>(backoff.count() / 1000),
-                static_cast<long>((backoff.count() % 1000) * 1'000'000)};
-    const Clock::time_point wake = Clock::now() + backoff;
-    while (Clock::now() < wake) {
-      siginfo_t info;
-      int sig = sigtimedwait(&handled, &info, &ts);
-      if (sig == SIGTERM || sig == SIGINT) {
-        SPDLOG_INFO("supervisor: {} while restarting; stopping", strsignal(sig));
-        return 0;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(wake - Clock::now());
-      if (left.count() <= 0) break;
-      ts = {static_cast<time_t>(left.count() / 1'000'000'000),
-            static_cast<long>(left.count() % 1'000'000'000)};
+    // Died while serving: come back at once. Died before serving: back off, more each time.
+    const auto delay = ready ? options.initial_backoff : backoff;
+    backoff = ready ? options.initial_backoff : std::min(options.max_backoff, backoff * 2);
+    SPDLOG_WARN("ringloaderd pid={} died {} ({}); restarting in {} ms", child.pid,
+                ready ? "while serving" : "before it was ready", Describe(status), delay.count());
+    if (!SleepUnlessStopped(signal_fd, delay)) {
+      return 0;
     }
-    backoff = std::min(options.max_backoff, backoff * 2);
   }
 }
 

@@ -1,9 +1,16 @@
 #pragma once
 // `ringloaderd --supervise`: for hosts without systemd (containers, notebooks, CI). Runs the
-// serving daemon as its direct child and restarts it when it dies, with capped exponential
-// backoff (reset once a child has lived long enough) and a restart-rate limit. SIGTERM/SIGINT are
-// forwarded to the child; the supervisor exits when the child exits after one. It decodes nothing
-// and holds no big memory, so it is not what the OOM killer picks.
+// serving daemon as its direct child and restarts it when it dies. SIGTERM/SIGINT are forwarded
+// to the child; the supervisor exits when the child exits after one. It decodes nothing and holds
+// no big memory, so it is not what the OOM killer picks.
+//
+// Restart policy. The child reports readiness ("READY=1" on a pipe named by RINGLOADER_READY_FD).
+//   - died before it was ready (a start-up crash loop): capped exponential backoff;
+//   - died while serving (killed, or a crash on some sample): restart after initial_backoff, so
+//     trainers wait as little as possible; poison samples stop crashing it after two strikes
+//     (quarantine), and the rate limit below catches anything else;
+//   - exit code 1 before ready is a start-up error (bad config, socket in use): no restart;
+//   - more than max_restarts within restart_window: give up with exit code 1.
 
 #include <chrono>
 #include <string>
@@ -15,8 +22,6 @@ struct SupervisorOptions {
   std::vector<std::string> child_argv;  // argv[0] is the executable to run
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{5000};
-  // A child that lived at least this long resets the backoff.
-  std::chrono::milliseconds healthy_uptime{1000};
   // More restarts than this within `restart_window` and the supervisor gives up (exit 1).
   int max_restarts = 60;
   std::chrono::seconds restart_window{60};

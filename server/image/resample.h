@@ -16,6 +16,9 @@
 namespace ringloader::image {
 
 inline constexpr int kTapBits = 14;  // fixed-point weights: 1.0 == 1 << kTapBits
+// Bytes of slack the horizontal pass needs after its source row and after its destination
+// buffer (it loads 8 and stores 4 bytes per RGB pixel).
+inline constexpr int kRowSlack = 8;
 
 // Filter taps for one axis: output i reads inputs start[i] .. start[i] + taps - 1 with weights
 // weights[i * taps + k] (int16, summing to exactly 1 << kTapBits). Every output has the same tap
@@ -27,6 +30,9 @@ struct AxisTaps {
   int32_t in_end = 0;    // one past the largest
   std::vector<int32_t> start;
   std::vector<int16_t> weights;
+  // The same weights as packed pairs (w[2j] | w[2j+1] << 16), (taps + 1) / 2 per output, for
+  // the SIMD horizontal pass.
+  std::vector<int32_t> weight_pairs;
 };
 
 // Taps for resampling the interval [in0, in0 + in_len) of the input axis to `out_size` samples
@@ -37,7 +43,9 @@ void BuildTaps(double in0, double in_len, int32_t out_size, int32_t clamp_begin,
                bool reverse, AxisTaps& taps);
 
 // Horizontal pass over one interleaved RGB row whose first pixel is input column `row_x0`:
-// writes taps.out_size RGB pixels to `dst`. REQUIRES: the row covers [taps.in_begin, in_end).
+// writes taps.out_size RGB pixels to `dst`. REQUIRES: the row covers [taps.in_begin, in_end),
+// and both the row and `dst` have kRowSlack readable/writable bytes after their pixels (the
+// byte after dst's last pixel may be overwritten).
 void ResampleRowH(const uint8_t* row, int32_t row_x0, const AxisTaps& taps, uint8_t* dst);
 
 // Vertical pass for output row `y`: `rows` holds consecutive rows of `row_bytes` bytes, the first
@@ -51,6 +59,10 @@ void ResampleRowV(const uint8_t* rows, int32_t row_bytes, const AxisTaps& taps, 
 void StoreRow(const uint8_t* rgb, int32_t y, const TransformSpec& spec,
               const std::array<std::array<float, 256>, 3>& lut, float* float_row,
               std::span<uint8_t> out);
+
+// Tests only: selects the resampling kernels, 0 scalar, 1 SSE2, 2 SSSE3 (clamped to what the
+// CPU has; the default is the best). Returns the level now in use. Not for concurrent use.
+int SetResampleIsaForTesting(int level);
 
 // Fills `lut` for StoreRow from spec.mean / spec.std.
 void BuildNormalizeLut(const TransformSpec& spec, std::array<std::array<float, 256>, 3>& lut);

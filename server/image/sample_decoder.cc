@@ -24,8 +24,9 @@ namespace ringloader::image {
 namespace {
 
 constexpr char kReasonPayload[] = "ringloader.reason";
-constexpr uint32_t kMaxImageSize = 16384;           // output side bound (a caller's mistake)
+constexpr uint32_t kMaxImageSize = 16384;              // output side bound (a caller's mistake)
 constexpr uint64_t kMaxFileBytes = uint64_t{1} << 30;  // ReadFileBytes refuses bigger files
+constexpr int32_t kBatchRows = 16;  // scanlines per jpeg_read_scanlines call (one iMCU row)
 
 // Error manager: libjpeg calls error_exit on fatal errors and emit_message(-1) on warnings;
 // both longjmp back to the guarded call in State::Guarded. jpeg_error_mgr must stay first.
@@ -121,7 +122,9 @@ void OnJpegProgress(j_common_ptr cinfo) {
   }
 }
 
-inline uint8_t Div255(uint32_t x) { return static_cast<uint8_t>((x + 128 + ((x + 128) >> 8)) >> 8); }
+inline uint8_t Div255(uint32_t x) {
+  return static_cast<uint8_t>((x + 128 + ((x + 128) >> 8)) >> 8);
+}
 
 // CMYK (as libjpeg returns it, YCCK already converted) to RGB. Adobe (Photoshop) files store
 // inverted CMYK, where 255 means no ink, so R = C * K / 255; plain CMYK inverts first.
@@ -154,8 +157,8 @@ bool ContainsEoi(const uint8_t* begin, const uint8_t* end) {
 absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 absl::Status DataError(std::string_view path, std::string_view reason, std::string_view detail) {
-  return WithReason(
-      absl::DataLossError(absl::StrCat(Av(path), ": ", Av(reason), ": ", Av(detail))), reason);
+  return WithReason(absl::DataLossError(absl::StrCat(Av(path), ": ", Av(reason), ": ", Av(detail))),
+                    reason);
 }
 
 int32_t FloorDiv(double v, int32_t d) { return static_cast<int32_t>(std::floor(v / d)); }
@@ -281,8 +284,7 @@ absl::Status ReadHeaderInto(StateT& st, const DecodeLimits& limits, std::span<co
   } else if (cinfo.data_precision != 8) {
     status = DataError(path, "unsupported",
                        absl::StrCat(cinfo.data_precision, "-bit JPEG data is not supported"));
-  } else if (cinfo.num_components != 1 && cinfo.num_components != 3 &&
-             cinfo.num_components != 4) {
+  } else if (cinfo.num_components != 1 && cinfo.num_components != 3 && cinfo.num_components != 4) {
     status = DataError(path, "unsupported",
                        absl::StrCat(cinfo.num_components, "-component JPEGs are not supported"));
   }
@@ -336,23 +338,24 @@ absl::StatusOr<std::vector<uint8_t>> SampleDecoder::DecodeRgb(std::span<const ui
   return rgb;
 } catch (const std::bad_alloc&) {
   jpeg_abort_decompress(&state_->cinfo);
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")), "other");
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")),
+                    "other");
 }
 
 absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::string_view path,
                                        const TransformSpec& spec, SampleRng& rng,
                                        std::span<uint8_t> out) try {
   if (spec.image_size == 0 || spec.image_size > kMaxImageSize) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          Av(path), ": image_size must be in [1, ", kMaxImageSize, "], got ",
-                          spec.image_size)),
-                      "other");
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(Av(path), ": image_size must be in [1, ",
+                                                kMaxImageSize, "], got ", spec.image_size)),
+        "other");
   }
   if (out.size() != spec.SampleBytes()) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          Av(path), ": output span has ", out.size(), " bytes, the sample needs ",
-                          spec.SampleBytes())),
-                      "other");
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(Av(path), ": output span has ", out.size(),
+                                                " bytes, the sample needs ", spec.SampleBytes())),
+        "other");
   }
   State& st = *state_;
   jpeg_decompress_struct& cinfo = st.cinfo;
@@ -419,9 +422,10 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
     const int32_t vrows = st.vtaps.in_end - st.vtaps.in_begin;
     // Allocate before the guarded region (libjpeg errors longjmp; allocations must not throw
     // inside it).
-    st.row.resize(static_cast<size_t>(sw) * comps);
-    if (cmyk) st.rgb_row.resize(static_cast<size_t>(sw) * 3);
-    st.hrows.resize(static_cast<size_t>(vrows) * hrow_bytes);
+    const size_t row_stride = static_cast<size_t>(sw) * comps + kRowSlack;
+    st.row.resize(row_stride * kBatchRows);
+    if (cmyk) st.rgb_row.resize(static_cast<size_t>(sw) * 3 + kRowSlack);
+    st.hrows.resize(static_cast<size_t>(vrows) * hrow_bytes + kRowSlack);
 
     JDIMENSION xoff = static_cast<JDIMENSION>(need_x0);
     JDIMENSION xwidth = static_cast<JDIMENSION>(need_x1 - need_x0);
@@ -430,19 +434,25 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
       jpeg_start_decompress(&cinfo);
       if (xwidth < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &xwidth);
       if (need_y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(need_y0));
-      JSAMPROW row = st.row.data();
       const int32_t row_x0 = static_cast<int32_t>(xoff);
+      std::array<JSAMPROW, kBatchRows> rows;
+      for (int32_t r = 0; r < kBatchRows; ++r) rows[r] = st.row.data() + r * row_stride;
       while (cinfo.output_scanline < static_cast<JDIMENSION>(need_y1)) {
-        const auto y = static_cast<int32_t>(cinfo.output_scanline);
-        jpeg_read_scanlines(&cinfo, &row, 1);
-        if (y < st.vtaps.in_begin || y >= st.vtaps.in_end) continue;  // full-decode fallback
-        const uint8_t* rgb = row;
-        if (cmyk) {
-          CmykToRgb(row, static_cast<int32_t>(xwidth), cinfo.saw_Adobe_marker, st.rgb_row.data());
-          rgb = st.rgb_row.data();
+        const auto y0 = static_cast<int32_t>(cinfo.output_scanline);
+        const auto want = static_cast<JDIMENSION>(std::min(kBatchRows, need_y1 - y0));
+        const auto got = static_cast<int32_t>(jpeg_read_scanlines(&cinfo, rows.data(), want));
+        for (int32_t r = 0; r < got; ++r) {
+          const int32_t y = y0 + r;
+          if (y < st.vtaps.in_begin || y >= st.vtaps.in_end) continue;  // full-decode fallback
+          const uint8_t* rgb = rows[r];
+          if (cmyk) {
+            CmykToRgb(rows[r], static_cast<int32_t>(xwidth), cinfo.saw_Adobe_marker,
+                      st.rgb_row.data());
+            rgb = st.rgb_row.data();
+          }
+          ResampleRowH(rgb, row_x0, st.htaps,
+                       st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
         }
-        ResampleRowH(rgb, row_x0, st.htaps,
-                     st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
       }
       if (cinfo.output_scanline < cinfo.output_height) {
         // Stopped early. A single-scan file's remaining data is unread: a cut file (no EOI
@@ -498,7 +508,8 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
   return absl::OkStatus();
 } catch (const std::bad_alloc&) {
   jpeg_abort_decompress(&state_->cinfo);
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")), "other");
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")),
+                    "other");
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) try {

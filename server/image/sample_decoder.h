@@ -47,20 +47,20 @@ absl::Status WithReason(absl::Status status, std::string_view reason);
 
 // What the last DecodeInto did, for tests and benchmarks (not part of the data contract).
 struct DecodeStats {
-  int32_t scale_denom = 0;        // DCT scaling used: 1, 2, 4 or 8
-  int32_t scaled_width = 0;       // libjpeg's output size at that scale
+  int32_t scale_denom = 0;   // DCT scaling used: 1, 2, 4 or 8
+  int32_t scaled_width = 0;  // libjpeg's output size at that scale
   int32_t scaled_height = 0;
-  int32_t decoded_x = 0;          // first decoded column (scaled; after jpeg_crop_scanline)
-  int32_t decoded_width = 0;      // columns decoded per row
-  int32_t decoded_y = 0;          // rows skipped before the first decoded row
-  int32_t decoded_rows = 0;       // rows decoded
+  int32_t decoded_x = 0;              // first decoded column (scaled; after jpeg_crop_scanline)
+  int32_t decoded_width = 0;          // columns decoded per row
+  int32_t decoded_y = 0;              // rows skipped before the first decoded row
+  int32_t decoded_rows = 0;           // rows decoded
   bool full_decode_fallback = false;  // crop/skip refused by libjpeg; decoded the whole image
 };
 
 struct ImageInfo {
   int32_t width = 0;
   int32_t height = 0;
-  int32_t components = 0;   // 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
+  int32_t components = 0;  // 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
   bool progressive = false;
 };
 

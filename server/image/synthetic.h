@@ -17,7 +17,7 @@ struct SyntheticImageOptions {
   int quality = 90;
   bool grayscale = false;
   bool progressive = false;
-  bool cmyk = false;       // 4-component Adobe JPEG
+  bool cmyk = false;  // 4-component Adobe JPEG
   uint64_t seed = 0;
 };
 

@@ -89,9 +89,9 @@ CropRect EvalCropExact(int32_t width, int32_t height, uint32_t image_size) {
   const bool w_short = width <= height;
   const int64_t src_short = w_short ? width : height;
   const int64_t src_long = w_short ? height : width;
-  const auto resize_long = static_cast<int64_t>(static_cast<double>(resize_short) *
-                                                static_cast<double>(src_long) /
-                                                static_cast<double>(src_short));
+  const auto resize_long =
+      static_cast<int64_t>(static_cast<double>(resize_short) * static_cast<double>(src_long) /
+                           static_cast<double>(src_short));
   const int64_t new_w = w_short ? resize_short : resize_long;
   const int64_t new_h = w_short ? resize_long : resize_short;
   const int64_t crop_w = std::min(size, new_w), crop_h = std::min(size, new_h);

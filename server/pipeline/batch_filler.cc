@@ -22,9 +22,8 @@ void PutI64(uint8_t* base, uint64_t i, int64_t v) { std::memcpy(base + i * 8, &v
 absl::Status NamingPath(const absl::Status& status, const std::string& path) {
   if (absl::StartsWith(status.message(), path)) return status;
   absl::Status named(status.code(), absl::StrCat(path, ": ", status.message()));
-  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    named.SetPayload(url, payload);
-  });
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
   return named;
 }
 
@@ -84,17 +83,16 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
     const uint64_t k = std::min<uint64_t>(request.batch_size - batch.count, shard.size() - pos);
     for (uint64_t i = 0; i < k; ++i) {
       if (shard.at(pos + i) >= dataset.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Fill: shard index ", shard.at(pos + i), " >= dataset size ", dataset.size()));
+        return absl::InvalidArgumentError(absl::StrCat("Fill: shard index ", shard.at(pos + i),
+                                                       " >= dataset size ", dataset.size()));
       }
     }
     statuses.assign(k, absl::OkStatus());
     pool_.ParallelFor(k, [&](uint64_t i, uint32_t worker_id) {
       const uint64_t index = shard.at(pos + i);
       const std::string path = dataset.AbsolutePath(index);
-      absl::Status status = observer != nullptr
-                                ? observer->BeforeDecode(dataset, index, worker_id)
-                                : absl::OkStatus();
+      absl::Status status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
+                                                : absl::OkStatus();
       if (status.ok()) {
         absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(path);
         if (!bytes.ok()) {

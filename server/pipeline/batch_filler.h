@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,10 +32,10 @@ namespace ringloader::pipeline {
 
 struct BatchLayout {
   uint64_t images_offset = 0;
-  uint64_t images_bytes = 0;   // for batch_size samples
+  uint64_t images_bytes = 0;  // for batch_size samples
   uint64_t labels_offset = 0;
   uint64_t indices_offset = 0;
-  uint64_t total_bytes = 0;    // what a slot must hold
+  uint64_t total_bytes = 0;  // what a slot must hold
 };
 BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& spec);
 
@@ -68,11 +69,11 @@ class SampleObserver {
 struct FillRequest {
   const Dataset* dataset = nullptr;
   const EpochShard* shard = nullptr;
-  uint64_t cursor = 0;         // shard position to start at
+  uint64_t cursor = 0;  // shard position to start at
   uint32_t batch_size = 0;
   image::TransformSpec transform;
   OnError on_error = OnError::kSkip;
-  uint64_t seed = 0;           // per-sample randomness is SampleRng(seed, epoch, sample_index)
+  uint64_t seed = 0;  // per-sample randomness is SampleRng(seed, epoch, sample_index)
   uint64_t epoch = 0;
 };
 
@@ -84,7 +85,14 @@ class BatchFiller {
 
   // Writes the batch into `dest` (REQUIRES: dest.size() >= ComputeBatchLayout(...).total_bytes).
   // With on_error = kFail the first failure (in shard order) is returned as DataLoss naming the
-  // file. `observer` may be null. Thread-safe: many streams may fill concurrently.
+  // file (its image::ErrorReason kept). `observer` may be null. Thread-safe: many streams may fill
+  // concurrently.
+  // Details: each round decodes only the samples still missing (no speculative decoding), so
+  // next_cursor is exact; a short batch (end of shard) has the unused tail of its images, labels
+  // and indices zeroed, so the whole buffer is deterministic; cursor == shard size gives count 0.
+  // Errors: InvalidArgument for a null dataset/shard, batch_size or image_size 0, a too small
+  // `dest` or a shard built for a bigger dataset; OutOfRange for cursor > shard size.
+  // REQUIRES: not called from a WorkerPool task.
   absl::StatusOr<FilledBatch> Fill(const FillRequest& request, std::span<uint8_t> dest,
                                    SampleObserver* observer);
 

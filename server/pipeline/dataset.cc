@@ -65,8 +65,8 @@ class DatasetLoader {
     spec.root = root;
     struct stat st;
     if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return Prefixed(spec, absl::NotFoundError(
-                                absl::StrCat("root '", root, "' does not exist or is not a directory")));
+      return Prefixed(spec, absl::NotFoundError(absl::StrCat(
+                                "root '", root, "' does not exist or is not a directory")));
     }
 
     bool from_cache = false;
@@ -84,9 +84,10 @@ class DatasetLoader {
     }
     if (!list.ok()) return Prefixed(spec, list.status());
     if (list->size() == 0) {
-      return Prefixed(spec, absl::InvalidArgumentError(absl::StrCat(
-                                "no samples in ",
-                                spec.format == DatasetFormat::kManifest ? spec.manifest_path : root)));
+      return Prefixed(spec,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "no samples in ",
+                          spec.format == DatasetFormat::kManifest ? spec.manifest_path : root)));
     }
     if (list->size() >= (uint64_t{1} << 32) - 1) {
       return Prefixed(spec, absl::InvalidArgumentError("more than 2^32-2 samples"));
@@ -122,8 +123,7 @@ std::string Dataset::AbsolutePath(uint64_t index) const {
 
 uint64_t Dataset::MemoryBytes() const {
   uint64_t bytes = sizeof(Dataset) + path_blob_.capacity() +
-                   path_ends_.capacity() * sizeof(uint64_t) +
-                   labels_.capacity() * sizeof(int64_t);
+                   path_ends_.capacity() * sizeof(uint64_t) + labels_.capacity() * sizeof(int64_t);
   for (const std::string& c : class_names_) bytes += sizeof(std::string) + c.capacity();
   return bytes;
 }

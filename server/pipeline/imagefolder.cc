@@ -90,7 +90,8 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str) {
       const std::string name = entry.path().filename().string();
       std::error_code type_ec;
       if (IsHidden(name)) {
-        if (entry.is_directory(type_ec) && !entry.is_symlink(type_ec)) it.disable_recursion_pending();
+        if (entry.is_directory(type_ec) && !entry.is_symlink(type_ec))
+          it.disable_recursion_pending();
         continue;
       }
       if (!HasJpegExtension(name)) continue;

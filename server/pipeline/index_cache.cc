@@ -139,7 +139,8 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
   const std::filesystem::path target(path);
   std::error_code ec;
   std::filesystem::create_directories(target.parent_path(), ec);
-  if (ec) return absl::UnavailableError(absl::StrCat(target.parent_path().string(), ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat(target.parent_path().string(), ": ", ec.message()));
   const std::string temp =
       absl::StrCat(path, ".tmp.", ::getpid(), ".", g_temp_counter.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -150,9 +151,12 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
     while (err == 0 && done < part->size()) {
       const ssize_t n = ::write(fd, part->data() + done, part->size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) err = errno;
-      else if (n == 0) err = EIO;
-      else done += static_cast<size_t>(n);
+      if (n < 0)
+        err = errno;
+      else if (n == 0)
+        err = EIO;
+      else
+        done += static_cast<size_t>(n);
     }
   }
   if (err == 0 && ::fsync(fd) != 0) err = errno;

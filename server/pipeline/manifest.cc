@@ -61,7 +61,8 @@ std::string PathProblem(std::string_view path) {
   while (begin <= path.size()) {
     size_t end = path.find('/', begin);
     if (end == std::string_view::npos) end = path.size();
-    if (path.substr(begin, end - begin) == "..") return "path escapes the root (got " + quoted + ")";
+    if (path.substr(begin, end - begin) == "..")
+      return "path escapes the root (got " + quoted + ")";
     begin = end + 1;
   }
   return "";

@@ -11,9 +11,9 @@
 namespace ringloader::pipeline {
 
 struct SampleList {
-  std::string path_blob;             // all relative paths, concatenated
-  std::vector<uint64_t> path_ends;   // end offset of sample i's path in path_blob
-  std::vector<int64_t> labels;       // label of sample i
+  std::string path_blob;                 // all relative paths, concatenated
+  std::vector<uint64_t> path_ends;       // end offset of sample i's path in path_blob
+  std::vector<int64_t> labels;           // label of sample i
   std::vector<std::string> class_names;  // imagefolder only
 
   uint64_t size() const { return labels.size(); }

@@ -52,8 +52,7 @@ uint64_t EpochShard::ShardSize(uint64_t dataset_size, uint32_t world_size, bool 
 
 EpochShard::EpochShard(uint64_t dataset_size, const ShardSpec& spec) : spec_(spec) {
   // Contract violations are programming errors in the caller (the daemon validates requests).
-  if (dataset_size >= (uint64_t{1} << 32) || spec.world_size == 0 ||
-      spec.rank >= spec.world_size) {
+  if (dataset_size >= (uint64_t{1} << 32) || spec.world_size == 0 || spec.rank >= spec.world_size) {
     std::abort();
   }
   const uint64_t shard_size = ShardSize(dataset_size, spec.world_size, spec.drop_last);

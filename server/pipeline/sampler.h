@@ -7,8 +7,13 @@
 // r, r + world_size, r + 2*world_size, ... So every rank gets the same number of samples per epoch,
 // and the shards are disjoint (padding repeats the first few samples of the order).
 //
-// Memory: 4 bytes a sample for the shard of one epoch. Any position is O(1) after construction, so
-// a stream can start at any batch without replaying the epoch.
+// The permutation is a Fisher-Yates shuffle driven by SplitMix64 seeded from (seed, epoch), with
+// unbiased bounded draws: plain 64-bit integer arithmetic, so it is identical on every platform
+// and compiler (a test pins it with literal numbers; changing it changes every stream's order).
+//
+// Memory: 4 bytes a sample for the shard of one epoch (construction briefly holds the whole
+// epoch's order, 4 bytes a dataset sample, when world_size > 1). Construction is O(N); any
+// position is O(1) after it, so a stream can start at any batch without replaying the epoch.
 
 #include <cstdint>
 #include <vector>
@@ -26,7 +31,9 @@ struct ShardSpec {
 
 class EpochShard {
  public:
-  // REQUIRES: dataset_size < 2^32, world_size >= 1, rank < world_size.
+  // REQUIRES: dataset_size < 2^32, world_size >= 1, rank < world_size (aborts otherwise: callers
+  // validate requests first). dataset_size 0, or drop_last with fewer samples than ranks, gives
+  // an empty shard.
   EpochShard(uint64_t dataset_size, const ShardSpec& spec);
 
   const ShardSpec& spec() const { return spec_; }

@@ -2,13 +2,18 @@
 
 #include <pthread.h>
 
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+
+// std::mutex rather than absl::Mutex on purpose: Debian's prebuilt abseil is not compiled with
+// -fsanitize=thread, so TSan cannot see absl::Mutex's happens-before edges and reports false
+// races; pthread-based std::mutex is intercepted by every sanitizer.
 
 namespace ringloader::pipeline {
 namespace {
@@ -18,20 +23,20 @@ namespace {
 struct Job {
   const std::function<void(uint64_t, uint32_t)>* fn = nullptr;
   uint64_t n = 0;
-  uint64_t next = 0;       // next index to hand out
-  uint64_t remaining = 0;  // tasks not yet finished; the caller returns at 0
-  absl::CondVar done;      // signalled when remaining reaches 0
+  uint64_t next = 0;             // next index to hand out
+  uint64_t remaining = 0;        // tasks not yet finished; the caller returns at 0
+  std::condition_variable done;  // notified when remaining reaches 0
 };
 
 }  // namespace
 
 struct WorkerPool::Impl {
-  absl::Mutex mu;
+  std::mutex mu;
   // Jobs with indices left to hand out. A worker takes one index from the front job and moves the
   // job to the back, so concurrent calls (streams) share the pool round-robin.
   std::deque<Job*> queue ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
-  absl::CondVar work_available;
+  std::condition_variable work_available;
   std::vector<std::thread> threads;
 
   void WorkerLoop(uint32_t worker_id);
@@ -40,21 +45,20 @@ struct WorkerPool::Impl {
 void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
   const std::string name = "rl-decode-" + std::to_string(worker_id);
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-  mu.Lock();
+  std::unique_lock<std::mutex> lock(mu);
   while (true) {
-    while (queue.empty() && !stop) work_available.Wait(&mu);
+    work_available.wait(lock, [&] { return !queue.empty() || stop; });
     if (queue.empty()) break;  // stop requested and nothing left to run
     Job* job = queue.front();
     queue.pop_front();
     const uint64_t i = job->next++;
     if (job->next < job->n) queue.push_back(job);
-    mu.Unlock();
+    lock.unlock();
     (*job->fn)(i, worker_id);
-    mu.Lock();
-    // Signal while holding mu: the caller cannot wake up and destroy `job` before we let go.
-    if (--job->remaining == 0) job->done.Signal();
+    lock.lock();
+    // Notify while holding mu: the caller cannot wake up and destroy `job` before we let go.
+    if (--job->remaining == 0) job->done.notify_one();
   }
-  mu.Unlock();
 }
 
 WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_unique<Impl>()) {
@@ -68,10 +72,10 @@ WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_unique<Impl>()) {
 
 WorkerPool::~WorkerPool() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
   }
-  impl_->work_available.SignalAll();
+  impl_->work_available.notify_all();
   for (std::thread& t : impl_->threads) t.join();
 }
 
@@ -84,14 +88,14 @@ void WorkerPool::ParallelFor(uint64_t n,
   job.fn = &fn;
   job.n = n;
   job.remaining = n;
-  absl::MutexLock lock(&impl_->mu);
+  std::unique_lock<std::mutex> lock(impl_->mu);
   impl_->queue.push_back(&job);
   if (n == 1) {
-    impl_->work_available.Signal();
+    impl_->work_available.notify_one();
   } else {
-    impl_->work_available.SignalAll();
+    impl_->work_available.notify_all();
   }
-  while (job.remaining > 0) job.done.Wait(&impl_->mu);
+  job.done.wait(lock, [&] { return job.remaining == 0; });
 }
 
 }  // namespace ringloader::pipeline

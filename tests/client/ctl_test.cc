@@ -1,4 +1,6 @@
 // ringloaderctl without a daemon: exit codes, state files, make-dataset and validate.
+#include "client/ctl/ctl.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <sstream>
@@ -6,7 +8,6 @@
 
 #include "client/client.h"
 #include "client/ctl/consume_state.h"
-#include "client/ctl/ctl.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::ctl {
@@ -55,8 +56,8 @@ TEST_CASE("ringloaderctl: usage errors exit 2", "[ctl]") {
 
 TEST_CASE("ringloaderctl consume: no daemon past the deadline exits 2 saying so", "[ctl]") {
   TempDir dir;
-  auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume",
-                       "--dataset", "d", "--reconnect-deadline-s", "0.2"});
+  auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume", "--dataset",
+                       "d", "--reconnect-deadline-s", "0.2"});
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::StartsWith("ringloaderctl consume: ringloaderd at unix:") &&
                            Catch::Contains("unreachable for 0.2 s: UNAVAILABLE"));
@@ -124,8 +125,8 @@ TEST_CASE("ringloaderctl consume --state: a state of another run is refused befo
   o.end_epoch = 1;
   o.seed = 1;
   testing::WriteFile(dir.Join("state"), FormatConsumeState(client::FormatState(o, {0, 3, 192}), 0));
-  auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume",
-                       "--dataset", "train", "--seed", "2", "--state", dir.Join("state")});
+  auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume", "--dataset",
+                       "train", "--seed", "2", "--state", dir.Join("state")});
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.output, Catch::Contains("--seed is 2 but the state file was saved with 1"));
 
@@ -142,17 +143,17 @@ TEST_CASE("ringloaderctl make-dataset then validate: all good, exit 0", "[ctl][v
                           "--classes", "3", "--seed", "1"});
   REQUIRE(made.exit_code == 0);
   CHECK(made.output == "wrote 24 images in 3 classes to " + dir.Join("ds") + "\n");
-  auto r = RunCommand({kCtl, "validate", "--format", "imagefolder", "--path", dir.Join("ds"),
-                       "--jobs", "2"});
+  auto r = RunCommand(
+      {kCtl, "validate", "--format", "imagefolder", "--path", dir.Join("ds"), "--jobs", "2"});
   CHECK(r.exit_code == 0);
   CHECK(r.output == "checked 24 files: 24 good, 0 bad\n");
 }
 
 TEST_CASE("ringloaderctl validate: a corrupted file exits 1 and is named", "[ctl][validate]") {
   TempDir dir;
-  REQUIRE(RunCommand({kCtl, "make-dataset", "--out", dir.Join("ds"), "--count", "12",
-                      "--classes", "2"})
-              .exit_code == 0);
+  REQUIRE(
+      RunCommand({kCtl, "make-dataset", "--out", dir.Join("ds"), "--count", "12", "--classes", "2"})
+          .exit_code == 0);
   // Truncate one image to a third of its size and replace another with text.
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.Join("ds"))) {
@@ -168,8 +169,8 @@ TEST_CASE("ringloaderctl validate: a corrupted file exits 1 and is named", "[ctl
   auto r = RunCommand({kCtl, "validate", "--path", dir.Join("ds")});
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.output, Catch::Contains("BAD " + truncated.substr(root.size()) + ": "));
-  CHECK_THAT(r.output, Catch::Contains("BAD " + files[8].string().substr(root.size()) +
-                                       ": not_jpeg: "));
+  CHECK_THAT(r.output,
+             Catch::Contains("BAD " + files[8].string().substr(root.size()) + ": not_jpeg: "));
   CHECK_THAT(r.output, Catch::Contains("checked 12 files: 10 good, 2 bad ("));
 
   CHECK(RunCommand({kCtl, "validate", "--path", dir.Join("missing")}).exit_code == 2);

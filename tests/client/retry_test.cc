@@ -1,7 +1,8 @@
+#include "client/retry.h"
+
 #include <catch2/catch.hpp>
 
 #include "client/channel.h"
-#include "client/retry.h"
 
 namespace ringloader::client {
 namespace {
@@ -9,8 +10,9 @@ namespace {
 using grpc::StatusCode;
 
 TEST_CASE("Classify: transport failures are reopened for every RPC", "[client][retry]") {
-  for (StatusCode code : {StatusCode::UNAVAILABLE, StatusCode::CANCELLED,
-                          StatusCode::DEADLINE_EXCEEDED, StatusCode::ABORTED, StatusCode::UNKNOWN}) {
+  for (StatusCode code :
+       {StatusCode::UNAVAILABLE, StatusCode::CANCELLED, StatusCode::DEADLINE_EXCEEDED,
+        StatusCode::ABORTED, StatusCode::UNKNOWN}) {
     CAPTURE(code);
     CHECK(Classify(code, "", RpcKind::kOpenStream) == Recovery::kReopen);
     CHECK(Classify(code, "", RpcKind::kStreamCall) == Recovery::kReopen);
@@ -33,9 +35,9 @@ TEST_CASE("Classify: a stale stream or incarnation is reopened, an unknown datas
 }
 
 TEST_CASE("Classify: request errors fail at once", "[client][retry]") {
-  for (StatusCode code : {StatusCode::INVALID_ARGUMENT, StatusCode::RESOURCE_EXHAUSTED,
-                          StatusCode::DATA_LOSS, StatusCode::PERMISSION_DENIED,
-                          StatusCode::OUT_OF_RANGE, StatusCode::UNIMPLEMENTED}) {
+  for (StatusCode code :
+       {StatusCode::INVALID_ARGUMENT, StatusCode::RESOURCE_EXHAUSTED, StatusCode::DATA_LOSS,
+        StatusCode::PERMISSION_DENIED, StatusCode::OUT_OF_RANGE, StatusCode::UNIMPLEMENTED}) {
     CAPTURE(code);
     CHECK(Classify(code, "", RpcKind::kOpenStream) == Recovery::kFail);
     CHECK(Classify(code, "", RpcKind::kStreamCall) == Recovery::kFail);
@@ -84,9 +86,9 @@ TEST_CASE("GrpcTarget: accepts the documented endpoint forms", "[client][endpoin
 }
 
 TEST_CASE("GrpcTarget: rejects malformed endpoints naming them", "[client][endpoint]") {
-  for (const char* bad : {"", "unix:", "unix://", "unix://host/a.sock", "localhost",
-                          "localhost:", "localhost:0", "localhost:65536", "localhost:http",
-                          ":80", "::1:80", "[::1:80"}) {
+  for (const char* bad :
+       {"", "unix:", "unix://", "unix://host/a.sock", "localhost", "localhost:", "localhost:0",
+        "localhost:65536", "localhost:http", ":80", "::1:80", "[::1:80"}) {
     CAPTURE(bad);
     auto target = GrpcTarget(bad);
     REQUIRE_FALSE(target.ok());

@@ -1,10 +1,10 @@
+#include "client/ctl/samples_out.h"
+
 #include <xxhash.h>
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "client/ctl/samples_out.h"
 
 namespace ringloader::ctl {
 namespace {

@@ -96,7 +96,8 @@ TEST_CASE("State: malformed states are rejected naming the field", "[client][sta
              Catch::Contains("'cursor'") && Catch::Contains("missing"));
   CHECK_THAT(ErrorOf(kGood + " colour=red"),
              Catch::Contains("'colour'") && Catch::Contains("unknown"));
-  CHECK_THAT(ErrorOf(kGood + " epoch=3"), Catch::Contains("'epoch'") && Catch::Contains("repeated"));
+  CHECK_THAT(ErrorOf(kGood + " epoch=3"),
+             Catch::Contains("'epoch'") && Catch::Contains("repeated"));
   CHECK_THAT(ErrorOf(replace(kGood, "rank=0", "rank=1")), Catch::Contains("'rank'"));
   CHECK_THAT(ErrorOf(replace(kGood, "dtype=uint8", "dtype=int64")), Catch::Contains("'dtype'"));
   CHECK_THAT(ErrorOf(replace(kGood, "augment=train", "augment=random")),

@@ -35,8 +35,8 @@ class FakeLoader final : public v1::Loader::Service {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake: starting up");
     }
     if (request->spec().dataset() != "fake") {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown dataset '" +
-                                                           request->spec().dataset() + "'");
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "unknown dataset '" + request->spec().dataset() + "'");
     }
     shm::RingOptions options;
     options.name = "/" + testing::UniqueName("client-fake");
@@ -205,7 +205,7 @@ TEST_CASE("Stream: a stale stream is reopened at the client's position, held bat
   CHECK(held->sample_image(0)[0] == 0);
   CHECK(held->sample_image(1)[kImageBytes - 1] == 1);
 
-  held.reset();     // a release for the old incarnation: must never reach the new stream
+  held.reset();  // a release for the old incarnation: must never reach the new stream
   after.reset();
   REQUIRE(stream->Next());
   std::lock_guard lock(fake.service.mu_);

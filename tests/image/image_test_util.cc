@@ -15,7 +15,8 @@ std::vector<uint8_t> SmoothPattern(int width, int height) {
       const double u = static_cast<double>(x) / std::max(width, 1);
       const double v = static_cast<double>(y) / std::max(height, 1);
       uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
-      p[0] = static_cast<uint8_t>(std::lround(128 + 90 * std::sin(6.0 * u + 1.0) * std::cos(4.0 * v)));
+      p[0] =
+          static_cast<uint8_t>(std::lround(128 + 90 * std::sin(6.0 * u + 1.0) * std::cos(4.0 * v)));
       p[1] = static_cast<uint8_t>(std::lround(40 + 170 * v));
       p[2] = static_cast<uint8_t>(std::lround(128 + 100 * std::cos(5.0 * (u + v))));
     }
@@ -96,8 +97,8 @@ double Psnr(const std::vector<uint8_t>& got, const std::vector<double>& want) {
   return 10.0 * std::log10(255.0 * 255.0 / mse);
 }
 
-std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height,
-                                int quality, int subsamp, bool progressive) {
+std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height, int quality,
+                                int subsamp, bool progressive) {
   tjhandle h = tjInitCompress();
   if (h == nullptr) std::abort();
   unsigned char* buf = nullptr;

@@ -26,8 +26,8 @@ double Psnr(const std::vector<uint8_t>& got, const std::vector<double>& want);
 
 // Encodes RGB pixels with TurboJPEG; subsamp is a TJSAMP_* value; progressive uses
 // TJFLAG_PROGRESSIVE.
-std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height,
-                                int quality, int subsamp, bool progressive = false);
+std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height, int quality,
+                                int subsamp, bool progressive = false);
 
 // Position of the first marker FF <marker> in `jpeg`, or -1.
 long FindMarker(const std::vector<uint8_t>& jpeg, uint8_t marker);

@@ -54,7 +54,7 @@ TEST_CASE("BuildTaps: scale 1 at integer offsets is the identity", "[image][resa
   }
   std::vector<uint8_t> row(30 * 3);
   std::iota(row.begin(), row.end(), uint8_t{0});
-  std::vector<uint8_t> out(20 * 3);
+  std::vector<uint8_t> out(20 * 3 + kRowSlack);
   ResampleRowH(row.data() + 3 * 3, 3, t, out.data());  // the row starts at input column 3
   for (int32_t i = 0; i < 20 * 3; ++i) CHECK(out[i] == row[(3 + 5 - 3) * 3 + i]);
 }
@@ -82,6 +82,47 @@ TEST_CASE("ResampleRowV: a flat image stays flat", "[image][resample]") {
   for (int32_t y = 0; y < 9; ++y) {
     ResampleRowV(rows.data(), row_bytes, t, y, acc.data(), out.data());
     for (uint8_t v : out) CHECK(v == 77);
+  }
+}
+
+TEST_CASE("ResampleRowH/V: scalar, SSE2 and SSSE3 kernels give identical bytes",
+          "[image][resample]") {
+  uint64_t x = 99;
+  std::vector<uint8_t> rows(64 * 700 * 3 + kRowSlack);
+  for (uint8_t& b : rows) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint8_t>(x >> 56);
+  }
+  struct Case {
+    double in0, len;
+    int32_t out, lo, hi;
+    bool flip;
+  };
+  for (const Case c : {Case{0, 700, 224, 0, 700, false}, Case{13.5, 300, 224, 10, 320, true},
+                       Case{2, 40, 224, 0, 64, false}, Case{0, 700, 31, 0, 700, true},
+                       Case{5, 1, 9, 5, 6, false}}) {
+    AxisTaps h, v;
+    BuildTaps(c.in0, c.len, c.out, c.lo, c.hi, c.flip, h);
+    BuildTaps(c.in0 * 0.05, std::min(c.len, 60.0), 17, 0, 64, false, v);
+    std::vector<std::vector<uint8_t>> outs;
+    for (int level = 0; level <= 2; ++level) {
+      const int used = SetResampleIsaForTesting(level);
+      std::vector<uint8_t> hout(static_cast<size_t>(64) * c.out * 3 + kRowSlack);
+      for (int32_t y = 0; y < 64; ++y) {
+        ResampleRowH(rows.data() + static_cast<size_t>(y) * 700 * 3, 0, h,
+                     hout.data() + static_cast<size_t>(y) * c.out * 3);
+      }
+      std::vector<uint8_t> vout(static_cast<size_t>(17) * c.out * 3);
+      std::vector<int32_t> acc(static_cast<size_t>(c.out) * 3);
+      for (int32_t y = 0; y < 17; ++y) {
+        ResampleRowV(hout.data() + static_cast<size_t>(v.in_begin) * c.out * 3, c.out * 3, v, y,
+                     acc.data(), vout.data() + static_cast<size_t>(y) * c.out * 3);
+      }
+      if (used == level) outs.push_back(vout);
+    }
+    SetResampleIsaForTesting(2);
+    REQUIRE(!outs.empty());
+    for (size_t i = 1; i < outs.size(); ++i) CHECK(outs[i] == outs[0]);
   }
 }
 

@@ -7,9 +7,9 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <csetjmp>
 #include <vector>
 
 // jpeglib.h needs size_t and FILE first.
@@ -49,7 +49,8 @@ TransformSpec Spec(Augment augment, uint32_t size, DType dtype = DType::kUint8,
 double EvalPsnr(int w, int h, uint32_t size, SampleDecoder& dec) {
   const std::vector<uint8_t> rgb = SmoothPattern(w, h);
   const std::vector<uint8_t> jpeg = EncodeJpeg(rgb, w, h, 95, TJSAMP_444);
-  const std::vector<uint8_t> out = Decode(dec, jpeg, Spec(Augment::kEval, size), SampleRng(1, 0, 0));
+  const std::vector<uint8_t> out =
+      Decode(dec, jpeg, Spec(Augment::kEval, size), SampleRng(1, 0, 0));
   const CropRect crop = EvalCropExact(w, h, size);
   return Psnr(out, ReferenceResample(rgb, w, h, crop, 0, 0, w, h, static_cast<int>(size), false));
 }
@@ -88,8 +89,8 @@ TEST_CASE("SampleDecoder: train transform matches the reference for its crop box
     int w, h;
     uint32_t size;
   };
-  for (const Case c : {Case{500, 375, 224}, Case{333, 500, 128}, Case{17, 9, 16},
-                       Case{2000, 1500, 224}}) {
+  for (const Case c :
+       {Case{500, 375, 224}, Case{333, 500, 128}, Case{17, 9, 16}, Case{2000, 1500, 224}}) {
     const std::vector<uint8_t> rgb = SmoothPattern(c.w, c.h);
     const std::vector<uint8_t> jpeg = EncodeJpeg(rgb, c.w, c.h, 95, TJSAMP_444);
     for (uint64_t index = 0; index < 4; ++index) {
@@ -101,7 +102,7 @@ TEST_CASE("SampleDecoder: train transform matches the reference for its crop box
       const auto want = ReferenceResample(rgb, c.w, c.h, r, box.x, box.y, box.x + box.width,
                                           box.y + box.height, static_cast<int>(c.size), box.flip);
       INFO(c.w << "x" << c.h << " box " << box.x << "," << box.y << " " << box.width << "x"
-                << box.height << " flip " << box.flip << " denom " << dec.last_scale_denom());
+               << box.height << " flip " << box.flip << " denom " << dec.last_scale_denom());
       CHECK(Psnr(out, want) >= 30.0);
     }
   }

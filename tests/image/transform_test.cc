@@ -46,7 +46,7 @@ void CheckTrainCrops(int32_t width, int32_t height, int* violations, int* centre
     SampleRng rng(123, 4, i);
     const CropBox box = DrawTrainCrop(width, height, rng);
     INFO(width << "x" << height << " draw " << i << ": " << box.x << "," << box.y << " "
-                << box.width << "x" << box.height);
+               << box.width << "x" << box.height);
     REQUIRE(box.width > 0);
     REQUIRE(box.height > 0);
     REQUIRE(box.x >= 0);
@@ -60,7 +60,8 @@ void CheckTrainCrops(int32_t width, int32_t height, int* violations, int* centre
     const bool centered = box.x == (width - box.width) / 2 && box.y == (height - box.height) / 2;
     const bool full_axis = box.width == width || box.height == height;
     const double tol_w = 0.5 / box.width + 0.5 / box.height;
-    const bool ratio_ok = aspect >= (3.0 / 4.0) * (1 - tol_w) && aspect <= (4.0 / 3.0) * (1 + tol_w);
+    const bool ratio_ok =
+        aspect >= (3.0 / 4.0) * (1 - tol_w) && aspect <= (4.0 / 3.0) * (1 + tol_w);
     const bool area_ok = frac >= 0.08 * (1 - 2 * tol_w) && frac <= 1.0;
     if (centred != nullptr && centered && full_axis) ++*centred;
     if (!(ratio_ok && area_ok)) {

@@ -79,9 +79,11 @@ struct Filled {
   std::vector<uint8_t> bytes;
 };
 
-Filled FillOne(BatchFiller& filler, const Dataset& ds, const EpochShard& shard, uint64_t cursor,
-               uint32_t batch_size, OnError on_error = OnError::kSkip,
-               SampleObserver* observer = nullptr) {
+// Fills one batch into a fresh buffer. No Catch assertions: safe to call from several threads.
+absl::StatusOr<Filled> TryFill(BatchFiller& filler, const Dataset& ds, const EpochShard& shard,
+                               uint64_t cursor, uint32_t batch_size,
+                               OnError on_error = OnError::kSkip,
+                               SampleObserver* observer = nullptr) {
   FillRequest req;
   req.dataset = &ds;
   req.shard = &shard;
@@ -93,10 +95,19 @@ Filled FillOne(BatchFiller& filler, const Dataset& ds, const EpochShard& shard, 
   req.epoch = shard.spec().epoch;
   Filled out;
   out.bytes.assign(ComputeBatchLayout(batch_size, req.transform).total_bytes, 0xAB);
-  auto batch = filler.Fill(req, out.bytes, observer);
-  REQUIRE(batch.ok());
+  absl::StatusOr<FilledBatch> batch = filler.Fill(req, out.bytes, observer);
+  if (!batch.ok()) return batch.status();
   out.batch = *std::move(batch);
   return out;
+}
+
+Filled FillOne(BatchFiller& filler, const Dataset& ds, const EpochShard& shard, uint64_t cursor,
+               uint32_t batch_size, OnError on_error = OnError::kSkip,
+               SampleObserver* observer = nullptr) {
+  absl::StatusOr<Filled> filled =
+      TryFill(filler, ds, shard, cursor, batch_size, on_error, observer);
+  REQUIRE(filled.ok());
+  return *std::move(filled);
 }
 
 TEST_CASE("ComputeBatchLayout: sections are 64-byte aligned (pinned)", "[pipeline]") {
@@ -122,7 +133,7 @@ TEST_CASE("BatchFiller: batches are identical byte for byte with 1, 2 and 4 thre
   auto ds = OpenFolder(dir.path());
   REQUIRE(ds->size() == 60);
 
-  constexpr uint32_t kBatch = 16;  // 4 batches an epoch, the last one short
+  constexpr uint32_t kBatch = 16;               // 4 batches an epoch, the last one short
   std::vector<std::vector<uint8_t>> reference;  // all batches of 2 epochs, 1 thread
   for (uint32_t threads : {1u, 2u, 4u}) {
     WorkerPool pool(threads);
@@ -217,7 +228,8 @@ TEST_CASE("BatchFiller: with on_error = skip each batch holds only good samples 
   std::vector<Filled> batches;
   while (cursor < shard.size()) {
     Filled f = FillOne(filler, *ds, shard, cursor, kBatch);
-    for (uint32_t i = 0; i < f.batch.count; ++i) delivered.push_back(I64At(f.bytes, l.indices_offset, i));
+    for (uint32_t i = 0; i < f.batch.count; ++i)
+      delivered.push_back(I64At(f.bytes, l.indices_offset, i));
     for (const SampleError& e : f.batch.errors) {
       skipped.push_back(e.sample_index);
       CHECK(e.relative_path == corpus.names[e.sample_index]);
@@ -304,7 +316,8 @@ class CountingObserver : public SampleObserver {
   explicit CountingObserver(uint64_t refuse) : refuse_(refuse) {}
   absl::Status BeforeDecode(const Dataset&, uint64_t index, uint32_t) override {
     before_++;
-    if (index == refuse_) return image::WithReason(absl::UnavailableError("quarantined"), "quarantined");
+    if (index == refuse_)
+      return image::WithReason(absl::UnavailableError("quarantined"), "quarantined");
     return absl::OkStatus();
   }
   void AfterDecode(const Dataset&, uint64_t, uint32_t) override { after_++; }
@@ -340,7 +353,8 @@ TEST_CASE("BatchFiller: concurrent fills on one pool give the same bytes as sequ
           "[pipeline]") {
   TempDir dir;
   fs::create_directories(dir.Join("c"));
-  for (int i = 0; i < 12; ++i) WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+  for (int i = 0; i < 12; ++i)
+    WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
   auto ds = OpenFolder(dir.path());
   WorkerPool pool(2);
   BatchFiller filler(pool, image::DecodeLimits{});
@@ -351,13 +365,15 @@ TEST_CASE("BatchFiller: concurrent fills on one pool give the same bytes as sequ
   EpochShard shard1(ds->size(), s1);
   const Filled seq0 = FillOne(filler, *ds, shard0, 0, 6);
   const Filled seq1 = FillOne(filler, *ds, shard1, 3, 6);
-  std::vector<uint8_t> par0, par1;
-  std::thread t0([&] { par0 = FillOne(filler, *ds, shard0, 0, 6).bytes; });
-  std::thread t1([&] { par1 = FillOne(filler, *ds, shard1, 3, 6).bytes; });
+  absl::StatusOr<Filled> par0, par1;
+  std::thread t0([&] { par0 = TryFill(filler, *ds, shard0, 0, 6); });
+  std::thread t1([&] { par1 = TryFill(filler, *ds, shard1, 3, 6); });
   t0.join();
   t1.join();
-  CHECK(par0 == seq0.bytes);
-  CHECK(par1 == seq1.bytes);
+  REQUIRE(par0.ok());
+  REQUIRE(par1.ok());
+  CHECK(par0->bytes == seq0.bytes);
+  CHECK(par1->bytes == seq1.bytes);
 }
 
 TEST_CASE("BatchFiller: bad requests are refused, a cursor at the end gives an empty batch",

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -44,9 +45,8 @@ void MakeTree(const std::string& root) {
   for (const char* d : {"bird", "cat", "dog/sub", ".hidden_class", "empty"}) {
     fs::create_directories(fs::path(root) / d);
   }
-  for (const char* f : {"bird/z.Jpg", "cat/x.jpg", "cat/.hidden.jpg", "cat/notes.txt",
-                        "dog/b.jpg", "dog/a.JPEG", "dog/sub/c.jpeg", ".hidden_class/y.jpg",
-                        "stray.jpg"}) {
+  for (const char* f : {"bird/z.Jpg", "cat/x.jpg", "cat/.hidden.jpg", "cat/notes.txt", "dog/b.jpg",
+                        "dog/a.JPEG", "dog/sub/c.jpeg", ".hidden_class/y.jpg", "stray.jpg"}) {
     WriteFile(root + "/" + f, "x");
   }
 }
@@ -142,6 +142,15 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   for (const fs::directory_entry& e : fs::directory_iterator(state.path())) caches.push_back(e);
   REQUIRE(caches.size() == 1);
   const std::string good = testing::ReadFile(caches[0]);
+  // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
+  REQUIRE(good.size() > 32);
+  CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
+  CHECK(good.substr(8, 8) == std::string("\x01\0\0\0\0\0\0\0", 8));  // version 1, reserved 0
+  uint64_t payload_bytes = 0;
+  std::memcpy(&payload_bytes, good.data() + 16, 8);
+  CHECK(payload_bytes == good.size() - 32);
+  CHECK_THAT(caches[0].filename().string(),
+             Catch::StartsWith("imagefolder-") && Catch::EndsWith(".index"));
 
   std::string flipped = good;
   flipped[good.size() - 20] ^= 0x01;  // inside the labels: only the checksum can tell
@@ -247,8 +256,8 @@ TEST_CASE("Dataset: a manifest of a million samples opens and stays compact", "[
   CHECK((*ds)->relative_path(0) == "n0000/img_0000000.JPEG");
   CHECK((*ds)->relative_path(kSamples - 1) == "n0999/img_0999999.JPEG");
   CHECK((*ds)->label(kSamples - 1) == 999);
-  CHECK((*ds)->MemoryBytes() > kSamples * 16);       // it does count the arrays
-  CHECK((*ds)->MemoryBytes() < kSamples * 100);      // no per-sample std::string
+  CHECK((*ds)->MemoryBytes() > kSamples * 16);   // it does count the arrays
+  CHECK((*ds)->MemoryBytes() < kSamples * 100);  // no per-sample std::string
 }
 
 }  // namespace

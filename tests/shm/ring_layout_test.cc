@@ -1,10 +1,9 @@
 // Binary compatibility: the segment layout is pinned with literal numbers.
 #include "shm/ring_layout.h"
 
+#include <catch2/catch.hpp>
 #include <cstddef>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 namespace ringloader::shm {
 namespace {

@@ -5,11 +5,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "shm/ring.h"
@@ -33,8 +32,7 @@ void PwriteAt(const std::string& path, uint64_t offset, T value) {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-TEST_CASE("ConsumerRing::Open rejects a corrupt header, naming the check and the values",
-          "[shm]") {
+TEST_CASE("ConsumerRing::Open rejects a corrupt header, naming the check and the values", "[shm]") {
   TempDir dir;
   RingOptions options;
   options.name = "/" + UniqueName("corrupt");
@@ -64,21 +62,21 @@ TEST_CASE("ConsumerRing::Open rejects a corrupt header, naming the check and the
   SECTION("wrong layout version") {
     PwriteAt<uint32_t>(path, offsetof(RingHeader, layout_version), 7);
     CHECK(absl::IsFailedPrecondition(open()));
-    CHECK(Message(open()) == absl::StrCat("segment ", options.name, ": layout version 7, expected 1"));
+    CHECK(Message(open()) ==
+          absl::StrCat("segment ", options.name, ": layout version 7, expected 1"));
   }
   SECTION("wrong layout hash") {
     PwriteAt<uint64_t>(path, offsetof(RingHeader, layout_hash), 0x1234);
     CHECK(absl::IsFailedPrecondition(open()));
-    CHECK_THAT(Message(open()), Catch::StartsWith(absl::StrCat(
-                                    "segment ", options.name, ": layout hash 0x1234, expected 0x",
-                                    absl::Hex(kRingLayoutHash))));
+    CHECK_THAT(Message(open()), Catch::StartsWith(absl::StrCat("segment ", options.name,
+                                                               ": layout hash 0x1234, expected 0x",
+                                                               absl::Hex(kRingLayoutHash))));
   }
   SECTION("truncated file") {
     REQUIRE(::truncate(path.c_str(), static_cast<off_t>(size - 4096)) == 0);
     CHECK(absl::IsDataLoss(open()));
-    CHECK_THAT(Message(open()),
-               Catch::Contains(absl::StrCat("file size ", size - 4096,
-                                            " bytes, expected at least ", size)));
+    CHECK_THAT(Message(open()), Catch::Contains(absl::StrCat("file size ", size - 4096,
+                                                             " bytes, expected at least ", size)));
   }
   SECTION("file shorter than the header") {
     REQUIRE(::truncate(path.c_str(), 100) == 0);
@@ -103,7 +101,8 @@ TEST_CASE("ConsumerRing::Open rejects a corrupt header, naming the check and the
   SECTION("another incarnation") {
     const absl::Status s = ConsumerRing::Open(options.name, 0x2b, dir.path()).status();
     CHECK(absl::IsFailedPrecondition(s));
-    CHECK(Message(s) == absl::StrCat("segment ", options.name, ": incarnation 0x2a, expected 0x2b"));
+    CHECK(Message(s) ==
+          absl::StrCat("segment ", options.name, ": incarnation 0x2a, expected 0x2b"));
   }
   SECTION("no such segment") {
     const absl::Status s = ConsumerRing::Open("/" + UniqueName("absent"), {}, dir.path()).status();
@@ -157,8 +156,8 @@ TEST_CASE("ProducerRing::Create fails with a clear message when the ring does no
                                           " (e.g. docker --shm-size) or lower ring_slots / "
                                           "batch_size / image_size"));
   if (tmpfs.mounted()) {
-    CHECK_THAT(message, Catch::Contains("of 16.0 MiB does not fit") &&
-                            Catch::Contains("has 8 MiB free"));
+    CHECK_THAT(message,
+               Catch::Contains("of 16.0 MiB does not fit") && Catch::Contains("has 8 MiB free"));
   }
   struct stat st {};
   CHECK(::stat((shm_dir + options.name).c_str(), &st) != 0);  // nothing was created

@@ -4,12 +4,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
 #include <string>
 #include <thread>
-
-#include <catch2/catch.hpp>
 
 #include "shm/ring.h"
 #include "tests/shm/ring_test_util.h"
@@ -55,9 +54,9 @@ void VerifyPeerSlots(const ConsumerRing& ring, uint64_t first_seq) {
 std::unique_ptr<Subprocess> StartPeerProducer(const TempDir& tmp, const std::string& shm_dir,
                                               const std::string& name, uint64_t first_seq) {
   const std::string ready = tmp.Join(UniqueName("ready"));
-  auto peer = std::make_unique<Subprocess>(std::vector<std::string>{
-      Peer(), "produce", shm_dir, name, std::to_string(kSlots), std::to_string(kSlotBytes),
-      std::to_string(first_seq), ready});
+  auto peer = std::make_unique<Subprocess>(
+      std::vector<std::string>{Peer(), "produce", shm_dir, name, std::to_string(kSlots),
+                               std::to_string(kSlotBytes), std::to_string(first_seq), ready});
   REQUIRE(WaitFor([&] { return Exists(ready) || !peer->Running(); }, std::chrono::seconds(20)));
   REQUIRE(Exists(ready));
   return peer;
@@ -72,8 +71,8 @@ TEST_CASE("Two processes: a consumer process verifies batches published by this 
   auto ring = ProducerRing::Create(options);
   REQUIRE(ring.ok());
   // The consumer starts first and blocks in FUTEX_WAIT on each slot of its read-only mapping.
-  Subprocess consumer({Peer(), "consume", "/dev/shm", options.name, std::to_string(kSlots),
-                       "500", "20000"});
+  Subprocess consumer(
+      {Peer(), "consume", "/dev/shm", options.name, std::to_string(kSlots), "500", "20000"});
   for (uint32_t slot = 0; slot < kSlots; ++slot) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const uint64_t seq = 500 + slot;
@@ -85,8 +84,7 @@ TEST_CASE("Two processes: a consumer process verifies batches published by this 
   CHECK(consumer.WaitExitCode(std::chrono::seconds(30)) == 0);
 }
 
-TEST_CASE("Two processes: this process verifies batches published by a producer process",
-          "[shm]") {
+TEST_CASE("Two processes: this process verifies batches published by a producer process", "[shm]") {
   TempDir tmp;
   const std::string name = "/" + UniqueName("peerprod");
   auto producer = StartPeerProducer(tmp, "/dev/shm", name, 900);

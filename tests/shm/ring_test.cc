@@ -6,13 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "tests/shm/ring_test_util.h"
 #include "tests/support/test_support.h"
@@ -273,6 +272,8 @@ TEST_CASE("ProducerRing: the name is unlinked on destruction unless told otherwi
     options.slot_bytes = 4096;
     auto twin = ProducerRing::Create(options);
     CHECK(absl::IsAlreadyExists(twin.status()));
+    CHECK(::stat(path.c_str(), &st) == 0);  // the failed twin left the original alone
+    CHECK(ConsumerRing::Open(ring->name()).ok());
   }
   struct stat st {};
   CHECK(::stat(path.c_str(), &st) != 0);

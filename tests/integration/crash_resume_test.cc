@@ -1,0 +1,212 @@
+// Issue 5: the daemon dies, the trainer does not notice. Real ringloaderd (supervised), real
+// SIGKILLs, real crashes from failpoints; the consumer is the real `ringloaderctl consume`.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "tests/integration/daemon_fixture.h"
+
+namespace ringloader::testing {
+namespace {
+
+size_t LineCount(const std::string& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+std::vector<std::string> ConsumeArgs(const DaemonFixture& d, const std::string& samples_out,
+                                     const std::string& epochs) {
+  return {CtlPath(),      "--endpoint",    d.endpoint(), "consume",      "--dataset",
+          "synth",        "--epochs",      epochs,       "--batch-size", "8",
+          "--image-size", "40",            "--seed",     "99",           "--samples-out",
+          samples_out};
+}
+
+// Waits until the supervisor has a serving child other than `old_pid` that answers health.
+pid_t WaitForNewServingPid(DaemonFixture& d, pid_t old_pid) {
+  pid_t pid = -1;
+  WaitFor(
+      [&] {
+        pid = d.ServingPid();
+        return pid > 0 && pid != old_pid && d.Ctl({"health", "--timeout", "1"}).exit_code == 0;
+      },
+      std::chrono::seconds(30));
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("chaos: SIGKILLing the supervised daemon 10+ times changes nothing the trainer sees",
+          "[integration][chaos]") {
+  DaemonFixtureOptions options;
+  options.images = 200;
+  options.supervise = true;
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+
+  const std::string reference = daemon.dir() + "/reference.tsv";
+  REQUIRE(RunCommand(ConsumeArgs(daemon, reference, "3")).exit_code == 0);
+  const size_t total = LineCount(reference);
+  REQUIRE(total == 600);
+
+  // Kill points: 12 distinct random sample counts, plus a random delay of up to 20 ms each.
+  std::mt19937 rng(20261122);
+  std::set<size_t> kill_at;
+  while (kill_at.size() < 12) kill_at.insert(16 + rng() % (total - 64));
+  const std::string chaos = daemon.dir() + "/chaos.tsv";
+  Subprocess consumer(ConsumeArgs(daemon, chaos, "3"), {}, daemon.dir() + "/consumer.log");
+  int kills = 0;
+  pid_t serving = daemon.ServingPid();
+  for (size_t at : kill_at) {
+    if (!WaitFor([&] { return LineCount(chaos) >= at || !consumer.Running(); },
+                 std::chrono::seconds(60))) {
+      break;
+    }
+    if (!consumer.Running()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 20));
+    REQUIRE(serving > 0);
+    REQUIRE(kill(serving, SIGKILL) == 0);
+    ++kills;
+    serving = WaitForNewServingPid(daemon, serving);
+  }
+  const int exit_code = consumer.WaitExitCode(std::chrono::seconds(120));
+  INFO("consumer log:\n" << ReadFile(daemon.dir() + "/consumer.log"));
+  INFO("daemon log:\n" << daemon.Log());
+  CHECK(kills >= 10);
+  REQUIRE(exit_code == 0);
+  // Line for line: the same samples, in the same order, with the same bytes and positions.
+  CHECK(ReadFile(chaos) == ReadFile(reference));
+  // Kills from outside are not crashes: nobody was struck.
+  CHECK(daemon.Ctl({"quarantine", "list"}).output.find("synth") == std::string::npos);
+}
+
+TEST_CASE("trainer restart: a consumer killed mid-epoch resumes from --state exactly",
+          "[integration][resume]") {
+  DaemonFixtureOptions options;
+  options.images = 160;
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  const std::string reference = daemon.dir() + "/reference.tsv";
+  REQUIRE(RunCommand(ConsumeArgs(daemon, reference, "1")).exit_code == 0);
+  REQUIRE(LineCount(reference) == 160);
+
+  // --max-batches stops a run cleanly with its state saved; a second run finishes the epoch.
+  const std::string stepped = daemon.dir() + "/stepped.tsv";
+  std::vector<std::string> args = ConsumeArgs(daemon, stepped, "1");
+  args.insert(args.end(), {"--state", daemon.dir() + "/stepped.state"});
+  std::vector<std::string> first = args;
+  first.insert(first.end(), {"--max-batches", "7"});
+  REQUIRE(RunCommand(first).exit_code == 0);
+  CHECK(LineCount(stepped) == 56);
+  REQUIRE(RunCommand(args).exit_code == 0);
+  CHECK(ReadFile(stepped) == ReadFile(reference));
+
+  // SIGKILL the consumer half-way through, then run the same command again.
+  const std::string killed = daemon.dir() + "/killed.tsv";
+  std::vector<std::string> kargs = ConsumeArgs(daemon, killed, "1");
+  kargs.insert(kargs.end(), {"--state", daemon.dir() + "/killed.state"});
+  {
+    Subprocess consumer(kargs, {}, daemon.dir() + "/consumer.log");
+    REQUIRE(WaitFor([&] { return LineCount(killed) >= 80 || !consumer.Running(); },
+                    std::chrono::seconds(60)));
+    consumer.Kill(SIGKILL);
+    consumer.Wait();
+  }
+  CommandResult rest = RunCommand(kargs);
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  CHECK(ReadFile(killed) == ReadFile(reference));
+}
+
+TEST_CASE("poison: a sample that crashes the daemon is quarantined after 2 crashes and the "
+          "epoch completes without it",
+          "[integration][poison]") {
+  DaemonFixtureOptions options;
+  options.images = 80;
+  options.supervise = true;
+  options.config_extra =
+      "[failpoints]\naction = \"segfault\"\ncrash_on_path = \"class_01/img_000033.jpg\"\n";
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  const std::string out = daemon.dir() + "/poison.tsv";
+  std::vector<std::string> args = ConsumeArgs(daemon, out, "1");
+  CommandResult r = RunCommand(args, {}, std::chrono::seconds(120));
+  INFO(r.output);
+  INFO(daemon.Log());
+  REQUIRE(r.exit_code == 0);
+  std::vector<SampleLine> lines = ReadSamplesOut(out);
+  std::set<std::string> paths;
+  for (const SampleLine& s : lines) CHECK(paths.insert(s.path).second);
+  CHECK(lines.size() == 79);
+  CHECK(paths.count("class_01/img_000033.jpg") == 0);
+
+  CommandResult list = daemon.Ctl({"quarantine", "list"});
+  CHECK_THAT(list.output, Catch::Contains("class_01/img_000033.jpg"));
+  // Only the poison sample: its neighbours in flight were cleared by decoding alone.
+  CHECK(std::count(list.output.begin(), list.output.end(), '\n') <= 2);
+  CommandResult stats = daemon.Ctl({"stats"});
+  CHECK_THAT(stats.output, Catch::Contains("class_01/img_000033.jpg"));
+  // The supervisor restarted the daemon twice for it.
+  CHECK_THAT(daemon.Log(), Catch::Contains("quarantined"));
+
+  CommandResult cleared = daemon.Ctl({"quarantine", "clear"});
+  CHECK(cleared.exit_code == 0);
+  CHECK(daemon.Ctl({"quarantine", "list"}).output.find("img_000033") == std::string::npos);
+}
+
+#ifndef RINGLOADER_SANITIZER_BUILD  // sanitizers need far more address space than the limit
+TEST_CASE("OOM: under a hard address-space limit, a sample that allocates without bound costs "
+          "only the daemon, and the client completes the epoch",
+          "[integration][oom]") {
+  if (::access("/usr/bin/prlimit", X_OK) != 0) {
+    WARN("prlimit not installed (util-linux); skipping");
+    return;
+  }
+  DaemonFixtureOptions options;
+  options.images = 60;
+  options.supervise = true;
+  options.env["RINGLOADER_FAILPOINTS"] = "action=oom;crash_on_path=class_02/img_000042.jpg";
+  DaemonFixture daemon(options);
+  // The supervisor and its children run under a 3 GB address-space limit.
+  std::vector<std::string> argv = {"/usr/bin/prlimit", "--as=3000000000", "--",
+                                   DaemonPath(),       "--config",          daemon.config_path(),
+                                   "--supervise"};
+  Subprocess supervised(argv, options.env, daemon.log_path());
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
+                  std::chrono::seconds(30)));
+  const std::string out = daemon.dir() + "/oom.tsv";
+  CommandResult r = RunCommand(ConsumeArgs(daemon, out, "1"), {}, std::chrono::seconds(120));
+  INFO(r.output);
+  INFO(daemon.Log());
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadSamplesOut(out).size() == 59);
+  CHECK_THAT(daemon.Log(), Catch::Contains("allocating until out of memory"));
+  CHECK_THAT(daemon.Ctl({"quarantine", "list"}).output, Catch::Contains("class_02/img_000042.jpg"));
+  supervised.Kill(SIGTERM);
+  CHECK(supervised.WaitExitCode(std::chrono::seconds(30)) == 0);
+}
+#endif
+
+TEST_CASE("supervise: ringloaderd --supervise runs the daemon as its direct child and forwards SIGTERM",
+          "[integration][supervise]") {
+  DaemonFixtureOptions options;
+  options.images = 16;
+  options.supervise = true;
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  pid_t child = daemon.ServingPid();
+  REQUIRE(child > 0);
+  CHECK(child != daemon.process().pid());
+  CHECK(daemon.Stop() == 0);
+  CHECK(::kill(child, 0) != 0);  // the child is gone too
+}
+
+}  // namespace ringloader::testing

@@ -1,0 +1,107 @@
+#include "tests/integration/daemon_fixture.h"
+
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "server/image/synthetic.h"
+
+namespace ringloader::testing {
+
+std::string CtlPath() { return BuiltBinary("client/ctl/ringloaderctl"); }
+std::string DaemonPath() { return BuiltBinary("server/ringloaderd"); }
+
+DaemonFixture::DaemonFixture(DaemonFixtureOptions options) : options_(std::move(options)) {
+  endpoint_ = "unix:" + dir_.Join("rl.sock");
+  image::SyntheticDatasetOptions ds;
+  ds.out_dir = dataset_root();
+  ds.count = options_.images;
+  ds.classes = options_.classes;
+  ds.seed = options_.dataset_seed;
+  auto written = image::WriteSyntheticDataset(ds);
+  if (!written.ok()) {
+    std::fprintf(stderr, "fixture: %s\n", written.status().ToString().c_str());
+    std::abort();
+  }
+  std::ostringstream toml;
+  toml << "[server]\n"
+       << "listen = \"" << endpoint_ << "\"\n"
+       << "state_dir = \"" << state_dir() << "\"\n"
+       << "decode_threads = " << options_.decode_threads << "\n"
+       << "memory_limit = \"" << options_.memory_limit << "\"\n"
+       << "log_level = \"info\"\n"
+       << "log_format = \"timestamped\"\n"
+       << options_.server_extra << "\n"
+       << "[[datasets]]\n"
+       << "name = \"synth\"\n"
+       << "format = \"imagefolder\"\n"
+       << "path = \"" << dataset_root() << "\"\n"
+       << "on_error = \"" << options_.on_error << "\"\n"
+       << "max_pixels = 20000000\n"
+       << "max_file_bytes = \"16MiB\"\n"
+       << options_.config_extra << "\n";
+  WriteFile(config_path(), toml.str());
+}
+
+DaemonFixture::~DaemonFixture() {
+  if (process_ && process_->Running()) {
+    process_->Kill(SIGTERM);
+    if (process_->Wait(std::chrono::seconds(10)) == -1) process_->Kill(SIGKILL);
+  }
+}
+
+bool DaemonFixture::Start() {
+  std::vector<std::string> argv = {DaemonPath(), "--config", config_path()};
+  if (options_.supervise) argv.push_back("--supervise");
+  process_ = std::make_unique<Subprocess>(argv, options_.env, log_path());
+  return WaitFor(
+      [&] {
+        if (!process_->Running()) return true;
+        return Ctl({"health", "--timeout", "1"}).exit_code == 0;
+      },
+      std::chrono::seconds(30)) &&
+         process_->Running();
+}
+
+int DaemonFixture::Stop() {
+  process_->Kill(SIGTERM);
+  return process_->WaitExitCode(std::chrono::seconds(30));
+}
+
+pid_t DaemonFixture::ServingPid() {
+  if (!options_.supervise) return process_->pid();
+  // The supervisor's direct child.
+  CommandResult r = RunCommand({"/usr/bin/pgrep", "-P", std::to_string(process_->pid())});
+  return r.exit_code == 0 ? static_cast<pid_t>(std::stol(r.output)) : -1;
+}
+
+CommandResult DaemonFixture::Ctl(std::vector<std::string> args,
+                                 std::chrono::milliseconds timeout) const {
+  std::vector<std::string> argv = {CtlPath(), "--endpoint", endpoint_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, {}, timeout);
+}
+
+int64_t DaemonFixture::LabelOfPath(const std::string& relative_path) {
+  // "class_NN/..." as written by WriteSyntheticDataset.
+  size_t underscore = relative_path.find('_');
+  size_t slash = relative_path.find('/');
+  if (underscore == std::string::npos || slash == std::string::npos) return -1;
+  return std::stoll(relative_path.substr(underscore + 1, slash - underscore - 1));
+}
+
+std::vector<SampleLine> ReadSamplesOut(const std::string& path) {
+  std::vector<SampleLine> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    SampleLine s;
+    fields >> s.epoch >> s.sequence >> s.sample_index >> s.label >> s.path >> s.digest;
+    lines.push_back(s);
+  }
+  return lines;
+}
+
+}  // namespace ringloader::testing
