@@ -255,13 +255,7 @@ SlotState ProducerRing::ForceFree(uint32_t slot) {
 }
 
 SlotInfo ProducerRing::Slot(uint32_t slot) const {
-  const SlotDescriptor& d = impl_->slots[slot];
-  SlotInfo info;
-  info.state = static_cast<SlotState>(d.state.load(std::memory_order_acquire));
-  info.ring_sequence = d.ring_sequence.load(std::memory_order_relaxed);
-  info.payload_bytes = d.payload_bytes.load(std::memory_order_relaxed);
-  info.checksum = d.checksum.load(std::memory_order_relaxed);
-  return info;
+  return internal::ReadSlotInfo(impl_->slots[slot]);
 }
 
 void ProducerRing::Heartbeat() {

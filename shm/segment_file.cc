@@ -142,6 +142,15 @@ absl::Status ErrnoStatus(int err, absl::string_view what) {
   }
 }
 
+SlotInfo ReadSlotInfo(const SlotDescriptor& d) {
+  SlotInfo info;
+  info.state = static_cast<SlotState>(d.state.load(std::memory_order_acquire));
+  info.ring_sequence = d.ring_sequence.load(std::memory_order_relaxed);
+  info.payload_bytes = d.payload_bytes.load(std::memory_order_relaxed);
+  info.checksum = d.checksum.load(std::memory_order_relaxed);
+  return info;
+}
+
 std::string FormatBytes(uint64_t bytes) {
   constexpr uint64_t kMiB = 1ULL << 20;
   constexpr uint64_t kGiB = 1ULL << 30;

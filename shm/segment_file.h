@@ -18,6 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "shm/ring.h"
+#include "shm/ring_layout.h"
 
 namespace ringloader::shm::internal {
 
@@ -71,5 +73,8 @@ inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.dat
 
 // "512 MiB", "1.5 MiB", "3.2 GiB" (for error messages).
 std::string FormatBytes(uint64_t bytes);
+
+// An acquire-load snapshot of one slot descriptor (shared by producer and consumer views).
+SlotInfo ReadSlotInfo(const SlotDescriptor& descriptor);
 
 }  // namespace ringloader::shm::internal

@@ -3,22 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "server/image/splitmix64.h"
+
 namespace ringloader::image {
 namespace {
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// A finaliser (the SplitMix64 output function) used to hash the seed inputs together.
-uint64_t Mix(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Python's round(): halves go to the even neighbour (std::nearbyint in the default mode).
 int32_t PyRound(double v) { return static_cast<int32_t>(std::nearbyint(v)); }
@@ -37,9 +25,9 @@ uint64_t TransformSpec::SampleBytes() const {
 }
 
 SampleRng::SampleRng(uint64_t seed, uint64_t epoch, uint64_t sample_index) {
-  uint64_t h = Mix(seed ^ 0x52494E474C4F4144ull);  // "RINGLOAD"
-  h = Mix(h ^ (epoch + 0x9E3779B97F4A7C15ull));
-  h = Mix(h ^ (sample_index + 0x632BE59BD9B4E019ull));
+  uint64_t h = SplitMix64Mix(seed ^ 0x52494E474C4F4144ull);  // "RINGLOAD"
+  h = SplitMix64Mix(h ^ (epoch + 0x9E3779B97F4A7C15ull));
+  h = SplitMix64Mix(h ^ (sample_index + 0x632BE59BD9B4E019ull));
   state_ = h;
 }
 

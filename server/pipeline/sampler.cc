@@ -4,17 +4,12 @@
 #include <numeric>
 #include <utility>
 
+#include "server/image/splitmix64.h"
+
 namespace ringloader::pipeline {
 namespace {
 
-// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, passes BigCrush, and is defined purely by
-// 64-bit unsigned arithmetic, so the permutation is the same on every platform and compiler.
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using image::SplitMix64;
 
 // Uniform in [0, bound) without modulo bias: reject the first (2^64 mod bound) values.
 uint64_t Bounded(uint64_t& state, uint64_t bound) {
