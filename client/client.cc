@@ -91,7 +91,7 @@ Connection::Connection(std::string endpoint) : endpoint_(std::move(endpoint)) {
 
 absl::StatusOr<std::shared_ptr<const shm::ConsumerRing>> Connection::MapSegment(
     const std::string& segment, uint64_t incarnation) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const auto key = std::make_pair(incarnation, segment);
   if (auto it = mappings_.find(key); it != mappings_.end()) {
     if (auto ring = it->second.lock()) return ring;

@@ -12,7 +12,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
-#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "shm/ring.h"
@@ -41,7 +40,8 @@ class Connection {
   const std::string endpoint_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Loader::Stub> stub_;
-  absl::Mutex mu_;
+  // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
+  std::mutex mu_;
   std::map<std::pair<uint64_t, std::string>, std::weak_ptr<const shm::ConsumerRing>> mappings_
       ABSL_GUARDED_BY(mu_);
 };
@@ -59,16 +59,16 @@ struct PendingRelease {
 class ReleaseQueue {
  public:
   void Push(const PendingRelease& release) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(release);
   }
   std::vector<PendingRelease> Drain() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(pending_, {});
   }
 
  private:
-  absl::Mutex mu_;
+  std::mutex mu_;  // std::, not absl::: see Connection::mu_
   std::vector<PendingRelease> pending_ ABSL_GUARDED_BY(mu_);
 };
 

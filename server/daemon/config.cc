@@ -210,6 +210,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("max_batch_size", &s->max_batch_size, 1, 1 << 20);
   r.Integer("max_image_size", &s->max_image_size, 8, 16384);
   r.Integer("max_streams", &s->max_streams, 1, 4096);
+  r.Integer("max_streams_per_client", &s->max_streams_per_client, 1, 4096);
   r.Integer("stream_idle_timeout_ms", &s->stream_idle_timeout_ms, 100, 86'400'000);
   r.Integer("max_wait_ms", &s->max_wait_ms, 1, 60'000);
   r.RejectUnknown();

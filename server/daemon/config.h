@@ -59,6 +59,10 @@ struct ServerConfig {
   uint32_t max_batch_size = 4096;
   uint32_t max_image_size = 1024;
   uint32_t max_streams = 64;            // open streams in total
+  // Open streams per TCP client host (gRPC peer address without its port). Not applied to Unix
+  // socket clients: gRPC 1.51 gives them all the same peer string, so for them only max_streams
+  // bounds the count.
+  uint32_t max_streams_per_client = 16;
   uint32_t stream_idle_timeout_ms = 30'000;  // no request for this long closes a stream
   uint32_t max_wait_ms = 2'000;         // longest NextBatch wait before answering `pending`
 };

@@ -26,6 +26,7 @@
 #include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/quarantine.h"
+#include "server/daemon/request_guard.h"
 #include "server/daemon/sample_gate.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
@@ -240,6 +241,10 @@ absl::Status StartUp(DaemonState& d) {
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(d.service.get());
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
+  // Unparseable request bytes are INVALID_ARGUMENT with a message, not gRPC's bare INTERNAL.
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
+  guards.push_back(std::make_unique<MalformedRequestInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(guards));
   // Clients ping every 10 s during long NextBatch waits; accept that instead of answering
   // "too_many_pings" and dropping them.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);

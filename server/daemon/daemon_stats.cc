@@ -7,7 +7,7 @@
 namespace ringloader::server {
 
 bool DaemonStats::RecordBadFile(uint64_t sample_index, BadFileRecord record) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++errors_;
   ++by_reason_[record.reason];
   bool is_new = true;
@@ -25,28 +25,28 @@ bool DaemonStats::RecordBadFile(uint64_t sample_index, BadFileRecord record) {
 }
 
 uint64_t DaemonStats::decode_errors() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return errors_;
 }
 
 std::map<std::string, uint64_t> DaemonStats::errors_by_reason() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return by_reason_;
 }
 
 std::vector<BadFileRecord> DaemonStats::recent_bad_files() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return {recent_.begin(), recent_.end()};
 }
 
 void DaemonStats::Sample(std::chrono::steady_clock::time_point now) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   rate_samples_.emplace_back(now, images_decoded.load(std::memory_order_relaxed));
   while (rate_samples_.size() > 6) rate_samples_.pop_front();
 }
 
 double DaemonStats::images_per_second() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (rate_samples_.size() < 2) return 0.0;
   const auto& [t0, n0] = rate_samples_.front();
   const auto& [t1, n1] = rate_samples_.back();

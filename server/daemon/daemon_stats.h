@@ -10,13 +10,13 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace ringloader::server {
 
@@ -51,7 +51,8 @@ class DaemonStats {
   double images_per_second() const;
 
  private:
-  mutable absl::Mutex mu_;
+  // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
+  mutable std::mutex mu_;
   std::map<std::string, uint64_t> by_reason_ ABSL_GUARDED_BY(mu_);
   std::deque<BadFileRecord> recent_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<std::string, uint64_t>> seen_ ABSL_GUARDED_BY(mu_);

@@ -16,9 +16,9 @@ class LoaderService final : public v1::Loader::Service {
  public:
   explicit LoaderService(StreamManager& streams) : streams_(streams) {}
 
-  grpc::Status OpenStream(grpc::ServerContext*, const v1::OpenStreamRequest* request,
+  grpc::Status OpenStream(grpc::ServerContext* context, const v1::OpenStreamRequest* request,
                           v1::OpenStreamResponse* response) override {
-    return ToGrpc(streams_.Open(*request, response));
+    return ToGrpc(streams_.Open(*request, response, context->peer()));
   }
   grpc::Status NextBatch(grpc::ServerContext*, const v1::NextBatchRequest* request,
                          v1::NextBatchResponse* response) override {

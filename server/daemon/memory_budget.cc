@@ -21,7 +21,7 @@ Reservation::~Reservation() {
 }
 
 absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::string& what) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (bytes > limit_ || reserved_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
@@ -32,12 +32,12 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
 }
 
 uint64_t MemoryBudget::reserved() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return reserved_;
 }
 
 void MemoryBudget::Give(uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   reserved_ -= bytes;
 }
 

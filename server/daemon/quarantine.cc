@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <shared_mutex>
 #include <unistd.h>
 
 #include "absl/strings/numbers.h"
@@ -16,7 +18,7 @@ absl::StatusOr<std::unique_ptr<Quarantine>> Quarantine::Load(const std::string& 
   auto q = std::unique_ptr<Quarantine>(new Quarantine(state_dir + "/quarantine.tsv"));
   std::ifstream in(q->path_);
   if (!in) return q;  // none yet
-  absl::MutexLock lock(&q->mu_);
+  std::unique_lock<std::shared_mutex> lock(q->mu_);
   std::string line;
   int line_no = 0;
   while (std::getline(in, line)) {
@@ -38,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Quarantine>> Quarantine::Load(const std::string& 
 
 absl::StatusOr<uint32_t> Quarantine::Strike(const std::string& dataset, uint64_t sample_index,
                                             const std::string& path) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::shared_mutex> lock(mu_);
   QuarantineEntry& e = entries_[{dataset, sample_index}];
   if (e.path != path) e.strikes = 0;  // a different file now sits at this index
   e.dataset = dataset;
@@ -50,21 +52,21 @@ absl::StatusOr<uint32_t> Quarantine::Strike(const std::string& dataset, uint64_t
 }
 
 bool Quarantine::IsQuarantined(const std::string& dataset, uint64_t sample_index) const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   if (entries_.empty()) return false;
   auto it = entries_.find({dataset, sample_index});
   return it != entries_.end() && it->second.strikes >= kStrikesToQuarantine;
 }
 
 uint32_t Quarantine::StrikesOf(const std::string& dataset, uint64_t sample_index) const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   if (entries_.empty()) return 0;
   auto it = entries_.find({dataset, sample_index});
   return it == entries_.end() ? 0 : it->second.strikes;
 }
 
 absl::Status Quarantine::Absolve(const std::string& dataset, uint64_t sample_index) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::shared_mutex> lock(mu_);
   auto it = entries_.find({dataset, sample_index});
   if (it == entries_.end() || it->second.strikes >= kStrikesToQuarantine) return absl::OkStatus();
   entries_.erase(it);
@@ -72,7 +74,7 @@ absl::Status Quarantine::Absolve(const std::string& dataset, uint64_t sample_ind
 }
 
 std::vector<QuarantineEntry> Quarantine::Quarantined() const {
-  absl::ReaderMutexLock lock(&mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   std::vector<QuarantineEntry> out;
   for (const auto& [key, e] : entries_) {
     if (e.strikes >= kStrikesToQuarantine) out.push_back(e);
@@ -81,7 +83,7 @@ std::vector<QuarantineEntry> Quarantine::Quarantined() const {
 }
 
 absl::StatusOr<uint64_t> Quarantine::Clear(const std::string& dataset) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::shared_mutex> lock(mu_);
   uint64_t cleared = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (dataset.empty() || it->second.dataset == dataset) {

@@ -68,9 +68,9 @@ absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t
   }
   const bool probation = quarantine_.StrikesOf(dataset.name(), sample_index) > 0;
   if (probation) {
-    decode_mu_.Lock();
+    decode_mu_.lock();
   } else {
-    decode_mu_.ReaderLock();
+    decode_mu_.lock_shared();
   }
   if (worker_id < on_probation_.size()) on_probation_[worker_id] = probation ? kExclusive : kShared;
   journal_.Begin(worker_id, DatasetHash(dataset.name()), sample_index);
@@ -94,9 +94,9 @@ void SampleGate::AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_i
       SPDLOG_INFO("dataset {}: sample {} ({}) decoded alone without crashing: strike cleared",
                   dataset.name(), sample_index, std::string(dataset.relative_path(sample_index)));
     }
-    decode_mu_.Unlock();
+    decode_mu_.unlock();
   } else {
-    decode_mu_.ReaderUnlock();
+    decode_mu_.unlock_shared();
   }
 }
 

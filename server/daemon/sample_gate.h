@@ -11,10 +11,9 @@
 // Thread-safety: thread-safe (per-worker journal slots; the quarantine locks itself).
 
 #include <cstdint>
+#include <shared_mutex>
 #include <string>
 #include <vector>
-
-#include "absl/synchronization/mutex.h"
 
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
@@ -55,8 +54,10 @@ class SampleGate : public pipeline::SampleObserver {
   CrashJournal& journal_;
   Quarantine& quarantine_;
   const Failpoints& failpoints_;
-  // Held shared by every decode, exclusively by a decode on probation.
-  absl::Mutex decode_mu_;
+  // Held shared by every decode, exclusively by a decode on probation; taken in BeforeDecode
+  // and released in AfterDecode, on the same worker thread.
+  // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
+  std::shared_mutex decode_mu_;
   // Per worker id (touched only by that worker): which hold of decode_mu_ it has while decoding.
   enum Hold : uint8_t { kNoHold = 0, kShared = 1, kExclusive = 2 };
   std::vector<uint8_t> on_probation_;

@@ -1,5 +1,7 @@
 #include "server/daemon/stream.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
@@ -39,7 +41,7 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
       deps_(deps),
       slots_(ring_->slot_count()),
       last_activity_ns_(NowNs()) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   produce_pos_ = setup_.start;
   handles_.resize(slots_);
 }
@@ -50,14 +52,15 @@ void Stream::Start() { producer_ = std::thread([this] { ProducerLoop(); }); }
 
 void Stream::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
-    cv_.SignalAll();
+    cv_.notify_all();
   }
   if (producer_.joinable()) producer_.join();
 }
 
 std::chrono::steady_clock::time_point Stream::last_activity() const {
+  if (in_next_.load(std::memory_order_relaxed)) return std::chrono::steady_clock::now();
   return std::chrono::steady_clock::time_point(
       std::chrono::nanoseconds(last_activity_ns_.load(std::memory_order_relaxed)));
 }
@@ -72,13 +75,13 @@ void Stream::ProducerLoop() {
   bool epoch_from_start = setup_.start.cursor() == 0;
   uint64_t batches_this_epoch = 0;
   auto next_epoch = [&](const v1::Position& pos) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (epoch_from_start && batches_this_epoch == 0) {
       error_ = absl::DataLossError(absl::StrCat(
           "dataset ", setup_.dataset->name(), ": no sample of rank ", spec.rank(), "'s shard of epoch ",
           pos.epoch(), " could be decoded (or all are quarantined); see `ringloaderctl stats`"));
       ended_ = true;
-      cv_.SignalAll();
+      cv_.notify_all();
       return;
     }
     produce_pos_ = MakePosition(pos.epoch() + 1, 0, 0);
@@ -89,19 +92,19 @@ void Stream::ProducerLoop() {
     uint64_t seq;
     v1::Position pos;
     {
-      absl::MutexLock lock(&mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       while (!stop_ && (ended_ || ring_->Slot(produce_seq_ % slots_).state !=
                                       shm::SlotState::kFree)) {
-        cv_.Wait(&mu_);
+        cv_.wait(lock);
       }
       if (stop_) return;
       seq = produce_seq_;
       pos = produce_pos_;
     }
     if (spec.end_epoch() != 0 && pos.epoch() >= spec.end_epoch()) {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       ended_ = true;
-      cv_.SignalAll();
+      cv_.notify_all();
       continue;
     }
     if (!shard || shard->spec().epoch != pos.epoch()) {
@@ -136,10 +139,10 @@ void Stream::ProducerLoop() {
     if (!filled.ok()) {
       CheckRing(ring_->Abandon(slot), setup_.id);
       SPDLOG_WARN("stream {} ended: {}", setup_.id, Text(filled.status()));
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       error_ = filled.status();
       ended_ = true;
-      cv_.SignalAll();
+      cv_.notify_all();
       continue;
     }
     RecordSkipped(*filled);
@@ -159,7 +162,7 @@ void Stream::ProducerLoop() {
         MakeHandle(slot, seq, pos, next, *filled, last_in_epoch, payload);
     CheckRing(ring_->Publish(slot, seq, setup_.layout.total_bytes), setup_.id);
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       handle.set_payload_checksum(ring_->Slot(slot).checksum);
       handles_[slot] = std::move(handle);
       produce_seq_ = seq + 1;
@@ -170,7 +173,7 @@ void Stream::ProducerLoop() {
       } else {
         ++batches_this_epoch;
       }
-      cv_.SignalAll();
+      cv_.notify_all();
     }
     SPDLOG_DEBUG("stream {} published epoch={} sequence={} slot={} samples={}", setup_.id,
                  pos.epoch(), pos.sequence(), slot, filled->count);
@@ -239,17 +242,24 @@ v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
 
 absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out) {
   Touch();
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (next_busy_) {
     return absl::FailedPreconditionError(
         absl::StrCat("stream ", setup_.id, ": another NextBatch call is already waiting"));
   }
   next_busy_ = true;
+  in_next_.store(true, std::memory_order_relaxed);
   struct Done {
-    bool* flag;
-    ~Done() { *flag = false; }
-  } done{&next_busy_};
-  const absl::Time deadline = absl::Now() + wait;
+    Stream* self;
+    ~Done() {
+      self->next_busy_ = false;
+      self->Touch();  // the idle time starts when the answer leaves
+      self->in_next_.store(false, std::memory_order_relaxed);
+    }
+  } done{this};
+  // Capped so that an infinite `wait` cannot overflow the time point (a year is forever here).
+  const auto deadline = std::chrono::steady_clock::now() +
+                        absl::ToChronoNanoseconds(std::min(wait, absl::Hours(24 * 365)));
   while (true) {
     if (stop_) {
       return absl::UnavailableError(absl::StrCat("stream ", setup_.id, " is closing"));
@@ -277,7 +287,7 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out) {
           " ring slots; release batches (destroy Batch objects) before asking for more, or open "
           "the stream with more ring_slots"));
     }
-    if (cv_.WaitWithDeadline(&mu_, deadline)) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       out->set_pending(true);
       return absl::OkStatus();
     }
@@ -290,14 +300,14 @@ absl::Status Stream::Release(uint32_t slot, uint64_t ring_sequence) {
     return absl::InvalidArgumentError(absl::StrCat("stream ", setup_.id, ": slot ", slot,
                                                    " out of range (ring has ", slots_, ")"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = ring_->Release(slot, ring_sequence);
   if (!s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("stream ", setup_.id, ": release of slot ",
                                                       slot, " sequence ", ring_sequence, ": ",
                                                       s.message()));
   }
-  cv_.SignalAll();
+  cv_.notify_all();
   return absl::OkStatus();
 }
 
@@ -322,7 +332,7 @@ void Stream::FillStats(v1::StreamStats* out) const {
   out->set_slots_ready(ready);
   out->set_slots_leased(leased);
   out->set_slots_filling(filling);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   out->set_batches_served(batches_served_);
   *out->mutable_position() = produce_pos_;
 }

@@ -12,14 +12,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/ringloader.pb.h"
 #include "server/daemon/daemon_stats.h"
@@ -36,6 +37,7 @@ struct StreamSetup {
   uint64_t id = 0;
   uint64_t incarnation = 0;
   std::string client_name;
+  std::string client_key;  // ClientKeyOfPeer() of the opening call; empty = not counted per client
   v1::StreamSpec spec;  // validated and normalised (world_size >= 1, ring_slots set, ...)
   const pipeline::Dataset* dataset = nullptr;
   pipeline::OnError on_error = pipeline::OnError::kSkip;
@@ -75,7 +77,8 @@ class Stream {
   const std::string& segment_name() const { return ring_->name(); }
   const shm::ProducerRing& ring() const { return *ring_; }
   const StreamSetup& setup() const { return setup_; }
-  // Time of the last request naming this stream (for the idle reaper).
+  // Time of the last request naming this stream (for the idle reaper); now while a NextBatch call
+  // is waiting, so a client is never reaped in the middle of its own request.
   std::chrono::steady_clock::time_point last_activity() const;
   void Touch();
   void FillStats(v1::StreamStats* out) const;
@@ -95,9 +98,12 @@ class Stream {
   const uint32_t slots_;
   std::thread producer_;
   std::atomic<int64_t> last_activity_ns_;
+  std::atomic<bool> in_next_{false};  // a NextBatch call is in progress
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // any change of the fields below
+  // std:: rather than absl:: synchronisation on purpose: Debian's prebuilt abseil is not built
+  // with -fsanitize=thread, so TSan would not see absl::Mutex's happens-before edges.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // any change of the fields below
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;      // the producer has nothing more to produce
   absl::Status error_ ABSL_GUARDED_BY(mu_);      // why the stream ended early (on_error = fail)

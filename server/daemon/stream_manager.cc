@@ -100,8 +100,18 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
   return absl::OkStatus();
 }
 
+std::string ClientKeyOfPeer(const std::string& peer) {
+  const bool v4 = peer.rfind("ipv4:", 0) == 0;
+  const bool v6 = peer.rfind("ipv6:", 0) == 0;
+  if (!v4 && !v6) return "";
+  const size_t colon = peer.rfind(':');
+  if (colon <= 5) return peer;  // no port
+  if (v6 && peer[colon - 1] != ']') return peer;
+  return peer.substr(0, colon);
+}
+
 absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
-                                 v1::OpenStreamResponse* response) {
+                                 v1::OpenStreamResponse* response, const std::string& peer) {
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
   if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.ring_slots);
@@ -125,6 +135,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   StreamSetup setup;
   setup.incarnation = deps_.incarnation;
   setup.client_name = request.client_name().substr(0, 128);
+  setup.client_key = ClientKeyOfPeer(peer);
   setup.spec = spec;
   setup.dataset = &dataset;
   setup.on_error = dataset_config.on_error;
@@ -142,17 +153,42 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
                    " slots x ", FormatBytes(slot_bytes), ")"));
   if (!reservation.ok()) return Reject(reservation.status());
 
+  // Streams being opened count against the limits too, so concurrent opens cannot exceed them.
   uint64_t id;
+  const std::string client_key = setup.client_key;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
-    if (streams_.size() >= deps_.config->server.max_streams) {
-      return Reject(absl::ResourceExhaustedError(
-          absl::StrCat("too many open streams (server.max_streams = ",
-                       deps_.config->server.max_streams, ")")));
+    const ServerConfig& server = deps_.config->server;
+    if (streams_.size() + opening_.size() >= server.max_streams) {
+      return Reject(absl::ResourceExhaustedError(absl::StrCat(
+          "too many open streams (server.max_streams = ", server.max_streams, ")")));
     }
+    if (!client_key.empty()) {
+      uint64_t of_client = opening_.count(client_key);
+      for (const auto& [other_id, s] : streams_) of_client += s->setup().client_key == client_key;
+      if (of_client >= server.max_streams_per_client) {
+        return Reject(absl::ResourceExhaustedError(absl::StrCat(
+            "too many open streams from ", client_key, " (server.max_streams_per_client = ",
+            server.max_streams_per_client, ")")));
+      }
+    }
+    opening_.insert(client_key);
     id = next_stream_id_++;
   }
+  // Leaves `opening_` on every path; `stream` is added to streams_ when set.
+  std::shared_ptr<Stream> stream;
+  struct Opened {
+    StreamManager* self;
+    const std::string& key;
+    uint64_t id;
+    std::shared_ptr<Stream>& stream;
+    ~Opened() {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->opening_.erase(self->opening_.find(key));
+      if (stream) self->streams_[id] = stream;
+    }
+  } opened{this, client_key, id, stream};
   setup.id = id;
   shm::RingOptions ring_options;
   ring_options.name = shm::SegmentName(getpid(), deps_.incarnation, id);
@@ -168,8 +204,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     return Reject(ring.status());
   }
   StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints};
-  auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
-                                         std::move(*reservation), stream_deps);
+  stream = std::make_shared<Stream>(std::move(setup), std::move(*ring), std::move(*reservation),
+                                    stream_deps);
   response->set_stream_id(id);
   response->set_incarnation(deps_.incarnation);
   response->set_segment_name(stream->segment_name());
@@ -179,17 +215,13 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_dataset_size(dataset.size());
   response->set_samples_per_epoch(shard_size);
   response->set_batches_per_epoch((shard_size + spec.batch_size() - 1) / spec.batch_size());
-  stream->Start();
-  {
-    absl::MutexLock lock(&mu_);
-    streams_[id] = stream;
-  }
+  stream->Start();  // added to streams_ by `opened` on return
   SPDLOG_INFO(
       "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{} "
       "client=\"{}\"",
       id, spec.dataset(), spec.rank(), spec.world_size(), spec.batch_size(), spec.image_size(),
       spec.ring_slots(), request.start().epoch(), request.start().sequence(),
-      request.start().cursor(), request.client_name());
+      request.start().cursor(), request.client_name().substr(0, 128));
   return absl::OkStatus();
 }
 
@@ -200,7 +232,7 @@ absl::StatusOr<std::shared_ptr<Stream>> StreamManager::Find(uint64_t stream_id,
         "stream ", stream_id, " belongs to daemon incarnation ", incarnation,
         "; this daemon is incarnation ", deps_.incarnation, " (it restarted): reopen the stream"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(stream_id);
   if (it == streams_.end()) {
     return absl::NotFoundError(
@@ -244,7 +276,7 @@ absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
   absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
   if (!stream.ok()) return Reject(stream.status());
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     streams_.erase(request.stream_id());
   }
   (*stream)->Stop();
@@ -287,7 +319,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   }
   std::vector<std::shared_ptr<Stream>> streams;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, s] : streams_) streams.push_back(s);
   }
   response->set_streams_open(streams.size());
@@ -322,12 +354,19 @@ void StreamManager::StartReaper() { reaper_ = std::thread([this] { ReaperLoop();
 void StreamManager::ReaperLoop() {
   const auto idle_timeout =
       std::chrono::milliseconds(deps_.config->server.stream_idle_timeout_ms);
-  while (!stop_reaper_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(reaper_mu_);
+      if (reaper_cv_.wait_for(lock, std::chrono::milliseconds(250),
+                              [this] { return stop_reaper_; })) {
+        return;
+      }
+    }
     const auto now = std::chrono::steady_clock::now();
     deps_.stats->Sample(now);
     std::vector<std::shared_ptr<Stream>> idle;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       for (auto it = streams_.begin(); it != streams_.end();) {
         it->second->Heartbeat();
         if (now - it->second->last_activity() > idle_timeout) {
@@ -347,11 +386,15 @@ void StreamManager::ReaperLoop() {
 }
 
 void StreamManager::Shutdown() {
-  if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    stop_reaper_ = true;
+    reaper_cv_.notify_all();
+  }
   if (reaper_.joinable()) reaper_.join();
   std::map<uint64_t, std::shared_ptr<Stream>> streams;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     shut_down_ = true;
     streams.swap(streams_);
   }
@@ -359,7 +402,7 @@ void StreamManager::Shutdown() {
 }
 
 size_t StreamManager::open_streams() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return streams_.size();
 }
 

@@ -10,16 +10,17 @@
 //
 // Thread-safety: thread-safe.
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "proto/ringloader.pb.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon_stats.h"
@@ -42,12 +43,19 @@ struct StreamManagerDeps {
   std::chrono::steady_clock::time_point started;
 };
 
+// Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host
+// ("ipv4:10.0.0.5:41234" -> "ipv4:10.0.0.5", "ipv6:[::1]:5000" -> "ipv6:[::1]"). Empty for Unix
+// socket peers (gRPC 1.51 reports every one of them alike) and anything else: not counted.
+std::string ClientKeyOfPeer(const std::string& peer);
+
 class StreamManager {
  public:
   explicit StreamManager(StreamManagerDeps deps);
   ~StreamManager();  // Shutdown()
 
-  absl::Status Open(const v1::OpenStreamRequest& request, v1::OpenStreamResponse* response);
+  // `peer` is the caller's gRPC peer string (ServerContext::peer()); see ClientKeyOfPeer.
+  absl::Status Open(const v1::OpenStreamRequest& request, v1::OpenStreamResponse* response,
+                    const std::string& peer = "");
   absl::Status Next(const v1::NextBatchRequest& request, v1::NextBatchResponse* response);
   absl::Status Release(const v1::ReleaseBatchesRequest& request);
   absl::Status Close(const v1::CloseStreamRequest& request);
@@ -69,12 +77,18 @@ class StreamManager {
   absl::Status Reject(absl::Status status);
 
   const StreamManagerDeps deps_;
-  absl::Notification stop_reaper_;
   std::thread reaper_;
 
-  mutable absl::Mutex mu_;
+  // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;               // notified when stop_reaper_ is set
+  bool stop_reaper_ ABSL_GUARDED_BY(reaper_mu_) = false;
+
+  mutable std::mutex mu_;
   uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  // Client keys of streams past the limit checks but not yet in streams_.
+  std::multiset<std::string> opening_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -212,6 +212,20 @@ struct SampleDecoder::State {
     progress.pub.progress_monitor = OnJpegProgress;
     progress.err = &err;
     progress.max_scans = limits.max_scans;
+    Recreate();
+  }
+  ~State() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+
+  // A new decompressor for every file. libjpeg keeps quantization and Huffman tables (DQT/DHT)
+  // across images in one decompressor (for abbreviated datastreams), so a file that lacks a
+  // table would otherwise decode with the previous file's table on a warm decoder but fail (or
+  // use the standard Huffman tables) on a fresh one: a sample's bytes would depend on which
+  // file the worker thread decoded before (found by tests/fuzz). Costs a few small allocations.
+  void Recreate() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+    created = false;
     // jpeg_create_decompress only fails on out-of-memory or a library mismatch; it calls
     // error_exit, so it is guarded like everything else.
     if (setjmp(err.jump) == 0) {
@@ -219,9 +233,6 @@ struct SampleDecoder::State {
       cinfo.progress = &progress.pub;
       created = true;
     }
-  }
-  ~State() {
-    if (created) jpeg_destroy_decompress(&cinfo);
   }
 
   // Runs `fn` (libjpeg calls only: no objects with destructors may live in its frames, since
@@ -260,8 +271,9 @@ namespace {
 template <typename StateT>
 absl::Status ReadHeaderInto(StateT& st, const DecodeLimits& limits, std::span<const uint8_t> jpeg,
                             std::string_view path, ImageInfo& info) {
-  if (!st.created) return DataError(path, "other", "libjpeg decompressor could not be created");
   if (jpeg.empty()) return DataError(path, "empty", "file is empty (0 bytes)");
+  st.Recreate();  // nothing of the previous file may leak into this one
+  if (!st.created) return DataError(path, "other", "libjpeg decompressor could not be created");
   jpeg_decompress_struct& cinfo = st.cinfo;
   const bool ok = st.Guarded([&] {
     jpeg_mem_src(&cinfo, jpeg.data(), static_cast<unsigned long>(jpeg.size()));

@@ -268,6 +268,68 @@ TEST_CASE("ReadFileBytes: missing, empty and readable files", "[image][decoder][
   CHECK(*bytes == jpeg);
 }
 
+// `jpeg` without its header segments of marker FF <marker> (e.g. 0xDB: DQT, 0xC4: DHT) before the
+// first SOS.
+std::vector<uint8_t> WithoutSegments(const std::vector<uint8_t>& jpeg, uint8_t marker) {
+  std::vector<uint8_t> out(jpeg.begin(), jpeg.begin() + 2);  // SOI
+  size_t i = 2;
+  while (i + 4 <= jpeg.size() && jpeg[i] == 0xFF && jpeg[i + 1] != 0xDA) {
+    const size_t len = size_t{jpeg[i + 2]} << 8 | jpeg[i + 3];
+    if (jpeg[i + 1] != marker) out.insert(out.end(), jpeg.begin() + i, jpeg.begin() + i + 2 + len);
+    i += 2 + len;
+  }
+  out.insert(out.end(), jpeg.begin() + i, jpeg.end());
+  return out;
+}
+
+struct Decoded {
+  absl::Status status;
+  std::vector<uint8_t> bytes;
+};
+Decoded DecodeSample(SampleDecoder& dec, const std::vector<uint8_t>& jpeg) {
+  TransformSpec spec;
+  spec.image_size = 32;
+  Decoded d;
+  d.bytes.resize(spec.SampleBytes());
+  SampleRng rng(7, 0, 0);
+  d.status = dec.DecodeInto(jpeg, "x.jpg", spec, rng, d.bytes);
+  return d;
+}
+
+// Found by tests/fuzz: libjpeg keeps DQT/DHT tables across the images of one decompressor, so a
+// file lacking a table decoded with the previous file's table on a worker's warm decoder.
+TEST_CASE("SampleDecoder: a file lacking DQT or DHT tables never borrows the previous file's",
+          "[image][decoder][errors]") {
+  const std::vector<uint8_t> rgb = SmoothPattern(96, 64);
+  const std::vector<uint8_t> q30 = EncodeJpeg(rgb, 96, 64, 30, TJSAMP_420);
+  const std::vector<uint8_t> progressive = EncodeJpeg(rgb, 96, 64, 90, TJSAMP_420, true);
+  const std::vector<uint8_t> q95 = EncodeJpeg(rgb, 96, 64, 95, TJSAMP_420);
+  const std::vector<uint8_t> no_dqt = WithoutSegments(q95, 0xDB);
+  const std::vector<uint8_t> no_dht = WithoutSegments(q95, 0xC4);
+  REQUIRE(FindMarker(no_dqt, 0xDB) < 0);
+  REQUIRE(FindMarker(no_dht, 0xC4) < 0);
+
+  for (const std::vector<uint8_t>* lacking : {&no_dqt, &no_dht}) {
+    SampleDecoder fresh_dec(DecodeLimits{});
+    const Decoded fresh = DecodeSample(fresh_dec, *lacking);
+    for (const std::vector<uint8_t>* before : {&q30, &progressive}) {
+      SampleDecoder warm_dec(DecodeLimits{});
+      REQUIRE(DecodeSample(warm_dec, *before).status.ok());
+      const Decoded warm = DecodeSample(warm_dec, *lacking);
+      INFO("fresh: " << fresh.status.ToString() << " warm: " << warm.status.ToString());
+      CHECK(warm.status == fresh.status);
+      if (fresh.status.ok()) CHECK(warm.bytes == fresh.bytes);
+    }
+  }
+  // No DQT: an error of the file itself. No DHT: libjpeg's standard tables (what q95 used).
+  SampleDecoder dec(DecodeLimits{});
+  ExpectError(DecodeSample(dec, no_dqt).status, "x.jpg", "corrupt");
+  const Decoded standard = DecodeSample(dec, q95);
+  const Decoded implied = DecodeSample(dec, no_dht);
+  REQUIRE(implied.status.ok());
+  CHECK(implied.bytes == standard.bytes);
+}
+
 TEST_CASE("ErrorReason: reads the payload, 'other' when absent", "[image][decoder]") {
   CHECK(ErrorReason(absl::DataLossError("x")) == "other");
   CHECK(ErrorReason(WithReason(absl::DataLossError("x"), "corrupt")) == "corrupt");

@@ -1,6 +1,10 @@
 #include "tests/integration/daemon_fixture.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -8,12 +12,32 @@
 #include "server/image/synthetic.h"
 
 namespace ringloader::testing {
+namespace {
+
+// A port nobody listens on right now (the kernel's pick for port 0).
+int FreeTcpPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::perror("fixture: free port");
+    std::abort();
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
 
 std::string CtlPath() { return BuiltBinary("client/ctl/ringloaderctl"); }
 std::string DaemonPath() { return BuiltBinary("server/ringloaderd"); }
 
 DaemonFixture::DaemonFixture(DaemonFixtureOptions options) : options_(std::move(options)) {
-  endpoint_ = "unix:" + dir_.Join("rl.sock");
+  endpoint_ = options_.tcp ? "127.0.0.1:" + std::to_string(FreeTcpPort())
+                           : "unix:" + dir_.Join("rl.sock");
   image::SyntheticDatasetOptions ds;
   ds.out_dir = dataset_root();
   ds.count = options_.images;

@@ -24,6 +24,8 @@ struct DaemonFixtureOptions {
   // Extra top-level TOML (e.g. a [failpoints] table).
   std::string config_extra;
   bool supervise = false;
+  // Listen on TCP 127.0.0.1 at a free port instead of the Unix socket in the temp dir.
+  bool tcp = false;
   std::map<std::string, std::string> env;
 };
 

@@ -1,0 +1,269 @@
+// server/daemon/config: defaults, every error naming file + key + rule, byte sizes, failpoints.
+#include "server/daemon/config.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tests/support/test_support.h"
+
+namespace ringloader::server {
+namespace {
+
+constexpr char kDataset[] =
+    "[[datasets]]\nname = \"train\"\nformat = \"imagefolder\"\npath = \"/data/train\"\n";
+
+absl::StatusOr<DaemonConfig> Parse(const std::string& text) { return ParseConfig(text, "t.toml"); }
+
+// The config with `server` inside [server] and `dataset` appended to one good [[datasets]].
+std::string Config(const std::string& server, const std::string& dataset = "") {
+  return "[server]\n" + server + "\n" + kDataset + dataset + "\n";
+}
+
+void ExpectError(const std::string& text, const std::string& message) {
+  absl::StatusOr<DaemonConfig> c = Parse(text);
+  INFO(text);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(c.status().message()) == message);
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults", "[daemon][config]") {
+  absl::StatusOr<DaemonConfig> c = Parse(kDataset);
+  REQUIRE(c.ok());
+  const ServerConfig& s = c->server;
+  CHECK(c->source == "t.toml");
+  CHECK(s.listen == "unix:/run/ringloader/ringloader.sock");
+  CHECK(s.socket_mode == 0660);
+  CHECK(s.segment_mode == 0600);
+  CHECK(s.state_dir == "/var/lib/ringloader");
+  CHECK(s.memory_limit_bytes == 4ull << 30);
+  CHECK(s.ring_slots == 4);
+  CHECK(s.max_ring_slots == 32);
+  CHECK(s.max_batch_size == 4096);
+  CHECK(s.max_image_size == 1024);
+  CHECK(s.max_streams == 64);
+  CHECK(s.max_streams_per_client == 16);
+  CHECK(s.stream_idle_timeout_ms == 30'000);
+  CHECK(s.decode_threads == 0);
+  REQUIRE(c->datasets.size() == 1);
+  const DatasetConfig& d = c->datasets[0];
+  CHECK(d.name == "train");
+  CHECK(d.path == "/data/train");
+  CHECK(d.format == pipeline::DatasetFormat::kImageFolder);
+  CHECK(d.on_error == pipeline::OnError::kSkip);
+  CHECK(d.max_pixels == 40'000'000);
+  CHECK(d.max_file_bytes == 64ull << 20);
+  CHECK(d.warnings_are_errors);
+  CHECK(d.max_scans == 500);
+  CHECK_FALSE(c->failpoints.enabled());
+  CHECK(c->FindDataset("train") == &c->datasets[0]);
+  CHECK(c->FindDataset("nope") == nullptr);
+}
+
+TEST_CASE("config: every key is read", "[daemon][config]") {
+  absl::StatusOr<DaemonConfig> c = Parse(Config(
+      "listen = \"127.0.0.1:7000\"\nsocket_mode = \"0600\"\nstate_dir = \"/tmp/s\"\n"
+      "log_level = \"debug\"\nlog_format = \"timestamped\"\ndecode_threads = 3\n"
+      "memory_limit = \"512 MiB\"\nshm_dir = \"/dev/shm\"\nsegment_mode = \"0640\"\n"
+      "ring_slots = 6\nmax_ring_slots = 8\nmax_batch_size = 100\nmax_image_size = 300\n"
+      "max_streams = 5\nmax_streams_per_client = 2\nstream_idle_timeout_ms = 500\n"
+      "max_wait_ms = 50",
+      "on_error = \"fail\"\nmax_pixels = 1000\nmax_file_bytes = \"1MiB\"\n"
+      "warnings_are_errors = false\nmax_scans = 7\n"
+      "[[datasets]]\nname = \"val\"\nformat = \"manifest\"\npath = \"/v\"\n"
+      "manifest = \"/v/m.csv\"\n[failpoints]\naction = \"abort\"\nafter_batches = 9"));
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  const ServerConfig& s = c->server;
+  CHECK(s.listen == "127.0.0.1:7000");
+  CHECK(s.socket_mode == 0600);
+  CHECK(s.log_level == "debug");
+  CHECK(s.log_format == LogFormat::kTimestamped);
+  CHECK(s.decode_threads == 3);
+  CHECK(s.memory_limit_bytes == 512ull << 20);
+  CHECK(s.segment_mode == 0640);
+  CHECK(s.ring_slots == 6);
+  CHECK(s.max_ring_slots == 8);
+  CHECK(s.max_batch_size == 100);
+  CHECK(s.max_image_size == 300);
+  CHECK(s.max_streams == 5);
+  CHECK(s.max_streams_per_client == 2);
+  CHECK(s.stream_idle_timeout_ms == 500);
+  CHECK(s.max_wait_ms == 50);
+  REQUIRE(c->datasets.size() == 2);
+  CHECK(c->datasets[0].on_error == pipeline::OnError::kFail);
+  CHECK(c->datasets[0].max_pixels == 1000);
+  CHECK(c->datasets[0].max_file_bytes == 1 << 20);
+  CHECK_FALSE(c->datasets[0].warnings_are_errors);
+  CHECK(c->datasets[0].max_scans == 7);
+  CHECK(c->datasets[1].format == pipeline::DatasetFormat::kManifest);
+  CHECK(c->datasets[1].manifest == "/v/m.csv");
+  CHECK(c->failpoints.action == FailpointConfig::Action::kAbort);
+  CHECK(c->failpoints.after_batches == 9);
+}
+
+TEST_CASE("config: each error names the file, the key path and the rule", "[daemon][config]") {
+  ExpectError(Config("memory_limit = \"lots\""),
+              "t.toml: server.memory_limit: must be a size such as \"4GiB\", \"512MiB\" or a byte "
+              "count (got \"lots\")");
+  ExpectError(Config("memory_limit = 1000"),
+              "t.toml: server.memory_limit: must be >= 16777216 bytes (got 1000)");
+  ExpectError(Config("memory_limit = -5"), "t.toml: server.memory_limit: must be >= 0 (got -5)");
+  ExpectError(Config("memory_limit = true"),
+              "t.toml: server.memory_limit: must be a size such as \"4GiB\" (got true)");
+  ExpectError(Config("socket_mode = \"999\""),
+              "t.toml: server.socket_mode: must be an octal mode such as \"0660\" (got \"999\")");
+  ExpectError(Config("socket_mode = 660"),
+              "t.toml: server.socket_mode: must be an octal string such as \"0660\" (got 660)");
+  ExpectError(Config("log_level = \"loud\""),
+              "t.toml: server.log_level: must be one of trace, debug, info, warn, error, "
+              "critical, off (got \"loud\")");
+  ExpectError(Config("listen = 5"), "t.toml: server.listen: must be a string (got 5)");
+  ExpectError(Config("listen = \"\""), "t.toml: server.listen: must not be empty");
+  ExpectError(Config("decode_threads = 1.5"),
+              "t.toml: server.decode_threads: must be an integer (got 1.500000)");
+  ExpectError(Config("ring_slots = 1"), "t.toml: server.ring_slots: must be in [2, 1024] (got 1)");
+  ExpectError(Config("ring_slots = 40"),
+              "t.toml: server.ring_slots: must be <= max_ring_slots (32) (got 40)");
+  ExpectError(Config("max_batch_size = 0"),
+              "t.toml: server.max_batch_size: must be in [1, 1048576] (got 0)");
+  ExpectError(Config("max_image_size = 100000"),
+              "t.toml: server.max_image_size: must be in [8, 16384] (got 100000)");
+  ExpectError(Config("max_streams = 0"), "t.toml: server.max_streams: must be in [1, 4096] (got 0)");
+  ExpectError(Config("max_streams_per_client = 0"),
+              "t.toml: server.max_streams_per_client: must be in [1, 4096] (got 0)");
+  ExpectError(Config("max_streams_per_client = \"many\""),
+              "t.toml: server.max_streams_per_client: must be an integer (got \"many\")");
+  ExpectError(Config("stream_idle_timeout_ms = 5"),
+              "t.toml: server.stream_idle_timeout_ms: must be in [100, 86400000] (got 5)");
+  ExpectError(Config("bogus = 1"), "t.toml: server.bogus: unknown key");
+  ExpectError(std::string(kDataset) + "[oops]\n", "t.toml: oops: unknown key");
+  ExpectError("server = 3\n" + std::string(kDataset), "t.toml: server: must be a table [server]");
+
+  ExpectError(Config("", "max_pixels = \"big\""),
+              "t.toml: datasets[0].max_pixels: must be an integer (got \"big\")");
+  ExpectError(Config("", "max_pixels = 0"),
+              "t.toml: datasets[0].max_pixels: must be in [1, 1099511627776] (got 0)");
+  ExpectError(Config("", "on_error = \"ignore\""),
+              "t.toml: datasets[0].on_error: must be one of skip, fail (got \"ignore\")");
+  ExpectError(Config("", "warnings_are_errors = 1"),
+              "t.toml: datasets[0].warnings_are_errors: must be true or false (got 1)");
+  ExpectError(Config("", "manifest = \"/m.csv\""),
+              "t.toml: datasets[0].manifest: is only valid with format = \"manifest\"");
+  ExpectError(Config("", "colour = \"red\""), "t.toml: datasets[0].colour: unknown key");
+  ExpectError("[[datasets]]\nformat = \"imagefolder\"\npath = \"/d\"\n",
+              "t.toml: datasets[0].name: is required");
+  ExpectError("[[datasets]]\nname = \"a\"\npath = \"/d\"\n",
+              "t.toml: datasets[0].format: is required");
+  ExpectError("[[datasets]]\nname = \"a\"\nformat = \"imagefolder\"\npath = \"rel/d\"\n",
+              "t.toml: datasets[0].path: must be an absolute path (got \"rel/d\")");
+  ExpectError("[[datasets]]\nname = \"a/b\"\nformat = \"imagefolder\"\npath = \"/d\"\n",
+              "t.toml: datasets[0].name: may contain only letters, digits, '-', '_' and '.' "
+              "(got \"a/b\")");
+  ExpectError("[[datasets]]\nname = \"a\"\nformat = \"manifest\"\npath = \"/d\"\n",
+              "t.toml: datasets[0].manifest: is required when format = \"manifest\"");
+  ExpectError(std::string(kDataset) + kDataset,
+              "t.toml: datasets[1].name: \"train\" is already used by another dataset");
+  ExpectError("[server]\n", "t.toml: datasets: at least one [[datasets]] entry is required");
+  ExpectError("datasets = 1\n", "t.toml: datasets: must be an array of tables [[datasets]]");
+
+  ExpectError(std::string(kDataset) + "[failpoints]\naction = \"explode\"\n",
+              "t.toml: failpoints.action: must be one of none, abort, segfault, oom (got "
+              "\"explode\")");
+  ExpectError(std::string(kDataset) + "[failpoints]\naction = \"segfault\"\n",
+              "t.toml: failpoints.action: needs crash_on_path or after_batches to say when");
+
+  // TOML syntax: file, line and column.
+  absl::StatusOr<DaemonConfig> broken = Parse("[server\n");
+  REQUIRE_FALSE(broken.ok());
+  CHECK_THAT(std::string(broken.status().message()), Catch::StartsWith("t.toml:1:"));
+}
+
+TEST_CASE("config: LoadConfig names a missing file, and the shipped config parses",
+          "[daemon][config]") {
+  absl::StatusOr<DaemonConfig> missing = LoadConfig("/nonexistent/ringloaderd.toml");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::StartsWith("/nonexistent/ringloaderd.toml: cannot open config file"));
+
+  const std::string shipped = std::string(RINGLOADER_SOURCE_DIR) + "/config/ringloaderd.toml";
+  absl::StatusOr<DaemonConfig> c = LoadConfig(shipped);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  // Every documented value equals the built-in default.
+  const ServerConfig defaults;
+  CHECK(c->server.max_streams == defaults.max_streams);
+  CHECK(c->server.max_streams_per_client == defaults.max_streams_per_client);
+  CHECK(c->server.max_batch_size == defaults.max_batch_size);
+  CHECK(c->server.max_image_size == defaults.max_image_size);
+  CHECK(c->server.max_ring_slots == defaults.max_ring_slots);
+  CHECK(c->server.ring_slots == defaults.ring_slots);
+  CHECK(c->server.stream_idle_timeout_ms == defaults.stream_idle_timeout_ms);
+
+  testing::TempDir dir;
+  testing::WriteFile(dir.Join("bad.toml"), Config("max_streams_per_client = -1"));
+  absl::StatusOr<DaemonConfig> bad = LoadConfig(dir.Join("bad.toml"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        dir.Join("bad.toml") + ": server.max_streams_per_client: must be in [1, 4096] (got -1)");
+}
+
+TEST_CASE("ParseByteSize: units, spaces, and what is refused", "[daemon][config]") {
+  CHECK(*ParseByteSize("4GiB") == 4ull << 30);
+  CHECK(*ParseByteSize("512 MiB") == 512ull << 20);
+  CHECK(*ParseByteSize(" 100M ") == 100'000'000);
+  CHECK(*ParseByteSize("1000") == 1000);
+  CHECK(*ParseByteSize("1000b") == 1000);
+  CHECK(*ParseByteSize("2kib") == 2048);
+  CHECK(*ParseByteSize("3KB") == 3000);
+  CHECK(*ParseByteSize("1TiB") == 1ull << 40);
+  CHECK(*ParseByteSize("0") == 0);
+  for (const char* bad : {"", "GiB", "4 XB", "-1", "1.5GiB", "4GiBs", "99999999999TiB",
+                          "99999999999999999999999"}) {
+    INFO(bad);
+    absl::StatusOr<uint64_t> v = ParseByteSize(bad);
+    CHECK_FALSE(v.ok());
+    if (!v.ok()) CHECK(v.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("ParseFailpointSpec: RINGLOADER_FAILPOINTS text", "[daemon][config]") {
+  absl::StatusOr<FailpointConfig> f = ParseFailpointSpec("action=segfault;crash_on_path=class_01/*");
+  REQUIRE(f.ok());
+  CHECK(f->action == FailpointConfig::Action::kSegfault);
+  CHECK(f->crash_on_path == "class_01/*");
+  CHECK(f->after_batches == 0);
+  CHECK(f->enabled());
+
+  f = ParseFailpointSpec(" after_batches = 3 ; action = abort ; ");
+  REQUIRE(f.ok());
+  CHECK(f->action == FailpointConfig::Action::kAbort);
+  CHECK(f->after_batches == 3);
+
+  f = ParseFailpointSpec("action=oom;crash_on_path=a=b");  // '=' inside a value
+  REQUIRE(f.ok());
+  CHECK(f->action == FailpointConfig::Action::kOom);
+  CHECK(f->crash_on_path == "a=b");
+
+  f = ParseFailpointSpec("");
+  REQUIRE(f.ok());
+  CHECK_FALSE(f->enabled());
+
+  auto error = [](const std::string& spec) {
+    absl::StatusOr<FailpointConfig> r = ParseFailpointSpec(spec);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  CHECK(error("action=explode") ==
+        "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom or none (got \"explode\")");
+  CHECK(error("after_batches=x") ==
+        "RINGLOADER_FAILPOINTS: after_batches: must be an integer (got \"x\")");
+  CHECK(error("when=now") == "RINGLOADER_FAILPOINTS: unknown key \"when\"");
+}
+
+}  // namespace ringloader::server

@@ -1,0 +1,126 @@
+// server/daemon/crash_journal: real child processes that crash (SIGSEGV after
+// InstallCrashHandlers), are killed (SIGKILL) or exit cleanly, and what the next Open() sees.
+#include "server/daemon/crash_journal.h"
+
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+
+#include "tests/support/test_support.h"
+
+namespace ringloader::server {
+namespace {
+
+// Runs `body` in a forked child; returns its raw wait status.
+int InChild(const std::function<void()>& body) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    body();
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("CrashJournal: a fresh journal has nothing in flight", "[daemon][journal]") {
+  testing::TempDir dir;
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 4);
+  REQUIRE(j.ok());
+  CHECK((*j)->crashed_in_flight().empty());
+  CHECK_FALSE((*j)->previous_exit_was_abnormal());
+  CHECK(DatasetHash("train") == DatasetHash("train"));
+  CHECK(DatasetHash("train") != DatasetHash("val"));
+  CHECK(DatasetHash("") != 0);
+}
+
+TEST_CASE("CrashJournal: a SIGSEGV after InstallCrashHandlers lists the samples in flight",
+          "[daemon][journal]") {
+  testing::TempDir dir;
+  const int status = InChild([&] {
+    auto j = CrashJournal::Open(dir.path(), 3);
+    if (!j.ok()) _exit(3);
+    (*j)->InstallCrashHandlers();
+    (*j)->Begin(0, DatasetHash("train"), 41);
+    (*j)->End(0);  // finished: not in flight
+    (*j)->Begin(1, DatasetHash("train"), 42);
+    (*j)->Begin(2, DatasetHash("val"), 7);
+    (*j)->Begin(7, DatasetHash("val"), 8);  // no such worker: ignored
+    raise(SIGSEGV);
+    _exit(4);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);  // the handler re-raised with the default action
+
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(j.ok());
+  CHECK((*j)->previous_exit_was_abnormal());
+  const std::vector<InFlightSample>& crashed = (*j)->crashed_in_flight();
+  REQUIRE(crashed.size() == 2);
+  CHECK(crashed[0].dataset_hash == DatasetHash("train"));
+  CHECK(crashed[0].sample_index == 42);
+  CHECK(crashed[1].dataset_hash == DatasetHash("val"));
+  CHECK(crashed[1].sample_index == 7);
+  j->reset();
+
+  // Opening reset the journal for the new incarnation: the crash is reported once.
+  absl::StatusOr<std::unique_ptr<CrashJournal>> again = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(again.ok());
+  CHECK((*again)->crashed_in_flight().empty());
+}
+
+TEST_CASE("CrashJournal: SIGKILL from outside strikes nobody but is seen as abnormal",
+          "[daemon][journal]") {
+  testing::TempDir dir;
+  const int status = InChild([&] {
+    auto j = CrashJournal::Open(dir.path(), 2);
+    if (!j.ok()) _exit(3);
+    (*j)->InstallCrashHandlers();
+    (*j)->Begin(1, DatasetHash("train"), 5);
+    kill(getpid(), SIGKILL);
+    _exit(4);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(j.ok());
+  CHECK((*j)->crashed_in_flight().empty());
+  CHECK((*j)->previous_exit_was_abnormal());
+}
+
+TEST_CASE("CrashJournal: a clean exit leaves nothing behind", "[daemon][journal]") {
+  testing::TempDir dir;
+  const int status = InChild([&] {
+    auto j = CrashJournal::Open(dir.path(), 2);
+    if (!j.ok()) _exit(3);
+    (*j)->InstallCrashHandlers();
+    (*j)->Begin(0, DatasetHash("train"), 5);
+    (*j)->MarkCleanExit();
+    _exit(0);
+  });
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(j.ok());
+  CHECK((*j)->crashed_in_flight().empty());
+  CHECK_FALSE((*j)->previous_exit_was_abnormal());
+}
+
+TEST_CASE("CrashJournal: an unwritable state dir is an error naming the file",
+          "[daemon][journal]") {
+  testing::TempDir dir;
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.Join("nope/x"), 2);
+  REQUIRE_FALSE(j.ok());
+  CHECK_THAT(std::string(j.status().message()), Catch::Contains("nope/x/inflight"));
+}
+
+}  // namespace ringloader::server

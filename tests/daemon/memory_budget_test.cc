@@ -1,0 +1,99 @@
+// server/daemon/memory_budget: reserve, refuse with the numbers, give back.
+#include "server/daemon/memory_budget.h"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace ringloader::server {
+
+TEST_CASE("MemoryBudget: reserves, refuses with the numbers, and gets bytes back",
+          "[daemon][memory]") {
+  MemoryBudget budget(100ull << 20);
+  CHECK(budget.limit() == 100ull << 20);
+  CHECK(budget.reserved() == 0);
+  {
+    absl::StatusOr<Reservation> a = budget.Reserve(60ull << 20, "stream A");
+    REQUIRE(a.ok());
+    CHECK(a->bytes() == 60ull << 20);
+    CHECK(budget.reserved() == 60ull << 20);
+
+    absl::StatusOr<Reservation> b = budget.Reserve(50ull << 20, "stream B");
+    REQUIRE_FALSE(b.ok());
+    CHECK(b.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(std::string(b.status().message()) ==
+          "stream B needs 50.0 MiB; memory_limit 100.0 MiB has 40.0 MiB free (60.0 MiB reserved)");
+    CHECK(budget.reserved() == 60ull << 20);  // a refusal reserves nothing
+
+    absl::StatusOr<Reservation> exact = budget.Reserve(40ull << 20, "the rest");
+    REQUIRE(exact.ok());
+    CHECK(budget.reserved() == budget.limit());
+    CHECK_FALSE(budget.Reserve(1, "one byte").ok());
+    CHECK(budget.Reserve(0, "nothing").ok());
+  }
+  CHECK(budget.reserved() == 0);  // both reservations went back when destroyed
+}
+
+TEST_CASE("MemoryBudget: huge requests cannot overflow the accounting", "[daemon][memory]") {
+  MemoryBudget budget(1ull << 30);
+  absl::StatusOr<Reservation> some = budget.Reserve(1ull << 29, "some");
+  REQUIRE(some.ok());
+  absl::StatusOr<Reservation> huge = budget.Reserve(~uint64_t{0}, "huge");
+  REQUIRE_FALSE(huge.ok());
+  CHECK_THAT(std::string(huge.status().message()), Catch::StartsWith("huge needs "));
+  absl::StatusOr<Reservation> wrap = budget.Reserve(~uint64_t{0} - (1ull << 28), "wrap");
+  CHECK_FALSE(wrap.ok());
+  CHECK(budget.reserved() == 1ull << 29);
+}
+
+TEST_CASE("Reservation: moves carry the bytes, assignment gives the old ones back",
+          "[daemon][memory]") {
+  MemoryBudget budget(1000);
+  absl::StatusOr<Reservation> a = budget.Reserve(300, "a");
+  absl::StatusOr<Reservation> b = budget.Reserve(200, "b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  Reservation moved(std::move(*a));
+  CHECK(moved.bytes() == 300);
+  CHECK(a->bytes() == 0);
+  CHECK(budget.reserved() == 500);
+  moved = std::move(*b);  // a's 300 go back
+  CHECK(budget.reserved() == 200);
+  CHECK(moved.bytes() == 200);
+  Reservation empty;
+  CHECK(empty.bytes() == 0);
+  moved = std::move(empty);
+  CHECK(budget.reserved() == 0);
+}
+
+TEST_CASE("MemoryBudget: concurrent reserve and return balance out", "[daemon][memory]") {
+  MemoryBudget budget(1 << 20);
+  std::vector<std::thread> threads;
+  // Catch2 assertions are not thread-safe: the workers count, the main thread checks.
+  std::atomic<int> over_limit{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        absl::StatusOr<Reservation> r = budget.Reserve(1000 + i % 7, "t");
+        if (r.ok() && budget.reserved() > budget.limit()) ++over_limit;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(over_limit.load() == 0);
+  CHECK(budget.reserved() == 0);
+}
+
+TEST_CASE("FormatBytes", "[daemon][memory]") {
+  CHECK(FormatBytes(0) == "0 B");
+  CHECK(FormatBytes(1023) == "1023 B");
+  CHECK(FormatBytes(1024) == "1.0 KiB");
+  CHECK(FormatBytes(1536) == "1.5 KiB");
+  CHECK(FormatBytes(100ull << 20) == "100.0 MiB");
+  CHECK(FormatBytes(4ull << 30) == "4.0 GiB");
+  CHECK(FormatBytes(3ull << 40) == "3.0 TiB");
+}
+
+}  // namespace ringloader::server

@@ -1,0 +1,165 @@
+#include "tests/integration/bad_images.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+// jpeglib.h needs size_t and FILE first.
+#include <jpeglib.h>
+
+#include "server/image/synthetic.h"
+
+namespace ringloader::testing {
+namespace {
+
+// Position of the first marker FF <marker>, or -1.
+long FindMarker(const std::vector<uint8_t>& jpeg, uint8_t marker) {
+  for (size_t i = 0; i + 1 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == marker) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+std::vector<uint8_t> Pattern(int w, int h) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = &rgb[(static_cast<size_t>(y) * w + x) * 3];
+      p[0] = static_cast<uint8_t>(x * 255 / w);
+      p[1] = static_cast<uint8_t>(y * 255 / h);
+      p[2] = static_cast<uint8_t>((x * y) & 0xFF);
+    }
+  }
+  return rgb;
+}
+
+// Encodes `rgb` with libjpeg; `configure` adjusts the compressor after jpeg_set_defaults.
+template <typename Configure>
+std::vector<uint8_t> Compress(int w, int h, Configure configure) {
+  const std::vector<uint8_t> rgb = Pattern(w, h);
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  configure(c);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(c.next_scanline) * w * 3;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<uint8_t> out(buf, buf + size);
+  std::free(buf);
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> GoodJpegBytes(uint64_t seed, bool progressive) {
+  image::SyntheticImageOptions o;
+  o.width = 320;
+  o.height = 240;
+  o.seed = seed;
+  o.progressive = progressive;
+  absl::StatusOr<std::vector<uint8_t>> jpeg = image::MakeSyntheticJpeg(o);
+  if (!jpeg.ok()) std::abort();
+  return *jpeg;
+}
+
+std::vector<uint8_t> ManyScansJpeg(int scans_at_least) {
+  // DC of all components first at Al=1, then its refinement; then per component and AC
+  // coefficient k: a first scan at Al=2 and two refinements. 2 + 3*63*3 = 569 scans at most.
+  std::vector<jpeg_scan_info> script;
+  auto add = [&](int comps, int c0, int ss, int se, int ah, int al) {
+    jpeg_scan_info s{};
+    s.comps_in_scan = comps;
+    for (int i = 0; i < comps; ++i) s.component_index[i] = c0 + i;
+    s.Ss = ss;
+    s.Se = se;
+    s.Ah = ah;
+    s.Al = al;
+    script.push_back(s);
+  };
+  add(3, 0, 0, 0, 0, 1);
+  add(3, 0, 0, 0, 1, 0);
+  for (int c = 0; c < 3; ++c) {
+    for (int k = 1; k <= 63; ++k) {
+      if (static_cast<int>(script.size()) >= scans_at_least) break;
+      add(1, c, k, k, 0, 2);
+      add(1, c, k, k, 2, 1);
+      add(1, c, k, k, 1, 0);
+    }
+  }
+  return Compress(32, 32, [&](jpeg_compress_struct& c) {
+    c.scan_info = script.data();
+    c.num_scans = static_cast<int>(script.size());
+  });
+}
+
+std::vector<uint8_t> ArithmeticJpeg() {
+  return Compress(96, 64, [](jpeg_compress_struct& c) { c.arith_code = TRUE; });
+}
+
+std::vector<BadImage> AllBadImages() {
+  std::vector<BadImage> out;
+  const std::vector<uint8_t> good = GoodJpegBytes(99);
+
+  std::vector<uint8_t> truncated = good;
+  truncated.resize(truncated.size() / 2);
+  out.push_back({"bad_truncated.jpg", truncated, "truncated"});
+
+  out.push_back({"bad_zero.jpg", {}, "empty"});
+
+  std::vector<uint8_t> random(4096);
+  uint64_t x = 0x1234567;
+  for (uint8_t& b : random) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint8_t>(x >> 56);
+  }
+  random[0] = 0x42;  // not a JPEG's 0xFF
+  out.push_back({"bad_random.jpg", random, "not_jpeg"});
+
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  png.insert(png.end(), random.begin(), random.begin() + 200);
+  out.push_back({"bad_png.jpg", png, "not_jpeg"});
+
+  // SOF0: FF C0, length(2), precision(1), height(2), width(2).
+  const long sof = FindMarker(good, 0xC0);
+  if (sof < 0) std::abort();
+  std::vector<uint8_t> bomb = good;
+  bomb[sof + 5] = 0xEA;
+  bomb[sof + 6] = 0x60;  // 60000
+  bomb[sof + 7] = 0xEA;
+  bomb[sof + 8] = 0x60;
+  out.push_back({"bad_huge_dimensions.jpg", bomb, "too_large"});
+
+  out.push_back({"bad_many_scans.jpg", ManyScansJpeg(560), "too_many_scans"});
+
+  std::vector<uint8_t> huffman = good;
+  const long dht = FindMarker(huffman, 0xC4);
+  if (dht < 0) std::abort();
+  // FF C4, length(2), class/id(1), then 16 code-length counts: claim far more than 256 codes.
+  for (int i = 0; i < 16; ++i) huffman[dht + 5 + i] = 0xFF;
+  out.push_back({"bad_huffman.jpg", huffman, "corrupt"});
+
+  std::vector<uint8_t> twelve = good;
+  twelve[sof + 4] = 12;  // precision; libjpeg-turbo's 8-bit build refuses it
+  out.push_back({"bad_12bit.jpg", twelve, "unsupported"});
+
+  std::vector<uint8_t> lossless = good;
+  lossless[sof + 1] = 0xC3;  // SOF3
+  out.push_back({"bad_lossless.jpg", lossless, "unsupported"});
+
+  out.push_back({"maybe_arithmetic.jpg", ArithmeticJpeg(), ""});
+  return out;
+}
+
+}  // namespace ringloader::testing
