@@ -111,8 +111,9 @@ std::vector<std::string> WriteImages(const std::string& dir, const Options& o) {
     char rel[64];
     std::snprintf(rel, sizeof rel, "class_%02u/img_%06u.jpg", i % 10, i);
     std::filesystem::create_directories(std::filesystem::path(dir + "/" + rel).parent_path());
-    std::ofstream(dir + "/" + rel, std::ios::binary)
-        .write(reinterpret_cast<const char*>(jpeg->data()), static_cast<std::streamsize>(jpeg->size()));
+    std::ofstream out(dir + "/" + rel, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(jpeg->data()),
+              static_cast<std::streamsize>(jpeg->size()));
     paths.push_back(rel);
   }
   return paths;
@@ -125,13 +126,13 @@ struct CaseResult {
   uint64_t batches = 0;
   uint64_t epochs_seen = 0;
   double seconds = 0;
-  ProcMemory peak;             // at the sample with the largest VmRSS
-  uint64_t vm_hwm = 0;         // last VmHWM read before exit: the kernel's own peak
-  uint64_t max_rss_anon = 0;   // largest of each component over all samples
+  ProcMemory peak;            // at the sample with the largest VmRSS
+  uint64_t vm_hwm = 0;        // last VmHWM read before exit: the kernel's own peak
+  uint64_t max_rss_anon = 0;  // largest of each component over all samples
   uint64_t max_rss_shmem = 0;
-  uint64_t memory_limit = 0;   // from GetStats
-  uint64_t max_reserved = 0;   // largest memory_reserved_bytes seen in GetStats
-  uint64_t stats_rss = 0;      // largest rss_bytes the daemon reported in GetStats
+  uint64_t memory_limit = 0;  // from GetStats
+  uint64_t max_reserved = 0;  // largest memory_reserved_bytes seen in GetStats
+  uint64_t stats_rss = 0;     // largest rss_bytes the daemon reported in GetStats
   int samples_taken = 0;
 };
 
@@ -232,22 +233,25 @@ CaseResult RunCase(const std::string& name, uint64_t dataset_size, const std::st
 
 void Print(const CaseResult& r, const Options& o, uint64_t limit) {
   const uint64_t peak = std::max(r.vm_hwm, r.peak.vm_rss);
-  std::printf("\n[%s] samples %llu  epochs %llu  batches %llu  consumed %llu in %.1f s (%.0f images/s)\n",
-              r.name.c_str(), static_cast<unsigned long long>(r.dataset_size),
-              static_cast<unsigned long long>(r.epochs_seen),
-              static_cast<unsigned long long>(r.batches),
-              static_cast<unsigned long long>(r.consumed), r.seconds,
-              r.seconds > 0 ? static_cast<double>(r.consumed) / r.seconds : 0.0);
+  std::printf(
+      "\n[%s] samples %llu  epochs %llu  batches %llu  consumed %llu in %.1f s "
+      "(%.0f images/s)\n",
+      r.name.c_str(), static_cast<unsigned long long>(r.dataset_size),
+      static_cast<unsigned long long>(r.epochs_seen), static_cast<unsigned long long>(r.batches),
+      static_cast<unsigned long long>(r.consumed), r.seconds,
+      r.seconds > 0 ? static_cast<double>(r.consumed) / r.seconds : 0.0);
   std::printf("  memory_limit            %8.1f MiB (GetStats: %.1f MiB)\n", MiB(limit),
               MiB(r.memory_limit));
-  std::printf("  memory_reserved (max)   %8.1f MiB (GetStats at each epoch's first batch; its "
-              "rss_bytes max %.1f MiB)\n",
-              MiB(r.max_reserved), MiB(r.stats_rss));
+  std::printf(
+      "  memory_reserved (max)   %8.1f MiB (GetStats at each epoch's first batch; its "
+      "rss_bytes max %.1f MiB)\n",
+      MiB(r.max_reserved), MiB(r.stats_rss));
   std::printf("  peak RSS (VmHWM)        %8.1f MiB\n", MiB(r.vm_hwm));
-  std::printf("  max sampled VmRSS       %8.1f MiB = RssAnon %.1f + RssFile %.1f + RssShmem %.1f "
-              "MiB (%d samples, every 100 ms)\n",
-              MiB(r.peak.vm_rss), MiB(r.peak.rss_anon), MiB(r.peak.rss_file),
-              MiB(r.peak.rss_shmem), r.samples_taken);
+  std::printf(
+      "  max sampled VmRSS       %8.1f MiB = RssAnon %.1f + RssFile %.1f + RssShmem %.1f "
+      "MiB (%d samples, every 100 ms)\n",
+      MiB(r.peak.vm_rss), MiB(r.peak.rss_anon), MiB(r.peak.rss_file), MiB(r.peak.rss_shmem),
+      r.samples_taken);
   std::printf("  max RssAnon / RssShmem  %8.1f / %.1f MiB\n", MiB(r.max_rss_anon),
               MiB(r.max_rss_shmem));
   const bool complete = r.consumed == r.dataset_size * o.epochs;
@@ -273,6 +277,7 @@ int main(int argc, char** argv) {
   app.add_option("--ringloaderd", o.daemon_path, "path of the ringloaderd binary");
   CLI11_PARSE(app, argc, argv);
   const uint64_t limit = ParseSize(o.memory_limit);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each case's figures as soon as it ends
 
   char tmpl[] = "/tmp/ringloader-memory-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -287,19 +292,20 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("memory_bench: ringloaderd %s\n", o.daemon_path.c_str());
-  std::printf("  memory_limit %s, decode_threads %u, batch %u, image_size %u (uint8 NHWC, train "
-              "augmentation), %u epochs,\n  %u source JPEGs of ~%ux%u px, manifest lists each "
-              "%u times; RSS sampled from /proc/<pid>/status every 100 ms\n",
-              o.memory_limit.c_str(), o.decode_threads, o.batch_size, o.image_size, o.epochs,
-              o.images, o.width, o.height, o.repeat);
+  std::printf(
+      "  memory_limit %s, decode_threads %u, batch %u, image_size %u (uint8 NHWC, train "
+      "augmentation), %u epochs,\n  %u source JPEGs of ~%ux%u px, manifest lists each "
+      "%u times; RSS sampled from /proc/<pid>/status every 100 ms\n",
+      o.memory_limit.c_str(), o.decode_threads, o.batch_size, o.image_size, o.epochs, o.images,
+      o.width, o.height, o.repeat);
 
-  std::vector<CaseResult> results;
-  results.push_back(RunCase("folder", o.images, dir, "format = \"imagefolder\"\npath = \"" + data + "\"\n", o));
-  results.push_back(RunCase("manifest", uint64_t{o.images} * o.repeat, dir,
-                            "format = \"manifest\"\npath = \"" + data + "\"\nmanifest = \"" + dir +
-                                "/manifest.csv\"\n",
-                            o));
-  for (const CaseResult& r : results) Print(r, o, limit);
+  Print(RunCase("folder", o.images, dir, "format = \"imagefolder\"\npath = \"" + data + "\"\n", o),
+        o, limit);
+  Print(RunCase("manifest", uint64_t{o.images} * o.repeat, dir,
+                "format = \"manifest\"\npath = \"" + data + "\"\nmanifest = \"" + dir +
+                    "/manifest.csv\"\n",
+                o),
+        o, limit);
   std::filesystem::remove_all(dir);
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,8 +30,12 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return {};
   Child child;
+  const pid_t supervisor = getpid();
   child.pid = fork();
   if (child.pid == 0) {
+    // If the supervisor itself is killed, its daemon must not live on unsupervised.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != supervisor) _exit(1);  // it died before prctl took effect
     sigprocmask(SIG_SETMASK, &original_mask, nullptr);
     // The write end survives exec (no CLOEXEC on the duplicate); the daemon writes READY=1.
     int ready = fcntl(pipe_fds[1], F_DUPFD, 3);

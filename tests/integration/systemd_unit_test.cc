@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
-#include <regex>
+#include <string>
 
 #include "tests/integration/daemon_fixture.h"
 
@@ -19,9 +19,12 @@ TEST_CASE("systemd: ringloaderd.service passes systemd-analyze verify", "[integr
   REQUIRE(!unit.empty());
   CHECK_THAT(unit, Catch::Contains("Restart=always") && Catch::Contains("RuntimeDirectory=") &&
                        Catch::Contains("StateDirectory=") && Catch::Contains("MemoryMax="));
-  unit = std::regex_replace(unit, std::regex("ExecStart=\\S+ --config \\S+"),
-                            "ExecStart=" + DaemonPath() + " --config " +
-                                std::string(RINGLOADER_SOURCE_DIR) + "/config/ringloaderd.toml");
+  const size_t exec_start = unit.find("ExecStart=");
+  REQUIRE(exec_start != std::string::npos);
+  const size_t line_end = unit.find('\n', exec_start);
+  unit.replace(exec_start, line_end - exec_start,
+               "ExecStart=" + DaemonPath() + " --config " + std::string(RINGLOADER_SOURCE_DIR) +
+                   "/config/ringloaderd.toml");
   TempDir dir;
   WriteFile(dir.Join("ringloaderd.service"), unit);
   CommandResult r = RunCommand({"/usr/bin/systemd-analyze", "verify", dir.Join("ringloaderd.service")});

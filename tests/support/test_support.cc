@@ -103,8 +103,12 @@ Subprocess::Subprocess(std::vector<std::string> argv, std::map<std::string, std:
 
 Subprocess::~Subprocess() {
   if (Running()) {
-    Kill(SIGKILL);
-    Wait(std::chrono::seconds(10));
+    // SIGTERM first, so a supervisor can take its child down with it.
+    Kill(SIGTERM);
+    if (Wait(std::chrono::seconds(5)) == -1) {
+      Kill(SIGKILL);
+      Wait(std::chrono::seconds(10));
+    }
   }
 }
 

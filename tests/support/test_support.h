@@ -39,7 +39,8 @@ std::string ReadFile(const std::string& path);
 // Polls `pred` every few ms until it is true or `timeout` passes; returns its last value.
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
 
-// A real child process (fork + execv). Killed with SIGKILL on destruction if still running.
+// A real child process (fork + execv). On destruction, if still running: SIGTERM, then SIGKILL
+// after 5 s.
 class Subprocess {
  public:
   // `env` entries are added to (or override) the parent's environment.
