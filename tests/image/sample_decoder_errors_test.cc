@@ -15,6 +15,7 @@
 #include "server/image/sample_decoder.h"
 #include "server/image/synthetic.h"
 #include "tests/image/image_test_util.h"
+#include "tests/support/libjpeg_encode.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::image {
@@ -180,29 +181,9 @@ TEST_CASE("SampleDecoder: 12-bit and lossless JPEGs are unsupported", "[image][d
 TEST_CASE("SampleDecoder: arithmetic-coded JPEGs decode, or are refused as unsupported",
           "[image][decoder][errors]") {
   const int w = 96, h = 64;
-  const std::vector<uint8_t> rgb = SmoothPattern(w, h);
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &buf, &size);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = 3;
-  c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  c.arith_code = TRUE;  // Debian's libjpeg-turbo is built with arithmetic encode and decode
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(c.next_scanline) * w * 3;
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  const std::vector<uint8_t> jpeg(buf, buf + size);
-  std::free(buf);
+  // Debian's libjpeg-turbo is built with arithmetic encode and decode.
+  const std::vector<uint8_t> jpeg = ringloader::testing::EncodeWithLibjpeg(
+      SmoothPattern(w, h), w, h, 3, [](jpeg_compress_struct& c) { c.arith_code = TRUE; });
   REQUIRE(FindMarker(jpeg, 0xC9) > 0);  // SOF9: arithmetic, sequential
   SampleDecoder dec(DecodeLimits{});
   const absl::Status s = DecodeStatus(dec, jpeg, "arith.jpg");

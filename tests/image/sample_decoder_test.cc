@@ -17,6 +17,7 @@
 
 #include "server/image/synthetic.h"
 #include "tests/image/image_test_util.h"
+#include "tests/support/libjpeg_encode.h"
 
 namespace ringloader::image {
 namespace {
@@ -211,31 +212,11 @@ std::vector<uint8_t> CmykJpeg(const std::array<uint8_t, 4>& cmyk, bool adobe) {
     tjDestroy(t);
     return out;
   }
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);  // the encoder in a test; inputs are valid
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &buf, &size);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = 4;
-  c.in_color_space = JCS_CMYK;
-  jpeg_set_defaults(&c);
-  jpeg_set_colorspace(&c, JCS_CMYK);
-  c.write_Adobe_marker = FALSE;
-  jpeg_set_quality(&c, 95, TRUE);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = px.data() + static_cast<size_t>(c.next_scanline) * w * 4;
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::vector<uint8_t> out(buf, buf + size);
-  std::free(buf);
-  return out;
+  return ringloader::testing::EncodeWithLibjpeg(px, w, h, 4, [](jpeg_compress_struct& c) {
+    jpeg_set_colorspace(&c, JCS_CMYK);
+    c.write_Adobe_marker = FALSE;
+    jpeg_set_quality(&c, 95, TRUE);
+  });
 }
 
 void CheckColour(SampleDecoder& dec, const std::vector<uint8_t>& jpeg,

@@ -2,11 +2,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 // jpeglib.h needs size_t and FILE first.
 #include <jpeglib.h>
 
 #include "server/image/synthetic.h"
+#include "tests/support/libjpeg_encode.h"
 
 namespace ringloader::testing {
 namespace {
@@ -32,33 +34,10 @@ std::vector<uint8_t> Pattern(int w, int h) {
   return rgb;
 }
 
-// Encodes `rgb` with libjpeg; `configure` adjusts the compressor after jpeg_set_defaults.
-template <typename Configure>
-std::vector<uint8_t> Compress(int w, int h, Configure configure) {
-  const std::vector<uint8_t> rgb = Pattern(w, h);
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &buf, &size);
-  c.image_width = static_cast<JDIMENSION>(w);
-  c.image_height = static_cast<JDIMENSION>(h);
-  c.input_components = 3;
-  c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  configure(c);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(c.next_scanline) * w * 3;
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::vector<uint8_t> out(buf, buf + size);
-  std::free(buf);
-  return out;
+// A 3-component pattern image encoded with libjpeg, `configure` adjusting the compressor.
+std::vector<uint8_t> Compress(int w, int h,
+                              const std::function<void(jpeg_compress_struct&)>& configure) {
+  return EncodeWithLibjpeg(Pattern(w, h), w, h, 3, configure);
 }
 
 }  // namespace
