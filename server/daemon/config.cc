@@ -282,6 +282,15 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
 
 }  // namespace
 
+image::DecodeLimits DecodeLimitsOf(const DatasetConfig& dataset) {
+  image::DecodeLimits limits;
+  limits.max_pixels = dataset.max_pixels;
+  limits.max_file_bytes = dataset.max_file_bytes;
+  limits.warnings_are_errors = dataset.warnings_are_errors;
+  limits.max_scans = dataset.max_scans;
+  return limits;
+}
+
 const DatasetConfig* DaemonConfig::FindDataset(std::string_view name) const {
   for (const auto& d : datasets) {
     if (d.name == name) return &d;

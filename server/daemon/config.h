@@ -76,6 +76,9 @@ struct DaemonConfig {
   const DatasetConfig* FindDataset(std::string_view name) const;
 };
 
+// The decode limits a dataset's samples are held to.
+image::DecodeLimits DecodeLimitsOf(const DatasetConfig& dataset);
+
 // Parses and validates. InvalidArgument/NotFound with "<file>: <key path>: <rule> (got ...)".
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path);
 absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::string& source);

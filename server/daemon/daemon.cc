@@ -190,13 +190,8 @@ absl::Status StartUp(DaemonState& d) {
 
   d.pool = std::make_unique<pipeline::WorkerPool>(server.decode_threads);
   uint64_t per_worker = 0;
-  image::DecodeLimits limits;
-  limits.max_pixels = 0;
   for (const DatasetConfig& dc : d.config.datasets) {
     per_worker = std::max(per_worker, dc.max_pixels * 3 + dc.max_file_bytes);
-    limits.max_pixels = std::max(limits.max_pixels, dc.max_pixels);
-    limits.warnings_are_errors = dc.warnings_are_errors;
-    limits.max_scans = dc.max_scans;
   }
   absl::StatusOr<Reservation> workspace = d.budget->Reserve(
       per_worker * d.pool->size(),
@@ -220,7 +215,8 @@ absl::Status StartUp(DaemonState& d) {
   d.failpoints = std::make_unique<Failpoints>(d.config.failpoints);
   if (d.failpoints->enabled()) SPDLOG_WARN("failpoints are enabled: this daemon will crash on purpose");
 
-  d.filler = std::make_unique<pipeline::BatchFiller>(*d.pool, limits);
+  // Every stream passes its dataset's decode limits with each batch (FillRequest::limits).
+  d.filler = std::make_unique<pipeline::BatchFiller>(*d.pool, image::DecodeLimits{});
   d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints, d.pool->size());
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,

@@ -131,6 +131,7 @@ void Stream::ProducerLoop() {
     request.batch_size = spec.batch_size();
     request.transform = setup_.transform;
     request.on_error = setup_.on_error;
+    request.limits = setup_.limits;
     request.seed = spec.seed();
     request.epoch = pos.epoch();
     std::span<uint8_t> payload = ring_->Payload(slot);

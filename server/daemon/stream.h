@@ -41,6 +41,7 @@ struct StreamSetup {
   v1::StreamSpec spec;  // validated and normalised (world_size >= 1, ring_slots set, ...)
   const pipeline::Dataset* dataset = nullptr;
   pipeline::OnError on_error = pipeline::OnError::kSkip;
+  image::DecodeLimits limits;  // the dataset's max_pixels, max_file_bytes, warnings, scans
   image::TransformSpec transform;
   pipeline::BatchLayout layout;
   v1::Position start;

@@ -139,6 +139,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   setup.spec = spec;
   setup.dataset = &dataset;
   setup.on_error = dataset_config.on_error;
+  setup.limits = DecodeLimitsOf(dataset_config);
   setup.transform = ToTransform(spec);
   setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform);
   setup.start = request.start();

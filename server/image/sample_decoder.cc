@@ -262,6 +262,12 @@ struct SampleDecoder::State {
 SampleDecoder::SampleDecoder(DecodeLimits limits)
     : state_(std::make_unique<State>(limits)), limits_(limits) {}
 
+void SampleDecoder::set_limits(const DecodeLimits& limits) {
+  limits_ = limits;
+  state_->err.warnings_are_errors = limits.warnings_are_errors;
+  state_->progress.max_scans = limits.max_scans;
+}
+
 SampleDecoder::~SampleDecoder() = default;
 
 namespace {
@@ -524,7 +530,9 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
                     "other");
 }
 
-absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) try {
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
+                                                   uint64_t max_bytes) try {
+  const uint64_t limit = std::min(max_bytes, kMaxFileBytes);
   auto read_error = [&](int err) {
     const std::string text = absl::StrCat(path, ": read_error: ", std::strerror(err));
     absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
@@ -540,10 +548,10 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) try 
     ::close(fd);
     return read_error(err);
   }
-  if (static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
+  if (static_cast<uint64_t>(st.st_size) > limit) {
     ::close(fd);
     return DataError(path, "too_large",
-                     absl::StrCat("file has ", st.st_size, " bytes, above ", kMaxFileBytes));
+                     absl::StrCat("file has ", st.st_size, " bytes, above max_file_bytes ", limit));
   }
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
   size_t got = 0;
@@ -558,9 +566,10 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) try 
     }
     if (n == 0) break;
     got += static_cast<size_t>(n);
-    if (got > kMaxFileBytes) {
+    if (got > limit) {
       ::close(fd);
-      return DataError(path, "too_large", absl::StrCat("file is above ", kMaxFileBytes, " bytes"));
+      return DataError(path, "too_large",
+                       absl::StrCat("file is above max_file_bytes ", limit, " bytes"));
     }
   }
   ::close(fd);

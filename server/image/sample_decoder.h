@@ -34,6 +34,7 @@ namespace ringloader::image {
 
 struct DecodeLimits {
   uint64_t max_pixels = 100'000'000;  // width x height above this is refused before decoding
+  uint64_t max_file_bytes = uint64_t{1} << 30;  // larger files are refused unread (ReadFileBytes)
   bool warnings_are_errors = true;    // libjpeg warnings (e.g. truncated data, grey fill) fail
   uint32_t max_scans = 500;           // progressive scan bound (a crafted file cannot spin)
 };
@@ -67,6 +68,9 @@ struct ImageInfo {
 class SampleDecoder {
  public:
   explicit SampleDecoder(DecodeLimits limits);
+  // Limits for the following samples (datasets may differ; see pipeline::FillRequest::limits).
+  void set_limits(const DecodeLimits& limits);
+  const DecodeLimits& limits() const { return limits_; }
   ~SampleDecoder();
   SampleDecoder(const SampleDecoder&) = delete;
   SampleDecoder& operator=(const SampleDecoder&) = delete;
@@ -97,6 +101,9 @@ class SampleDecoder {
 
 // Reads a whole file into memory. NotFound / PermissionDenied / DataLoss with the path and errno
 // text; reason "read_error" (or "empty" for zero bytes, "too_large" above 1 GiB).
-absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+// Files above `max_bytes` (DecodeLimits::max_file_bytes) are refused with reason "too_large"
+// without being read.
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
+                                                   uint64_t max_bytes = uint64_t{1} << 30);
 
 }  // namespace ringloader::image

@@ -39,7 +39,8 @@ BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& 
   return layout;
 }
 
-BatchFiller::BatchFiller(WorkerPool& pool, image::DecodeLimits limits) : pool_(pool) {
+BatchFiller::BatchFiller(WorkerPool& pool, image::DecodeLimits limits)
+    : pool_(pool), default_limits_(limits) {
   decoders_.reserve(pool.size());
   for (uint32_t i = 0; i < pool.size(); ++i) {
     decoders_.push_back(std::make_unique<image::SampleDecoder>(limits));
@@ -94,13 +95,16 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
       absl::Status status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
                                                 : absl::OkStatus();
       if (status.ok()) {
-        absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(path);
+        image::SampleDecoder& decoder = *decoders_[worker_id];
+        decoder.set_limits(request.limits ? *request.limits : default_limits_);
+        absl::StatusOr<std::vector<uint8_t>> bytes =
+            image::ReadFileBytes(path, decoder.limits().max_file_bytes);
         if (!bytes.ok()) {
           status = bytes.status();
         } else {
           image::SampleRng rng(request.seed, request.epoch, index);
           std::span<uint8_t> out(images + (first_slot + i) * sample_bytes, sample_bytes);
-          status = decoders_[worker_id]->DecodeInto(*bytes, path, request.transform, rng, out);
+          status = decoder.DecodeInto(*bytes, path, request.transform, rng, out);
         }
       }
       if (!status.ok()) statuses[i] = NamingPath(status, path);

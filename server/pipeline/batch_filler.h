@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -75,6 +76,9 @@ struct FillRequest {
   OnError on_error = OnError::kSkip;
   uint64_t seed = 0;  // per-sample randomness is SampleRng(seed, epoch, sample_index)
   uint64_t epoch = 0;
+  // Decode limits of this dataset (max_pixels, max_file_bytes, warnings, scans); unset = the
+  // limits the BatchFiller was built with.
+  std::optional<image::DecodeLimits> limits;
 };
 
 // One per daemon: owns the per-worker SampleDecoders.
@@ -98,6 +102,7 @@ class BatchFiller {
 
  private:
   WorkerPool& pool_;
+  const image::DecodeLimits default_limits_;
   std::vector<std::unique_ptr<image::SampleDecoder>> decoders_;  // one per worker id
 };
 

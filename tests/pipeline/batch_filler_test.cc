@@ -1,6 +1,7 @@
 #include "server/pipeline/batch_filler.h"
 
 #include <atomic>
+#include <optional>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -309,6 +310,64 @@ TEST_CASE("BatchFiller: a file deleted after Open fails only that sample", "[pip
   const BatchLayout l = ComputeBatchLayout(6, SmallTrain());
   CHECK(I64At(f.bytes, l.indices_offset, 5) == 0);
   CHECK(f.bytes[l.images_offset + 5 * SmallTrain().SampleBytes()] == 0);
+}
+
+TEST_CASE("BatchFiller: each request's decode limits apply to it alone (datasets differ)",
+          "[pipeline]") {
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  uint64_t small_max = 0;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<uint8_t> jpeg = SmallJpeg(i);
+    small_max = std::max<uint64_t>(small_max, jpeg.size());
+    WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), jpeg);
+  }
+  image::SyntheticImageOptions big;
+  big.width = 400;
+  big.height = 300;
+  auto big_jpeg = image::MakeSyntheticJpeg(big);
+  REQUIRE(big_jpeg.ok());
+  REQUIRE(big_jpeg->size() > small_max);
+  WriteBytes(dir.Join("c/5.jpg"), *big_jpeg);
+  auto ds = OpenFolder(dir.path());
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  auto fill = [&](std::optional<image::DecodeLimits> limits) {
+    FillRequest req;
+    req.dataset = ds.get();
+    req.shard = &shard;
+    req.batch_size = 6;
+    req.transform = SmallTrain();
+    req.limits = limits;
+    std::vector<uint8_t> out(ComputeBatchLayout(6, req.transform).total_bytes);
+    absl::StatusOr<FilledBatch> batch = filler.Fill(req, out, nullptr);
+    REQUIRE(batch.ok());
+    return *batch;
+  };
+
+  image::DecodeLimits small_files;
+  small_files.max_file_bytes = small_max;
+  FilledBatch by_size = fill(small_files);
+  CHECK(by_size.count == 5);
+  REQUIRE(by_size.errors.size() == 1);
+  CHECK(by_size.errors[0].relative_path == "c/5.jpg");
+  CHECK(by_size.errors[0].reason == "too_large");
+  CHECK_THAT(by_size.errors[0].message, Catch::Contains("max_file_bytes"));
+
+  image::DecodeLimits few_pixels;
+  few_pixels.max_pixels = 100;
+  FilledBatch by_pixels = fill(few_pixels);
+  CHECK(by_pixels.count == 0);
+  CHECK(by_pixels.errors.size() == 6);
+  for (const SampleError& e : by_pixels.errors) CHECK(e.reason == "too_large");
+
+  // Limits do not stick to the worker's decoder: a request without its own gets the defaults.
+  FilledBatch defaults = fill(std::nullopt);
+  CHECK(defaults.count == 6);
+  CHECK(defaults.errors.empty());
 }
 
 class CountingObserver : public SampleObserver {
