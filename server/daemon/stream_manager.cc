@@ -32,6 +32,13 @@ image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
   return t;
 }
 
+void ToProto(const QuarantineEntry& e, v1::QuarantinedSample* q) {
+  q->set_dataset(e.dataset);
+  q->set_sample_index(e.sample_index);
+  q->set_path(e.path);
+  q->set_strikes(e.strikes);
+}
+
 std::optional<gid_t> LookupGroup(const std::string& name) {
   if (name.empty()) return std::nullopt;
   struct group* g = getgrnam(name.c_str());
@@ -312,11 +319,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_memory_reserved_bytes(deps_.budget->reserved());
   response->set_requests_rejected(stats.requests_rejected.load());
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
-    v1::QuarantinedSample* q = response->add_quarantined();
-    q->set_dataset(e.dataset);
-    q->set_sample_index(e.sample_index);
-    q->set_path(e.path);
-    q->set_strikes(e.strikes);
+    ToProto(e, response->add_quarantined());
   }
   std::vector<std::shared_ptr<Stream>> streams;
   {
@@ -329,11 +332,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
 
 void StreamManager::ListQuarantine(v1::ListQuarantineResponse* response) {
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
-    v1::QuarantinedSample* q = response->add_samples();
-    q->set_dataset(e.dataset);
-    q->set_sample_index(e.sample_index);
-    q->set_path(e.path);
-    q->set_strikes(e.strikes);
+    ToProto(e, response->add_samples());
   }
 }
 
