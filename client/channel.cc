@@ -1,6 +1,15 @@
 #include "client/channel.h"
 
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -65,6 +74,39 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   // Batch handles are small; stats with many bad files can be larger than the 4 MiB default.
   args.SetMaxReceiveMessageSize(64 << 20);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string DiagnoseNoConnection(const std::string& endpoint) {
+  absl::StatusOr<std::string> target = GrpcTarget(endpoint);
+  if (!target.ok() || !absl::StartsWith(*target, "unix:")) {
+    return "no connection (is ringloaderd running and the endpoint right?)";
+  }
+  const std::string path = target->substr(5);
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return absl::StrCat("socket path too long: ", path);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::StrCat("no connection: socket(): ", std::strerror(errno));
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return "no connection (the socket accepts connections, but ringloaderd does not answer)";
+  if (err == EACCES || err == EPERM) {
+    struct stat st {};
+    std::string who = "the daemon's user";
+    if (::stat(path.c_str(), &st) == 0) {
+      if (const struct group* g = ::getgrgid(st.st_gid); g != nullptr) {
+        who = absl::StrCat("members of group '", g->gr_name, "' (join with: sudo usermod -aG ",
+                           g->gr_name, " $USER, then log in again)");
+      }
+    }
+    return absl::StrCat("permission denied connecting to ", path, ": only ", who,
+                        " may connect");
+  }
+  if (err == ENOENT) return absl::StrCat("no connection: ", path, " does not exist (is ringloaderd running?)");
+  if (err == ECONNREFUSED) return absl::StrCat("no connection: nothing listens on ", path, " (is ringloaderd running?)");
+  return absl::StrCat("no connection to ", path, ": ", std::strerror(err));
 }
 
 }  // namespace ringloader::client

@@ -26,4 +26,9 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint);
 // peer is noticed, and a private subchannel pool so one Client's backoff state is its own.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 
+// Why nothing answers at `endpoint`, for "no connection" messages. For a Unix socket, what a
+// connect() says: "permission denied connecting to PATH: only members of group 'G' may connect
+// (join with: sudo usermod -aG G $USER ...)", "PATH does not exist (is ringloaderd running?)", ...
+std::string DiagnoseNoConnection(const std::string& endpoint);
+
 }  // namespace ringloader::client

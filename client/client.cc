@@ -89,15 +89,82 @@ Connection::Connection(std::string endpoint) : endpoint_(std::move(endpoint)) {
   stub_ = v1::Loader::NewStub(channel_);
 }
 
+Connection::~Connection() {
+  {
+    std::lock_guard<std::mutex> lock(session_mu_);
+    stopping_ = true;
+    if (session_context_ != nullptr) session_context_->TryCancel();
+    session_cv_.notify_all();
+  }
+  if (session_thread_.joinable()) session_thread_.join();
+}
+
+std::string Connection::SessionId(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(session_mu_);
+  if (!session_thread_.joinable() && !stopping_) {
+    session_thread_ = std::thread([this] { SessionLoop(); });
+  }
+  session_cv_.wait_for(lock, timeout, [this] { return !session_id_.empty() || stopping_; });
+  return session_id_;
+}
+
+void Connection::SessionRefused(const std::string& session_id) {
+  std::lock_guard<std::mutex> lock(session_mu_);
+  if (session_id_ == session_id) session_id_.clear();
+}
+
+void Connection::SessionLoop() {
+  while (true) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);  // wait out a daemon restart instead of failing fast
+    {
+      std::lock_guard<std::mutex> lock(session_mu_);
+      if (stopping_) return;
+      session_context_ = &context;
+    }
+    v1::AttachRequest request;
+    v1::AttachEvent event;
+    std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader = stub_->Attach(&context, request);
+    if (reader->Read(&event)) {
+      {
+        std::lock_guard<std::mutex> lock(session_mu_);
+        session_id_ = event.session_id();
+        session_cv_.notify_all();
+      }
+      while (reader->Read(&event)) {
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(session_mu_);
+      session_context_ = nullptr;
+      session_id_.clear();
+      stop = stopping_;
+      // A daemon without Attach (UNIMPLEMENTED) will not grow one: no session, idle timeout.
+      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) stop = stopping_ = true;
+      session_cv_.notify_all();
+    }
+    if (stop) return;
+    // The daemon went away (it restarts); wait a little, then attach to the next incarnation.
+    std::unique_lock<std::mutex> lock(session_mu_);
+    session_cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; });
+  }
+}
+
+std::string Connection::DiagnoseNoConnection() const {
+  return client::DiagnoseNoConnection(endpoint_);
+}
+
 absl::StatusOr<std::shared_ptr<const shm::ConsumerRing>> Connection::MapSegment(
-    const std::string& segment, uint64_t incarnation) {
+    const std::string& segment, uint64_t incarnation, const std::string& shm_dir) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto key = std::make_pair(incarnation, segment);
   if (auto it = mappings_.find(key); it != mappings_.end()) {
     if (auto ring = it->second.lock()) return ring;
   }
   absl::StatusOr<std::unique_ptr<shm::ConsumerRing>> ring =
-      shm::ConsumerRing::Open(segment, incarnation);
+      shm::ConsumerRing::Open(segment, incarnation, shm_dir.empty() ? "/dev/shm" : shm_dir);
   if (!ring.ok()) return ring.status();
   std::shared_ptr<const shm::ConsumerRing> shared = *std::move(ring);
   std::erase_if(mappings_, [](const auto& entry) { return entry.second.expired(); });

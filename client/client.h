@@ -115,6 +115,15 @@ struct StreamOptions {
   std::chrono::milliseconds reconnect_deadline = std::chrono::seconds(60);
   // Verify each batch's checksum against the slot descriptor (costs one pass over the bytes).
   bool verify_checksums = false;
+  // The dataset's fingerprint (Stream::dataset_fingerprint()) when the position in `start` was
+  // saved; 0 = do not check. Kept in State(). If the daemon's dataset now differs (files added,
+  // removed or renamed), Open() fails with kFailedPrecondition "dataset ... changed": resuming
+  // the old position would repeat or skip samples. Once open, a stream also refuses to reopen
+  // after a daemon restart against a changed dataset.
+  uint64_t dataset_fingerprint = 0;
+  // With a fingerprint that no longer matches: start the saved epoch again from its first batch
+  // (with the new sample list) instead of failing.
+  bool restart_epoch_if_dataset_changed = false;
 };
 
 class Stream;
@@ -160,6 +169,8 @@ class Stream {
   const StreamOptions& options() const;
   // Daemon reconnects this stream has survived.
   uint64_t reconnects() const;
+  // The fingerprint of the dataset this stream reads (see StreamOptions::dataset_fingerprint).
+  uint64_t dataset_fingerprint() const;
 
   struct Impl;
   explicit Stream(std::unique_ptr<Impl> impl);
@@ -201,8 +212,9 @@ void ValidateOptions(const StreamOptions& options);
 //   ringloader-state v1 dataset=<percent-encoded> batch_size=64 seed=0 rank=0 world_size=1
 //   image_size=224 augment=train|eval dtype=uint8|float32 layout=nhwc|nchw shuffle=1 drop_last=0
 //   end_epoch=2 ring_slots=0 epoch=1 sequence=7 cursor=448 [mean=a,b,c std=a,b,c]
-// Fields may appear in any order; every field except mean/std is required; unknown or repeated
-// fields are errors. The position fields are where the stream resumes.
+//   [fingerprint=<16 hex digits>]
+// Fields may appear in any order; every field except mean/std/fingerprint is required; unknown or
+// repeated fields are errors. The position fields are where the stream resumes.
 struct ResumeState {
   StreamOptions options;  // options.start = the position to resume at
 };

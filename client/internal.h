@@ -1,30 +1,53 @@
 #pragma once
 // Internals shared by client.cc and stream.cc. Not installed; includes gRPC and shm.
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "shm/ring.h"
 
 namespace ringloader::client {
 
-// What a Client and all its Streams share: the channel, the stub and the ring mappings. Held by
-// shared_ptr, so a Stream keeps working after its Client is destroyed.
+// What a Client and all its Streams share: the channel, the stub, the ring mappings and the
+// session. Held by shared_ptr, so a Stream keeps working after its Client is destroyed.
+//
+// The session (proto Loader.Attach): a call held open by a background thread for as long as the
+// Connection lives, so the daemon learns at once when this process is gone (exit, kill, crash)
+// and closes its streams; while it is open, the daemon never closes our streams for idleness.
+// The thread starts with the first SessionId() call and attaches again after a daemon restart.
 // Thread-safety: thread-safe.
 class Connection {
  public:
   // Throws Error(kInvalidArgument) for a malformed endpoint. Does not connect yet.
   explicit Connection(std::string endpoint);
+  ~Connection();  // ends the session (cancels the call) and joins its thread
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // The live session's id, waiting up to `timeout` for one to be attached; empty if none is
+  // (the daemon is down, or predates sessions): streams then fall back to the idle timeout.
+  std::string SessionId(std::chrono::milliseconds timeout);
+  // Forgets `session_id` (the daemon said it does not know it) so the next SessionId() waits
+  // for a fresh one.
+  void SessionRefused(const std::string& session_id);
+
+  // Why nothing answers at the endpoint, for "no connection" errors: for a Unix socket, what a
+  // connect() to it says ("permission denied: ... group G may connect", "no such file", ...).
+  std::string DiagnoseNoConnection() const;
 
   const std::string& endpoint() const { return endpoint_; }
   v1::Loader::Stub& stub() { return *stub_; }
@@ -34,9 +57,12 @@ class Connection {
   // Maps `segment` read-only, or returns the live mapping of the same (incarnation, segment).
   // Batches hold the returned pointer, so a mapping lives as long as any batch read from it.
   absl::StatusOr<std::shared_ptr<const shm::ConsumerRing>> MapSegment(const std::string& segment,
-                                                                      uint64_t incarnation);
+                                                                      uint64_t incarnation,
+                                                                      const std::string& shm_dir);
 
  private:
+  void SessionLoop();
+
   const std::string endpoint_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Loader::Stub> stub_;
@@ -44,6 +70,13 @@ class Connection {
   std::mutex mu_;
   std::map<std::pair<uint64_t, std::string>, std::weak_ptr<const shm::ConsumerRing>> mappings_
       ABSL_GUARDED_BY(mu_);
+
+  std::mutex session_mu_;
+  std::condition_variable session_cv_;  // notified when session_id_ or stopping_ changes
+  std::thread session_thread_;          // started by the first SessionId()
+  grpc::ClientContext* session_context_ ABSL_GUARDED_BY(session_mu_) = nullptr;  // call in flight
+  std::string session_id_ ABSL_GUARDED_BY(session_mu_);  // empty while no session is attached
+  bool stopping_ ABSL_GUARDED_BY(session_mu_) = false;
 };
 
 // A handle a destroyed Batch gives back. Names the lease exactly (stream, incarnation, slot,

@@ -162,6 +162,9 @@ std::string FormatState(const StreamOptions& o, const Position& next) {
       " sequence=", next.sequence, " cursor=", next.cursor);
   if (!o.mean.empty()) absl::StrAppend(&s, " mean=", FormatFloats(o.mean));
   if (!o.std.empty()) absl::StrAppend(&s, " std=", FormatFloats(o.std));
+  if (o.dataset_fingerprint != 0) {
+    absl::StrAppend(&s, " fingerprint=", absl::Hex(o.dataset_fingerprint, absl::kZeroPad16));
+  }
   return s;
 }
 
@@ -191,7 +194,7 @@ ResumeState ParseState(const std::string& text) {
       "ring_slots", "epoch",      "sequence", "cursor"};
   for (const auto& [key, value] : fields) {
     if (std::find(kRequired.begin(), kRequired.end(), key) == kRequired.end() && key != "mean" &&
-        key != "std") {
+        key != "std" && key != "fingerprint") {
       BadField(key, "unknown field");
     }
   }
@@ -241,6 +244,13 @@ ResumeState ParseState(const std::string& text) {
   o.start.cursor = ParseU64("cursor", fields["cursor"]);
   if (fields.count("mean")) o.mean = ParseFloats("mean", fields["mean"]);
   if (fields.count("std")) o.std = ParseFloats("std", fields["std"]);
+  if (fields.count("fingerprint")) {
+    const absl::string_view hex = fields["fingerprint"];
+    if (hex.size() != 16 || !absl::SimpleHexAtoi(hex, &o.dataset_fingerprint) ||
+        o.dataset_fingerprint == 0) {
+      BadField("fingerprint", absl::StrCat("must be 16 hex digits, not all zero, got '", hex, "'"));
+    }
+  }
 
   // Cross-field rules, reported against the state's field names.
   if (o.batch_size == 0) BadField("batch_size", "must be > 0");

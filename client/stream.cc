@@ -5,6 +5,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
@@ -39,7 +40,11 @@ std::string Seconds(std::chrono::milliseconds d) {
 
 struct Stream::Impl {
   Impl(std::shared_ptr<Connection> c, const StreamOptions& o)
-      : connection(std::move(c)), options(o), position(o.start), backoff(std::random_device{}()) {}
+      : connection(std::move(c)),
+        options(o),
+        position(o.start),
+        fingerprint(o.dataset_fingerprint),
+        backoff(std::random_device{}()) {}
 
   // One OpenStream at `position` plus mapping its segment. On success the stream is current.
   // A vanished segment comes back as UNAVAILABLE (retried); other mapping failures throw.
@@ -47,36 +52,68 @@ struct Stream::Impl {
   // only drives a connection's handshake while a call is active, so a fail-fast call followed by
   // a sleep would leave reconnecting to gRPC's 5 s backup poller.
   grpc::Status TryOpen(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::system_clock::now() + timeout;
     v1::OpenStreamRequest request;
     FillSpec(options, *request.mutable_spec());
     request.mutable_start()->set_epoch(position.epoch);
     request.mutable_start()->set_sequence(position.sequence);
     request.mutable_start()->set_cursor(position.cursor);
     request.set_client_name(options.client_name);
+    request.set_expected_fingerprint(fingerprint);
+    const std::string session = connection->SessionId(timeout);
+    request.set_session_id(session);
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + timeout);
+    context.set_deadline(deadline);
     context.set_wait_for_ready(true);
     v1::OpenStreamResponse response;
     grpc::Status status = connection->stub().OpenStream(&context, request, &response);
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connection->connected()) {
-      // Waiting for a connection that never came: say that, not "deadline exceeded".
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "no connection (is ringloaderd running and the endpoint right?)");
+      // Waiting for a connection that never came: say why, not "deadline exceeded".
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, connection->DiagnoseNoConnection());
+    }
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      const std::string& message = status.error_message();
+      if (absl::StartsWith(message, "session_id:")) {
+        // Our session ended with the daemon's previous incarnation: attach again and retry.
+        connection->SessionRefused(session);
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, message);
+      }
+      if (absl::StrContains(message, "changed since the position") &&
+          options.restart_epoch_if_dataset_changed && fingerprint != 0) {
+        position = Position{position.epoch, 0, 0};
+        fingerprint = 0;
+        return TryOpen(timeout);
+      }
     }
     if (!status.ok()) return status;
-    auto mapped = connection->MapSegment(response.segment_name(), response.incarnation());
+    stream_id = response.stream_id();
+    incarnation = response.incarnation();
+    token = response.stream_token();
+    fingerprint = response.dataset_fingerprint();
+    open = true;
+    auto mapped =
+        connection->MapSegment(response.segment_name(), response.incarnation(), response.shm_dir());
     if (!mapped.ok()) {
-      if (absl::IsNotFound(mapped.status())) {
+      CloseQuietly();  // the daemon must not keep a ring nobody can read
+      const std::string where = absl::StrCat(
+          response.shm_dir().empty() ? "/dev/shm" : response.shm_dir(), response.segment_name());
+      // Not found right after the daemon created it: the daemon died in between (retry), or this
+      // process does not see the daemon's shm_dir (a container without the mount: retrying
+      // cannot help). Two misses in a row is the latter.
+      if (absl::IsNotFound(mapped.status()) && ++missing_segments < 2) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             absl::StrCat("ring segment vanished: ", mapped.status().message()));
       }
       throw Error(ErrorCode::kFailedPrecondition,
-                  absl::StrCat("cannot map the stream's ring: ", mapped.status().message()));
+                  absl::StrCat("cannot map the stream's ring ", where, ": ",
+                               mapped.status().message(),
+                               absl::IsNotFound(mapped.status())
+                                   ? "; this process must see the daemon's shm_dir (in a "
+                                     "container, mount the same directory the daemon uses)"
+                                   : ""));
     }
+    missing_segments = 0;
     ring = *std::move(mapped);
-    stream_id = response.stream_id();
-    incarnation = response.incarnation();
-    open = true;
     return grpc::Status::OK;
   }
 
@@ -126,6 +163,7 @@ struct Stream::Impl {
     v1::CloseStreamRequest request;
     request.set_stream_id(stream_id);
     request.set_incarnation(incarnation);
+    request.set_stream_token(token);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kCloseTimeout);
     v1::CloseStreamResponse response;
@@ -138,6 +176,7 @@ struct Stream::Impl {
       request.set_stream_id(stream_id);
       request.set_incarnation(incarnation);
       request.set_wait_ms(static_cast<uint32_t>(kWait.count()));
+      request.set_stream_token(token);
       for (const PendingRelease& r : releases->Drain()) {
         // Handles of an earlier stream or incarnation died with it: never send them.
         if (r.stream_id != stream_id || r.incarnation != incarnation) continue;
@@ -182,14 +221,19 @@ struct Stream::Impl {
       releases->Push(lease);
       throw Error(ErrorCode::kInternal, std::string(impl.status().message()));
     }
+    // Batches come in order with no gap: exactly the position we asked for, or the next epoch's
+    // first batch when the rest of this epoch yielded none (a dropped or all-bad tail). Anything
+    // else means batches went elsewhere: fail loudly rather than train on a hole.
     const Position& at = (*impl)->position;
-    if (at.epoch < position.epoch ||
-        (at.epoch == position.epoch && at.sequence < position.sequence)) {
+    const bool expected = at == position || (at.epoch == position.epoch + 1 && at.sequence == 0 &&
+                                             at.cursor == 0 && position.sequence > 0);
+    if (!expected) {
       releases->Push(lease);
-      throw Error(ErrorCode::kInternal,
-                  absl::StrCat("daemon sent batch (epoch ", at.epoch, ", sequence ", at.sequence,
-                               ") before the requested position (epoch ", position.epoch,
-                               ", sequence ", position.sequence, ")"));
+      throw Error(ErrorCode::kDataLoss,
+                  absl::StrCat("batch gap: expected epoch ", position.epoch, " sequence ",
+                               position.sequence, " cursor ", position.cursor,
+                               ", the daemon sent epoch ", at.epoch, " sequence ", at.sequence,
+                               " cursor ", at.cursor));
     }
     if (options.verify_checksums) {
       absl::Status verified = ring->Verify(handle.slot(), handle.ring_sequence());
@@ -212,8 +256,11 @@ struct Stream::Impl {
   const std::shared_ptr<Connection> connection;
   const StreamOptions options;
   Position position;  // of the next batch to deliver; owned by the client
+  uint64_t fingerprint = 0;  // of the dataset; 0 until the first open unless resuming
   uint64_t stream_id = 0;
   uint64_t incarnation = 0;
+  std::string token;         // OpenStreamResponse.stream_token of the current stream
+  int missing_segments = 0;  // consecutive opens whose segment was not found
   bool open = false;
   bool ended = false;
   std::shared_ptr<const shm::ConsumerRing> ring;
@@ -228,7 +275,12 @@ Stream::~Stream() {
 }
 std::optional<Batch> Stream::Next() { return impl_->Next(); }
 Position Stream::position() const { return impl_->position; }
-std::string Stream::State() const { return FormatState(impl_->options, impl_->position); }
+std::string Stream::State() const {
+  StreamOptions options = impl_->options;
+  options.dataset_fingerprint = impl_->fingerprint;
+  return FormatState(options, impl_->position);
+}
+uint64_t Stream::dataset_fingerprint() const { return impl_->fingerprint; }
 const StreamOptions& Stream::options() const { return impl_->options; }
 uint64_t Stream::reconnects() const { return impl_->reconnects.load(std::memory_order_relaxed); }
 

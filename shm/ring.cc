@@ -2,13 +2,17 @@
 #include "shm/ring.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
 #include <charconv>
+#include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "shm/segment_file.h"
@@ -17,26 +21,95 @@ namespace ringloader::shm {
 namespace {
 
 constexpr std::string_view kNamePrefix = "ringloader.";
+constexpr std::string_view kLockSuffix = ".lock";
 
-// Parses "ringloader.<pid>.<incarnation hex>.<stream id>" (no leading slash); nullopt otherwise.
-std::optional<pid_t> ParseSegmentPid(std::string_view entry) {
+// A name in the shm directory that belongs to one daemon incarnation:
+//   "ringloader.<pid>.<incarnation hex>.<stream id>"  a ring segment
+//   "ringloader.<pid>.<incarnation hex>.lock"         that incarnation's liveness lock
+struct ParsedName {
+  pid_t pid = 0;
+  std::string owner;  // "ringloader.<pid>.<incarnation hex>": the incarnation's prefix
+  bool is_lock = false;
+};
+
+std::optional<ParsedName> ParseName(std::string_view entry) {
+  const std::string_view whole = entry;
   if (entry.substr(0, kNamePrefix.size()) != kNamePrefix) return std::nullopt;
   entry.remove_prefix(kNamePrefix.size());
   const char* p = entry.data();
   const char* end = entry.data() + entry.size();
-  pid_t pid = 0;
-  auto r = std::from_chars(p, end, pid, 10);
-  if (r.ec != std::errc() || r.ptr == end || *r.ptr != '.' || pid <= 0) return std::nullopt;
+  ParsedName parsed;
+  auto r = std::from_chars(p, end, parsed.pid, 10);
+  if (r.ec != std::errc() || r.ptr == end || *r.ptr != '.' || parsed.pid <= 0) return std::nullopt;
   uint64_t incarnation = 0;
   r = std::from_chars(r.ptr + 1, end, incarnation, 16);
   if (r.ec != std::errc() || r.ptr == end || *r.ptr != '.') return std::nullopt;
+  parsed.owner = std::string(whole.substr(0, static_cast<size_t>(r.ptr - whole.data())));
+  const std::string_view rest(r.ptr, static_cast<size_t>(end - r.ptr));
+  if (rest == kLockSuffix) {
+    parsed.is_lock = true;
+    return parsed;
+  }
   uint64_t stream = 0;
   r = std::from_chars(r.ptr + 1, end, stream, 10);
   if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
-  return pid;
+  return parsed;
+}
+
+std::string DirJoin(const std::string& dir, std::string_view name) {
+  return internal::SegmentPath(dir, absl::StrCat("/", internal::Sv(name)));
+}
+
+enum class Liveness { kAlive, kDead, kUnknown };
+
+// Whether the incarnation `owner` still runs, by its lock file: the daemon holds an exclusive
+// flock on it for its whole life, and the kernel drops the lock when the process dies, however it
+// dies and in whatever pid namespace it runs. kUnknown when there is no lock file.
+// On kDead, `*held` is the open, locked file (so no other cleaner races us); the caller closes it.
+Liveness LivenessOf(const std::string& shm_dir, const std::string& owner, int* held) {
+  const std::string path = DirJoin(shm_dir, absl::StrCat(owner, internal::Sv(kLockSuffix)));
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno == ENOENT ? Liveness::kUnknown : Liveness::kAlive;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return Liveness::kAlive;
+  }
+  *held = fd;
+  return Liveness::kDead;
 }
 
 }  // namespace
+
+struct IncarnationLock::Impl {
+  std::string path;
+  int fd = -1;
+};
+
+absl::StatusOr<std::unique_ptr<IncarnationLock>> IncarnationLock::Acquire(
+    const std::string& shm_dir, pid_t daemon_pid, uint64_t incarnation) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = DirJoin(shm_dir, absl::StrCat(internal::Sv(kNamePrefix), daemon_pid, ".",
+                                             absl::Hex(incarnation), internal::Sv(kLockSuffix)));
+  impl->fd = ::open(impl->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (impl->fd < 0) return internal::ErrnoStatus(errno, absl::StrCat("create ", impl->path));
+  if (::flock(impl->fd, LOCK_EX | LOCK_NB) != 0) {
+    absl::Status s = internal::ErrnoStatus(errno, absl::StrCat("flock ", impl->path));
+    ::close(impl->fd);
+    ::unlink(impl->path.c_str());
+    return s;
+  }
+  auto lock = std::unique_ptr<IncarnationLock>(new IncarnationLock());
+  lock->impl_ = std::move(impl);
+  return lock;
+}
+
+IncarnationLock::~IncarnationLock() {
+  if (impl_ == nullptr) return;
+  ::unlink(impl_->path.c_str());
+  ::close(impl_->fd);
+}
+
+const std::string& IncarnationLock::path() const { return impl_->path; }
 
 std::string_view SlotStateName(SlotState state) {
   switch (state) {
@@ -62,8 +135,9 @@ absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir) {
   if (dir == nullptr) {
     return internal::ErrnoStatus(errno, absl::StrCat("RemoveStaleSegments: opendir ", shm_dir));
   }
-  const pid_t self = ::getpid();
-  int removed = 0;
+  // Names grouped by incarnation, so each incarnation's liveness is decided once.
+  std::map<std::string, std::vector<std::string>> segments_of;
+  std::map<std::string, pid_t> pid_of;
   while (true) {
     errno = 0;
     const dirent* entry = ::readdir(dir.get());
@@ -73,16 +147,39 @@ absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir) {
       }
       break;
     }
-    const std::optional<pid_t> pid = ParseSegmentPid(entry->d_name);
-    if (!pid.has_value() || *pid == self) continue;
-    // Only ESRCH proves the creator is gone; EPERM means it lives under another user.
-    if (::kill(*pid, 0) == 0 || errno != ESRCH) continue;
-    absl::Status s = internal::RemoveSegment(shm_dir, absl::StrCat("/", entry->d_name));
-    if (s.ok()) {
-      ++removed;
-    } else if (!absl::IsNotFound(s)) {  // NotFound: another cleaner was faster
-      return s;
+    std::optional<ParsedName> parsed = ParseName(entry->d_name);
+    if (!parsed.has_value()) continue;
+    std::vector<std::string>& names = segments_of[parsed->owner];
+    pid_of[parsed->owner] = parsed->pid;
+    if (!parsed->is_lock) names.push_back(absl::StrCat("/", entry->d_name));
+  }
+  int removed = 0;
+  for (const auto& [owner, names] : segments_of) {
+    int held = -1;
+    Liveness liveness = LivenessOf(shm_dir, owner, &held);
+    if (liveness == Liveness::kUnknown) {
+      // No lock file: a daemon of a version before the lock. Only ESRCH proves its creator is
+      // gone (EPERM means it lives under another user); our own pid is alive by definition.
+      const pid_t pid = pid_of[owner];
+      const bool dead = pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+      liveness = dead ? Liveness::kDead : Liveness::kAlive;
     }
+    if (liveness == Liveness::kAlive) continue;
+    absl::Status failed;
+    for (const std::string& name : names) {
+      absl::Status s = internal::RemoveSegment(shm_dir, name);
+      if (s.ok()) {
+        ++removed;
+      } else if (!absl::IsNotFound(s) && failed.ok()) {  // NotFound: another cleaner was faster
+        failed = s;
+      }
+    }
+    if (held >= 0) {
+      // Unlinked while we hold it, so a cleaner that opened it before cannot mistake a new file.
+      if (failed.ok()) ::unlink(DirJoin(shm_dir, absl::StrCat(owner, internal::Sv(kLockSuffix))).c_str());
+      ::close(held);
+    }
+    if (!failed.ok()) return failed;
   }
   return removed;
 }

@@ -161,14 +161,37 @@ class ConsumerRing {
   std::unique_ptr<Impl> impl_;
 };
 
-// Segment names: "/ringloader.<pid>.<incarnation hex>.<stream id>". The pid lets a new daemon
-// recognise segments of dead daemons.
+// Segment names: "/ringloader.<pid>.<incarnation hex>.<stream id>". Every name of one daemon
+// incarnation starts with "ringloader.<pid>.<incarnation hex>".
 std::string SegmentName(pid_t daemon_pid, uint64_t incarnation, uint64_t stream_id);
 
-// Removes "ringloader.<pid>.<hex>.<dec>" segments in `shm_dir` whose creating pid is no longer
-// alive (kill(pid, 0) fails with ESRCH) and is not us. Returns how many it removed. Never touches
-// segments of live daemons, nor names it cannot parse. Pids are those of our pid namespace: a
-// daemon in another container sharing /dev/shm would look dead, so do not share /dev/shm.
+// The liveness of a daemon incarnation, as seen by every process sharing its shm directory: a
+// file "<shm_dir>/ringloader.<pid>.<incarnation hex>.lock" on which the daemon holds an exclusive
+// flock for its whole life. The kernel releases the lock when the process dies, however it dies,
+// so liveness never depends on pids, which lie across pid namespaces (containers) and repeat
+// across restarts (a container's daemon is pid 1 every time). Removed on destruction.
+class IncarnationLock {
+ public:
+  // Creates the file (O_EXCL) and locks it. Errors name the file and the failing call.
+  static absl::StatusOr<std::unique_ptr<IncarnationLock>> Acquire(const std::string& shm_dir,
+                                                                 pid_t daemon_pid,
+                                                                 uint64_t incarnation);
+  ~IncarnationLock();
+  IncarnationLock(const IncarnationLock&) = delete;
+  IncarnationLock& operator=(const IncarnationLock&) = delete;
+  const std::string& path() const;
+
+ private:
+  IncarnationLock() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Removes the segments in `shm_dir` of every incarnation whose lock nobody holds (its daemon is
+// dead), and their lock files. Returns how many segments it removed. Never touches an incarnation
+// whose lock is held (in any pid namespace), nor names it cannot parse. Segments without a lock
+// file (daemons older than the lock) count as dead only when their pid is gone (kill(pid, 0)
+// fails with ESRCH) and is not ours.
 absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir = "/dev/shm");
 
 // XXH3-64 of `bytes`: the checksum stored in slot descriptors.

@@ -1,4 +1,6 @@
 // ringloaderctl's command line: flags -> one Run* function (ctl.h).
+#include "absl/strings/str_cat.h"
+#include "server/image/sample_decoder.h"
 #include "CLI/CLI.hpp"
 
 #include <unistd.h>
@@ -56,6 +58,9 @@ int Main(int argc, char** argv) {
   consume_cmd->add_option("--state", consume.state_file,
                           "resume from this file when present; save it after every batch");
   consume_cmd->add_flag("--verify", consume.verify, "verify each batch's checksum");
+  consume_cmd->add_flag("--restart-epoch-if-changed", consume.restart_epoch_if_changed,
+                        "resuming a --state whose dataset changed since it was saved (files "
+                        "added, removed, renamed): start its epoch again instead of failing");
   consume_cmd->add_option("--reconnect-deadline-s", consume.reconnect_deadline_s)
       ->capture_default_str();
 
@@ -71,11 +76,18 @@ int Main(int argc, char** argv) {
   validate_cmd->add_option("--format", validate.format)
       ->check(CLI::IsMember({"imagefolder", "manifest"}))
       ->capture_default_str();
-  validate_cmd->add_option("--path", validate.path, "the dataset root")->required();
+  validate_cmd->add_option("--config", validate.config,
+                           "a ringloaderd config: check --dataset with exactly its limits");
+  validate_cmd->add_option("--dataset", validate.dataset, "a dataset name of --config");
+  validate_cmd->add_option("--path", validate.path, "the dataset root (without --config)");
   validate_cmd->add_option("--manifest", validate.manifest, "manifest file (format manifest)");
   validate_cmd->add_option("--jobs", validate.jobs, "decode threads (0 = one per CPU)")
       ->capture_default_str();
-  validate_cmd->add_option("--max-pixels", validate.max_pixels)->capture_default_str();
+  uint64_t max_pixels = 0;
+  CLI::Option* max_pixels_opt = validate_cmd->add_option(
+      "--max-pixels", max_pixels,
+      absl::StrCat("override max_pixels (default: the config's, else ",
+                   image::DecodeLimits{}.max_pixels, ", the daemon's default)"));
 
   QuarantineOptions quarantine;
   CLI::App* quarantine_cmd = app.add_subcommand("quarantine", "samples that crashed the daemon");
@@ -107,7 +119,10 @@ int Main(int argc, char** argv) {
     return RunConsume(consume, std::cout, std::cerr);
   }
   if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
-  if (*validate_cmd) return RunValidate(validate, std::cout, std::cerr);
+  if (*validate_cmd) {
+    if (*max_pixels_opt) validate.max_pixels = max_pixels;
+    return RunValidate(validate, std::cout, std::cerr);
+  }
   quarantine.endpoint = endpoint;
   if (*list_cmd) return RunQuarantineList(quarantine, std::cout, std::cerr);
   return RunQuarantineClear(quarantine, std::cout, std::cerr);

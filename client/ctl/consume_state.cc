@@ -11,11 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "proto/wire_text.h"
 
 namespace ringloader::ctl {
 namespace {
 
 constexpr absl::string_view kBytesKey = "samples_out_bytes=";
+constexpr absl::string_view kPathKey = "samples_out_path=";
 
 template <typename T>
 absl::Status Compare(absl::string_view flag, const T& saved, const T& now) {
@@ -26,16 +28,22 @@ absl::Status Compare(absl::string_view flag, const T& saved, const T& now) {
 
 }  // namespace
 
-std::string FormatConsumeState(const std::string& stream_state, uint64_t samples_out_bytes) {
-  return absl::StrCat(stream_state, "\n", kBytesKey, samples_out_bytes, "\n");
+std::string FormatConsumeState(const std::string& stream_state, uint64_t samples_out_bytes,
+                               const std::string& samples_out_path) {
+  std::string text = absl::StrCat(stream_state, "\n", kBytesKey, samples_out_bytes, "\n");
+  if (!samples_out_path.empty()) {
+    absl::StrAppend(&text, kPathKey, wire::EscapeBytes(samples_out_path), "\n");
+  }
+  return text;
 }
 
 absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
   std::vector<absl::string_view> lines =
       absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
-  if (lines.size() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected 2 lines (stream state, samples_out_bytes=N), found ", lines.size()));
+  if (lines.size() != 2 && lines.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected 2 or 3 lines (stream state, samples_out_bytes=N[, samples_out_path=P]), found ",
+        lines.size()));
   }
   ConsumeState state;
   try {
@@ -49,6 +57,16 @@ absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
       !absl::SimpleAtoi(bytes, &state.samples_out_bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("line 2: expected samples_out_bytes=<N>, got '", lines[1], "'"));
+  }
+  if (lines.size() == 3) {
+    absl::string_view path = lines[2];
+    std::optional<std::string> unescaped;
+    if (!absl::ConsumePrefix(&path, kPathKey) ||
+        !(unescaped = wire::UnescapeBytes(std::string_view(path.data(), path.size())))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line 3: expected samples_out_path=<path>, got '", lines[2], "'"));
+    }
+    state.samples_out_path = *std::move(unescaped);
   }
   return state;
 }

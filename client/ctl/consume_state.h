@@ -1,12 +1,14 @@
 #pragma once
-// The --state file of `ringloaderctl consume`. Two lines:
+// The --state file of `ringloaderctl consume`. Two or three lines:
 //
 //   ringloader-state v1 dataset=... epoch=... sequence=... cursor=...   (client::FormatState)
 //   samples_out_bytes=<N>
+//   samples_out_path=<path, escaped as wire::EscapeBytes does>          (when there was one)
 //
 // samples_out_bytes is the length the --samples-out file had when this state was saved: lines
-// after it belong to batches the saved position does not cover yet, so a resumed run truncates
-// the file there and delivers those batches again. Saved by writing "<file>.tmp" and renaming it
+// after it belong to batches the saved position does not cover yet, so a resumed run into the
+// same file truncates it there and delivers those batches again. A resumed run into another file
+// starts that file afresh: it holds the rest of the run. Saved by writing "<file>.tmp" and renaming it
 // over the file, so a killed consumer leaves either the old or the new state, never half of one.
 
 #include <cstdint>
@@ -24,9 +26,11 @@ namespace ringloader::ctl {
 struct ConsumeState {
   client::StreamOptions options;  // options.start = where to resume
   uint64_t samples_out_bytes = 0;
+  std::string samples_out_path;   // empty = the run had no --samples-out (or an older state)
 };
 
-std::string FormatConsumeState(const std::string& stream_state, uint64_t samples_out_bytes);
+std::string FormatConsumeState(const std::string& stream_state, uint64_t samples_out_bytes,
+                               const std::string& samples_out_path);
 // InvalidArgument naming the bad line or field.
 absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text);
 

@@ -51,6 +51,8 @@ struct ConsumeOptions {
   std::string state_file;               // empty = none
   bool verify = false;
   double reconnect_deadline_s = 60;
+  // Resuming a --state whose dataset changed since: start the saved epoch again (else an error).
+  bool restart_epoch_if_changed = false;
   bool progress = false;  // one updating progress line on `err` (main() sets it when a TTY)
 };
 // Reads batches like a trainer; ends with "consumed N samples in B batches over E epochs: X
@@ -69,15 +71,20 @@ struct MakeDatasetOptions {
 int RunMakeDataset(const MakeDatasetOptions& options, std::ostream& out, std::ostream& err);
 
 struct ValidateOptions {
+  // Either a daemon config and one of its datasets (format, path, manifest and every decode limit
+  // come from there, exactly as the daemon applies them) ...
+  std::string config;
+  std::string dataset;
+  // ... or the dataset itself, with the daemon's default limits (image::DecodeLimits).
   std::string format = "imagefolder";  // imagefolder | manifest
   std::string path;
   std::string manifest;
   uint32_t jobs = 0;  // 0 = one per CPU
-  uint64_t max_pixels = 100'000'000;
+  std::optional<uint64_t> max_pixels;  // unset: the config's or the default
 };
 // Decodes every sample; prints "BAD <relative_path>: <reason>: <message>" per bad file in index
-// order, then "checked N files: G good, B bad" (+ " (reason: count, ...)"). 0 all good, 1 some
-// bad, 2 the dataset cannot be opened.
+// order (paths escaped as proto/wire_text.h says), then "checked N files: G good, B bad"
+// (+ " (reason: count, ...)"). 0 all good, 1 some bad, 2 the dataset cannot be opened.
 int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err);
 
 struct QuarantineOptions {

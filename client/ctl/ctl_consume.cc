@@ -103,6 +103,7 @@ absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o) {
       std::chrono::milliseconds(static_cast<int64_t>(o.reconnect_deadline_s * 1000));
   s.verify_checksums = o.verify;
   s.client_name = "ringloaderctl consume";
+  s.restart_epoch_if_dataset_changed = o.restart_epoch_if_changed;
   return s;
 }
 
@@ -149,8 +150,8 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
     if (!o.state_file.empty()) {
       // After the samples are flushed: a state never covers lines that are not in the file.
       absl::Status s = SaveFileAtomically(
-          o.state_file, FormatConsumeState(FormatState(stream_options, batch->next()),
-                                           samples ? samples->bytes() : 0));
+          o.state_file,
+          FormatConsumeState(stream->State(), samples ? samples->bytes() : 0, o.samples_out));
       if (!s.ok()) return s;
     }
     if (o.progress && Clock::now() - last_progress > std::chrono::milliseconds(200)) {
@@ -191,7 +192,13 @@ int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
       }
       stream_options->start = saved->options.start;
       stream_options->ring_slots = saved->options.ring_slots;
-      keep_bytes = saved->samples_out_bytes;
+      stream_options->dataset_fingerprint = saved->options.dataset_fingerprint;
+      // Into the same samples file: keep what the saved position covers. Into another (or a
+      // first) one: start it afresh with the rest of the run.
+      const bool same_file = !saved->samples_out_path.empty()
+                                 ? saved->samples_out_path == o.samples_out
+                                 : !o.samples_out.empty();  // older states: assume the same
+      keep_bytes = same_file ? saved->samples_out_bytes : 0;
     }
   }
   try {

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <ostream>
 
+#include "client/channel.h"
 #include "client/ctl/ctl.h"
 #include "client/ctl/rpc.h"
 #include "proto/health.grpc.pb.h"
@@ -28,7 +29,8 @@ int RunHealth(const HealthOptions& options, std::ostream& out) {
       return kExitFailure;
     }
     if (ExitCodeFor(status) == kExitUnavailable) {
-      out << "unreachable: " << options.endpoint << ": " << Describe(status) << "\n";
+      out << "unreachable: " << options.endpoint << ": " << Describe(status) << "; "
+          << client::DiagnoseNoConnection(options.endpoint) << "\n";
       return kExitUnavailable;
     }
     out << "error: " << options.endpoint << ": " << Describe(status) << "\n";

@@ -36,10 +36,10 @@ int RunQuarantineList(const QuarantineOptions& options, std::ostream& out, std::
     out << "no quarantined samples\n";
     return kExitOk;
   }
-  // dataset <TAB> sample_index <TAB> strikes <TAB> path
+  // dataset <TAB> sample_index <TAB> strikes <TAB> path (escaped as wire::EscapeBytes does)
   for (const v1::QuarantinedSample& q : response.samples()) {
-    out << q.dataset() << "\t" << q.sample_index() << "\t" << q.strikes() << "\t" << q.path()
-        << "\n";
+    out << q.dataset() << "\t" << q.sample_index() << "\t" << q.strikes() << "\t"
+        << q.path() << "\n";
   }
   return kExitOk;
 }

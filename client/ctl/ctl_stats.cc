@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "proto/wire_text.h"
 #include "absl/strings/str_join.h"
 #include "client/ctl/ctl.h"
 #include "client/ctl/rpc.h"
@@ -56,7 +57,8 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                            "EPOCH:SEQ", "RING");
     for (const v1::StreamStats& st : s.streams()) {
       out << absl::StrFormat("  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %s\n", st.stream_id(),
-                             st.dataset(), st.client_name().empty() ? "-" : st.client_name(),
+                             st.dataset(),
+                             st.client_name().empty() ? "-" : wire::EscapeBytes(st.client_name()),
                              absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
                              absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/",
                                           st.slots_filling(), "/", st.slots_total()),

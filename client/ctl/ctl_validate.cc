@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ctl/ctl.h"
+#include "proto/wire_text.h"
+#include "server/daemon/config.h"
 #include "server/image/sample_decoder.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/worker_pool.h"
@@ -25,45 +27,64 @@ absl::string_view WithoutPathPrefix(absl::string_view message, absl::string_view
 }  // namespace
 
 int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err) {
+  const auto usage = [&](absl::string_view message) {
+    err << "ringloaderctl validate: " << message << "\n";
+    return kExitUsage;
+  };
   pipeline::DatasetSpec spec;
-  spec.name = options.path;
-  if (options.format == "imagefolder") {
-    spec.format = pipeline::DatasetFormat::kImageFolder;
-  } else if (options.format == "manifest") {
-    spec.format = pipeline::DatasetFormat::kManifest;
-    if (options.manifest.empty()) {
-      err << "ringloaderctl validate: --format manifest needs --manifest FILE\n";
-      return kExitUsage;
+  image::DecodeLimits limits;
+  if (!options.config.empty()) {
+    if (options.dataset.empty()) return usage("--config needs --dataset NAME");
+    if (!options.path.empty() || !options.manifest.empty()) {
+      return usage("--path and --manifest come from --config; give one or the other");
     }
+    absl::StatusOr<server::DaemonConfig> config = server::LoadConfig(options.config);
+    if (!config.ok()) return usage(config.status().message());
+    const server::DatasetConfig* dc = config->FindDataset(options.dataset);
+    if (dc == nullptr) {
+      std::vector<std::string> names;
+      for (const server::DatasetConfig& d : config->datasets) names.push_back(d.name);
+      return usage(absl::StrCat(options.config, ": no dataset \"", options.dataset,
+                                "\" (configured: ", absl::StrJoin(names, ", "), ")"));
+    }
+    spec.name = dc->name;
+    spec.format = dc->format;
+    spec.root = dc->path;
+    spec.manifest_path = dc->manifest;
+    limits = server::DecodeLimitsOf(*dc);
   } else {
-    err << "ringloaderctl validate: --format must be imagefolder or manifest, got '"
-        << options.format << "'\n";
-    return kExitUsage;
+    if (!options.dataset.empty()) return usage("--dataset needs --config FILE");
+    if (options.path.empty()) return usage("give --path DIR, or --config FILE --dataset NAME");
+    spec.name = options.path;
+    if (options.format == "imagefolder") {
+      spec.format = pipeline::DatasetFormat::kImageFolder;
+    } else if (options.format == "manifest") {
+      spec.format = pipeline::DatasetFormat::kManifest;
+      if (options.manifest.empty()) return usage("--format manifest needs --manifest FILE");
+    } else {
+      return usage(absl::StrCat("--format must be imagefolder or manifest, got '",
+                                options.format, "'"));
+    }
+    spec.root = options.path;
+    spec.manifest_path = options.manifest;
   }
-  if (options.max_pixels == 0) {
-    err << "ringloaderctl validate: --max-pixels must be > 0\n";
-    return kExitUsage;
+  if (options.max_pixels.has_value()) {
+    if (*options.max_pixels == 0) return usage("--max-pixels must be > 0");
+    limits.max_pixels = *options.max_pixels;
   }
-  spec.root = options.path;
-  spec.manifest_path = options.manifest;
   // No state_dir: validation never writes an index cache.
   absl::StatusOr<std::unique_ptr<pipeline::Dataset>> dataset = pipeline::Dataset::Open(spec);
-  if (!dataset.ok()) {
-    err << "ringloaderctl validate: " << dataset.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!dataset.ok()) return usage(dataset.status().message());
   const pipeline::Dataset& ds = **dataset;
 
   pipeline::WorkerPool pool(options.jobs);
-  image::DecodeLimits limits;
-  limits.max_pixels = options.max_pixels;
   std::vector<std::unique_ptr<image::SampleDecoder>> decoders;
   for (uint32_t i = 0; i < pool.size(); ++i) {
     decoders.push_back(std::make_unique<image::SampleDecoder>(limits));
   }
   std::vector<absl::Status> results(ds.size());
   pool.ParallelFor(ds.size(), [&](uint64_t i, uint32_t worker) {
-    absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(ds.AbsolutePath(i));
+    absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(ds.AbsolutePath(i), limits.max_file_bytes);
     if (!bytes.ok()) {
       results[i] = bytes.status();
       return;
@@ -83,7 +104,8 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     // ReadFileBytes names the absolute path, the decoder the relative one: strip either.
     absl::string_view message = WithoutPathPrefix(results[i].message(), relative);
     message = WithoutPathPrefix(message, ds.AbsolutePath(i));
-    out << "BAD " << relative << ": " << reason << ": " << message << "\n";
+    out << "BAD " << wire::EscapeBytes(relative) << ": " << reason << ": "
+        << wire::EscapeBytes(std::string_view(message.data(), message.size())) << "\n";
   }
   out << "checked " << ds.size() << " files: " << ds.size() - bad << " good, " << bad << " bad";
   if (!by_reason.empty()) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/wire_text.h"
 
 namespace ringloader::ctl {
 
@@ -14,10 +15,8 @@ uint64_t SampleDigest(std::span<const uint8_t> bytes) {
 std::string FormatDigest(uint64_t digest) { return absl::StrFormat("%016x", digest); }
 
 std::string FormatSampleLine(const SampleRecord& r) {
-  std::string path = r.relative_path.empty() ? std::string("-") : std::string(r.relative_path);
-  for (char& c : path) {
-    if (c == '\t' || c == '\n' || c == '\r') c = '?';
-  }
+  const std::string path =
+      r.relative_path.empty() ? std::string("-") : wire::EscapeBytes(r.relative_path);
   return absl::StrCat(r.epoch, "\t", r.sequence, "\t", r.sample_index, "\t", r.label, "\t", path,
                       "\t", FormatDigest(r.digest), "\n");
 }

@@ -32,8 +32,9 @@ struct SampleRecord {
   uint64_t digest = 0;
 };
 
-// One line, with its trailing '\n'. Tabs and newlines inside the path are replaced by '?' so a
-// line always has exactly six fields.
+// One line, with its trailing '\n'. The path is escaped as wire::EscapeBytes does (tabs, newlines,
+// control bytes and bytes that are not UTF-8 as \t \n \xNN, a backslash as \\), so a line always
+// has exactly six fields and the path's bytes can be recovered exactly.
 std::string FormatSampleLine(const SampleRecord& record);
 
 }  // namespace ringloader::ctl

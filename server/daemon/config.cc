@@ -2,6 +2,7 @@
 
 #include <grp.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <map>
@@ -12,6 +13,7 @@
 #include <toml++/toml.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -213,9 +215,12 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("max_streams_per_client", &s->max_streams_per_client, 1, 4096);
   r.Integer("stream_idle_timeout_ms", &s->stream_idle_timeout_ms, 100, 86'400'000);
   r.Integer("max_wait_ms", &s->max_wait_ms, 1, 60'000);
+  r.Integer("decode_deadline_ms", &s->decode_deadline_ms, 0, 86'400'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
-  if (s->listen.empty()) return r.Fail("listen", "must not be empty", "");
+  if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
+    return r.Fail("listen", std::string(listen.message()), absl::StrCat("\"", s->listen, "\""));
+  }
   if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
   if (s->ring_slots > s->max_ring_slots) {
     return r.Fail("ring_slots", absl::StrCat("must be <= max_ring_slots (", s->max_ring_slots, ")"),
@@ -268,7 +273,7 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   absl::Status error;
   TableReader r(table, "failpoints", source, &error);
   int action = -1;
-  r.Enum("action", {"none", "abort", "segfault", "oom"}, &action);
+  r.Enum("action", {"none", "abort", "segfault", "oom", "hang"}, &action);
   if (action >= 0) f->action = static_cast<FailpointConfig::Action>(action);
   r.String("crash_on_path", &f->crash_on_path);
   r.Integer("after_batches", &f->after_batches, 0, int64_t{1} << 50);
@@ -307,20 +312,74 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_view) {
   if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &number)) {
     return absl::InvalidArgumentError(absl::StrCat("not a size: \"", text, "\""));
   }
-  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
+  // Case-sensitive on purpose: "Mb" is megabits to many readers, so no spelling is guessed.
+  std::string unit(absl::StripAsciiWhitespace(s.substr(digits)));
   static const std::map<std::string, uint64_t> kUnits = {
-      {"", 1},          {"b", 1},           {"k", 1000},        {"kb", 1000},
-      {"kib", 1 << 10}, {"m", 1000000},     {"mb", 1000000},    {"mib", 1 << 20},
-      {"g", 1000000000}, {"gb", 1000000000}, {"gib", 1ull << 30}, {"t", 1000000000000ull},
-      {"tb", 1000000000000ull}, {"tib", 1ull << 40}};
+      {"", 1},           {"B", 1},
+      {"kB", 1000},      {"KB", 1000},        {"MB", 1000000},     {"GB", 1000000000},
+      {"TB", 1000000000000ull},
+      {"KiB", 1 << 10},  {"MiB", 1 << 20},    {"GiB", 1ull << 30}, {"TiB", 1ull << 40}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown size unit \"", unit, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown size unit \"", unit, "\" (use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)"));
   }
   if (number > UINT64_MAX / it->second) {
     return absl::InvalidArgumentError(absl::StrCat("size too large: \"", text, "\""));
   }
   return number * it->second;
+}
+
+absl::Status ValidateListen(std::string_view listen_view) {
+  const std::string listen(listen_view);
+  if (listen.empty()) return absl::InvalidArgumentError("must not be empty");
+  if (absl::StartsWith(listen, "unix:")) {
+    if (listen.size() == 5) return absl::InvalidArgumentError("unix: needs a socket path");
+    return absl::OkStatus();
+  }
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError("must be \"unix:PATH\" or \"HOST:PORT\"");
+  }
+  const std::string host = listen.substr(0, colon);
+  if (host.front() == '[' ? host.back() != ']' : host.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError("an IPv6 host must be in brackets: \"[::1]:PORT\"");
+  }
+  const std::string port = listen.substr(colon + 1);
+  uint32_t value = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
+    return absl::InvalidArgumentError("port must be a number in [1, 65535]");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerConfig& b) {
+  std::vector<std::string> keys;
+  const auto check = [&](bool same, const char* key) {
+    if (!same) keys.push_back(absl::StrCat("server.", key));
+  };
+  check(a.listen == b.listen, "listen");
+  check(a.socket_mode == b.socket_mode, "socket_mode");
+  check(a.socket_group == b.socket_group, "socket_group");
+  check(a.state_dir == b.state_dir, "state_dir");
+  check(a.log_level == b.log_level, "log_level");
+  check(a.log_format == b.log_format, "log_format");
+  check(a.decode_threads == b.decode_threads, "decode_threads");
+  check(a.memory_limit_bytes == b.memory_limit_bytes, "memory_limit");
+  check(a.shm_dir == b.shm_dir, "shm_dir");
+  check(a.segment_mode == b.segment_mode, "segment_mode");
+  check(a.segment_group == b.segment_group, "segment_group");
+  check(a.ring_slots == b.ring_slots, "ring_slots");
+  check(a.max_ring_slots == b.max_ring_slots, "max_ring_slots");
+  check(a.max_batch_size == b.max_batch_size, "max_batch_size");
+  check(a.max_image_size == b.max_image_size, "max_image_size");
+  check(a.max_streams == b.max_streams, "max_streams");
+  check(a.max_streams_per_client == b.max_streams_per_client, "max_streams_per_client");
+  check(a.stream_idle_timeout_ms == b.stream_idle_timeout_ms, "stream_idle_timeout_ms");
+  check(a.max_wait_ms == b.max_wait_ms, "max_wait_ms");
+  check(a.decode_deadline_ms == b.decode_deadline_ms, "decode_deadline_ms");
+  return keys;
 }
 
 absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec_view) {
@@ -335,9 +394,11 @@ absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec_view) {
       if (value == "abort") f.action = FailpointConfig::Action::kAbort;
       else if (value == "segfault") f.action = FailpointConfig::Action::kSegfault;
       else if (value == "oom") f.action = FailpointConfig::Action::kOom;
+      else if (value == "hang") f.action = FailpointConfig::Action::kHang;
       else if (value == "none") f.action = FailpointConfig::Action::kNone;
       else return absl::InvalidArgumentError(absl::StrCat(
-          "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom or none (got \"", value, "\")"));
+          "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang or none (got \"", value,
+          "\")"));
     } else if (key == "crash_on_path") {
       f.crash_on_path = std::string(value.data(), value.size());
     } else if (key == "after_batches") {

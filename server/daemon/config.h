@@ -26,20 +26,25 @@ struct DatasetConfig {
   std::string path;      // root of the images
   std::string manifest;  // manifest format only
   pipeline::OnError on_error = pipeline::OnError::kSkip;
-  uint64_t max_pixels = 40'000'000;        // width*height above this is an error for the sample
-  uint64_t max_file_bytes = 64ull << 20;   // larger files are an error for the sample
-  bool warnings_are_errors = true;         // libjpeg warnings (truncated data) fail the sample
-  uint32_t max_scans = 500;                // progressive scans allowed per image
+  // The decode limits; defaults are image::DecodeLimits' (one set for the daemon and
+  // `ringloaderctl validate`).
+  uint64_t max_pixels = image::DecodeLimits{}.max_pixels;          // width*height above: an error
+  uint64_t max_file_bytes = image::DecodeLimits{}.max_file_bytes;  // larger files: an error
+  bool warnings_are_errors = image::DecodeLimits{}.warnings_are_errors;  // libjpeg warnings fail
+  uint32_t max_scans = image::DecodeLimits{}.max_scans;  // progressive scans allowed per image
+  bool operator==(const DatasetConfig&) const = default;
 };
 
 enum class LogFormat { kPlain, kTimestamped };
 
 struct FailpointConfig {
-  enum class Action { kNone, kAbort, kSegfault, kOom };
+  // kHang: the read of a matching sample blocks for good in a kernel read (a stuck network mount).
+  enum class Action { kNone, kAbort, kSegfault, kOom, kHang };
   Action action = Action::kNone;
   std::string crash_on_path;     // fnmatch pattern against the sample's relative path
   uint64_t after_batches = 0;    // act after this many batches published; 0 = off
   bool enabled() const { return action != Action::kNone; }
+  bool operator==(const FailpointConfig&) const = default;
 };
 
 struct ServerConfig {
@@ -65,7 +70,18 @@ struct ServerConfig {
   uint32_t max_streams_per_client = 16;
   uint32_t stream_idle_timeout_ms = 30'000;  // no request for this long closes a stream
   uint32_t max_wait_ms = 2'000;         // longest NextBatch wait before answering `pending`
+  // A sample whose read or decode takes longer than this is abandoned and reported
+  // (reason "deadline_exceeded"); 0 = no deadline.
+  uint32_t decode_deadline_ms = 30'000;
+  bool operator==(const ServerConfig&) const = default;
 };
+
+// The "server.<key>" names of the fields that differ between `a` and `b`.
+std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerConfig& b);
+
+// "unix:PATH" (non-empty path) or "HOST:PORT" / "[V6]:PORT" with PORT in [1, 65535].
+// InvalidArgument naming the rule otherwise.
+absl::Status ValidateListen(std::string_view listen);
 
 struct DaemonConfig {
   std::string source;  // file it came from, for messages
@@ -83,7 +99,9 @@ image::DecodeLimits DecodeLimitsOf(const DatasetConfig& dataset);
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path);
 absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::string& source);
 
-// "4GiB", "512 MiB", "100M", "1000" (bytes). InvalidArgument on anything else.
+// "4GiB", "512 MiB", "100MB", "1000" (bytes). Units are exact and case-sensitive: B, kB/KB, MB, GB,
+// TB (powers of 1000) and KiB, MiB, GiB, TiB (powers of 1024); "512Mb" (megabits?) or "4gib" are
+// InvalidArgument, never a guess.
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 // Parses "RINGLOADER_FAILPOINTS"-style text: "action=segv;crash_on_path=*bad*;after_batches=3".
 absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec);

@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -17,11 +18,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "proto/wire_text.h"
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
 #include "server/daemon/daemon_stats.h"
+#include "server/daemon/dataset_registry.h"
 #include "server/daemon/loader_service.h"
 #include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
@@ -97,12 +101,15 @@ void NotifyReady() {
 
 // Everything the daemon owns, declared in start-up order so destruction runs in reverse.
 struct DaemonState {
-  DaemonConfig config;
+  DaemonConfig config;  // as loaded at start-up; a reload changes only what it logs as applied
+  std::string config_path;
+  std::string listen_override;
   uint64_t incarnation = 0;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::unique_ptr<shm::IncarnationLock> incarnation_lock;
   std::unique_ptr<MemoryBudget> budget;
   std::vector<Reservation> fixed_reservations;
-  std::map<std::string, std::unique_ptr<pipeline::Dataset>> datasets;
+  DatasetRegistry datasets;
   std::unique_ptr<CrashJournal> journal;
   std::unique_ptr<Quarantine> quarantine;
   std::unique_ptr<Failpoints> failpoints;
@@ -114,32 +121,39 @@ struct DaemonState {
   std::unique_ptr<LoaderService> service;
   std::unique_ptr<grpc::Server> server;
   std::string socket_path;
+  bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
 };
+
+// Opens one configured dataset, reserves its index memory and adds it to the registry.
+absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::string& key) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dc.path, ec)) {
+    return absl::NotFoundError(absl::StrCat(key, ".path: \"", dc.path, "\" is not a directory"));
+  }
+  pipeline::DatasetSpec spec;
+  spec.name = dc.name;
+  spec.format = dc.format;
+  spec.root = dc.path;
+  spec.manifest_path = dc.manifest;
+  spec.state_dir = d.config.server.state_dir;
+  absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
+  if (!ds.ok()) {
+    return absl::Status(ds.status().code(), absl::StrCat(key, ": ", ds.status().message()));
+  }
+  absl::StatusOr<Reservation> r =
+      d.budget->Reserve((*ds)->MemoryBytes(), absl::StrCat("the index of dataset ", dc.name));
+  if (!r.ok()) return r.status();
+  d.fixed_reservations.push_back(std::move(*r));
+  SPDLOG_INFO("dataset {}: {} samples, {} classes{}", dc.name, (*ds)->size(),
+              (*ds)->class_names().size(), (*ds)->loaded_from_cache() ? " (index cache)" : "");
+  d.datasets.Add(dc, std::move(*ds));
+  return absl::OkStatus();
+}
 
 absl::Status OpenDatasets(DaemonState& d) {
   for (size_t i = 0; i < d.config.datasets.size(); ++i) {
-    const DatasetConfig& dc = d.config.datasets[i];
-    std::string key = absl::StrCat(d.config.source, ": datasets[", i, "]");
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dc.path, ec)) {
-      return absl::NotFoundError(
-          absl::StrCat(key, ".path: \"", dc.path, "\" is not a directory"));
-    }
-    pipeline::DatasetSpec spec;
-    spec.name = dc.name;
-    spec.format = dc.format;
-    spec.root = dc.path;
-    spec.manifest_path = dc.manifest;
-    spec.state_dir = d.config.server.state_dir;
-    absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
-    if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat(key, ": ", ds.status().message()));
-    absl::StatusOr<Reservation> r =
-        d.budget->Reserve((*ds)->MemoryBytes(), absl::StrCat("the index of dataset ", dc.name));
-    if (!r.ok()) return r.status();
-    d.fixed_reservations.push_back(std::move(*r));
-    SPDLOG_INFO("dataset {}: {} samples, {} classes{}", dc.name, (*ds)->size(),
-                (*ds)->class_names().size(), (*ds)->loaded_from_cache() ? " (index cache)" : "");
-    d.datasets[dc.name] = std::move(*ds);
+    const std::string key = absl::StrCat(d.config.source, ": datasets[", i, "]");
+    if (absl::Status s = OpenDataset(d, d.config.datasets[i], key); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -152,9 +166,11 @@ absl::Status ApplyStrikes(DaemonState& d) {
                 d.journal->crashed_in_flight().size());
   }
   for (const InFlightSample& s : d.journal->crashed_in_flight()) {
-    for (const auto& [name, ds] : d.datasets) {
+    for (const ServedDataset* served : d.datasets.All()) {
+      const std::string& name = served->config.name;
+      const pipeline::Dataset* ds = served->dataset.get();
       if (DatasetHash(name) != s.dataset_hash || s.sample_index >= ds->size()) continue;
-      std::string path(ds->relative_path(s.sample_index));
+      const std::string path = wire::EscapeBytes(ds->relative_path(s.sample_index));
       absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, s.sample_index, path);
       if (!strikes.ok()) return strikes.status();
       if (*strikes >= Quarantine::kStrikesToQuarantine) {
@@ -173,6 +189,13 @@ absl::Status ApplyStrikes(DaemonState& d) {
 
 absl::Status StartUp(DaemonState& d) {
   const ServerConfig& server = d.config.server;
+  // First of all, before anything is created or removed: is another daemon serving here?
+  const std::string& listen = server.listen;
+  if (absl::StartsWith(listen, "unix:")) {
+    d.socket_path = listen.substr(5);
+    if (absl::StartsWith(d.socket_path, "//")) d.socket_path = d.socket_path.substr(2);
+    if (absl::Status s = PrepareUnixSocket(d.socket_path); !s.ok()) return s;
+  }
   std::error_code ec;
   std::filesystem::create_directories(server.state_dir, ec);
   if (ec) {
@@ -180,6 +203,13 @@ absl::Status StartUp(DaemonState& d) {
         d.config.source, ": server.state_dir: cannot create \"", server.state_dir, "\": ",
         ec.message()));
   }
+  absl::StatusOr<std::unique_ptr<shm::IncarnationLock>> lock =
+      shm::IncarnationLock::Acquire(server.shm_dir, getpid(), d.incarnation);
+  if (!lock.ok()) {
+    return absl::Status(lock.status().code(), absl::StrCat(d.config.source, ": server.shm_dir: ",
+                                                           lock.status().message()));
+  }
+  d.incarnation_lock = std::move(*lock);
   if (absl::StatusOr<int> removed = shm::RemoveStaleSegments(server.shm_dir); removed.ok()) {
     if (*removed > 0) SPDLOG_INFO("removed {} stale segments of dead daemons", *removed);
   } else {
@@ -189,20 +219,6 @@ absl::Status StartUp(DaemonState& d) {
   if (absl::Status s = OpenDatasets(d); !s.ok()) return s;
 
   d.pool = std::make_unique<pipeline::WorkerPool>(server.decode_threads);
-  uint64_t per_worker = 0;
-  for (const DatasetConfig& dc : d.config.datasets) {
-    per_worker = std::max(per_worker, dc.max_pixels * 3 + dc.max_file_bytes);
-  }
-  absl::StatusOr<Reservation> workspace = d.budget->Reserve(
-      per_worker * d.pool->size(),
-      absl::StrCat("decode work space (", d.pool->size(), " threads x ", FormatBytes(per_worker),
-                   " for max_pixels and max_file_bytes)"));
-  if (!workspace.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(d.config.source, ": server.memory_limit: ", workspace.status().message()));
-  }
-  d.fixed_reservations.push_back(std::move(*workspace));
-
   absl::StatusOr<std::unique_ptr<CrashJournal>> journal =
       CrashJournal::Open(server.state_dir, d.pool->size());
   if (!journal.ok()) return journal.status();
@@ -216,21 +232,20 @@ absl::Status StartUp(DaemonState& d) {
   if (d.failpoints->enabled()) SPDLOG_WARN("failpoints are enabled: this daemon will crash on purpose");
 
   // Every stream passes its dataset's decode limits with each batch (FillRequest::limits).
-  d.filler = std::make_unique<pipeline::BatchFiller>(*d.pool, image::DecodeLimits{});
+  // Decode work space is drawn from the budget per sample, from its header (memory_budget.h).
+  pipeline::FillerOptions filler_options;
+  filler_options.memory = d.budget.get();
+  filler_options.deadline = std::chrono::milliseconds(server.decode_deadline_ms);
+  d.filler =
+      std::make_unique<pipeline::BatchFiller>(*d.pool, image::DecodeLimits{}, filler_options);
   d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints, d.pool->size());
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
-                         d.started};
+                         d.started,      d.pool.get()};
   d.streams = std::make_unique<StreamManager>(deps);
-  d.service = std::make_unique<LoaderService>(*d.streams);
+  d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation);
 
   // gRPC.
-  const std::string& listen = server.listen;
-  if (absl::StartsWith(listen, "unix:")) {
-    d.socket_path = listen.substr(5);
-    if (absl::StartsWith(d.socket_path, "//")) d.socket_path = d.socket_path.substr(2);
-    if (absl::Status s = PrepareUnixSocket(d.socket_path); !s.ok()) return s;
-  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -245,7 +260,8 @@ absl::Status StartUp(DaemonState& d) {
   // "too_many_pings" and dropping them.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   grpc::ResourceQuota quota("ringloaderd");
-  quota.SetMaxThreads(std::max<int>(16, 2 * server.max_streams + 8));
+  // Each stream may have a NextBatch waiting and each client an Attach call open.
+  quota.SetMaxThreads(std::max<int>(16, 3 * server.max_streams + 8));
   builder.SetResourceQuota(quota);
   mode_t old_umask = umask(0117);  // the socket is created 0660 from the start
   d.server = builder.BuildAndStart();
@@ -254,6 +270,7 @@ absl::Status StartUp(DaemonState& d) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
                                                " (address in use, or not permitted?)"));
   }
+  d.own_socket = !d.socket_path.empty();
   if (!d.socket_path.empty()) {
     if (chmod(d.socket_path.c_str(), server.socket_mode) != 0) {
       return absl::InternalError(absl::StrCat("chmod ", d.socket_path, ": ", std::strerror(errno)));
@@ -274,14 +291,64 @@ absl::Status StartUp(DaemonState& d) {
 }
 
 void ShutDown(DaemonState& d) {
+  // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
+  if (d.pool) d.pool->AbandonUncommitted();
   if (d.server) {
     d.server->GetHealthCheckService()->SetServingStatus(false);
     d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
   if (d.streams) d.streams->Shutdown();  // producers stopped, segments unlinked
   if (d.server) d.server->Wait();
-  if (!d.socket_path.empty()) ::unlink(d.socket_path.c_str());
+  if (d.own_socket) ::unlink(d.socket_path.c_str());
   if (d.journal) d.journal->MarkCleanExit();
+}
+
+// SIGHUP: re-reads the config file and applies what can change while serving (log_level and new
+// [[datasets]]); every other difference is logged as needing a restart. A config that does not
+// load changes nothing.
+void Reload(DaemonState& d) {
+  SPDLOG_INFO("SIGHUP received: reloading {}", d.config_path);
+  absl::StatusOr<DaemonConfig> fresh = LoadConfig(d.config_path);
+  if (!fresh.ok()) {
+    SPDLOG_ERROR("reload: the config does not load, keeping the running one: {}",
+                 Text(fresh.status()));
+    return;
+  }
+  if (!d.listen_override.empty()) fresh->server.listen = d.listen_override;
+  std::vector<std::string> applied, restart;
+  if (fresh->server.log_level != d.config.server.log_level) {
+    spdlog::default_logger()->set_level(spdlog::level::from_str(fresh->server.log_level));
+    applied.push_back(absl::StrCat("server.log_level = \"", fresh->server.log_level, "\""));
+    d.config.server.log_level = fresh->server.log_level;  // only InitLogging reads it
+  }
+  for (const std::string& key : ChangedServerKeys(d.config.server, fresh->server)) {
+    if (key != "server.log_level") restart.push_back(key);
+  }
+  for (size_t i = 0; i < fresh->datasets.size(); ++i) {
+    const DatasetConfig& dc = fresh->datasets[i];
+    const ServedDataset* served = d.datasets.Find(dc.name);
+    if (served == nullptr) {
+      const std::string key = absl::StrCat(fresh->source, ": datasets[", i, "]");
+      if (absl::Status s = OpenDataset(d, dc, key); !s.ok()) {
+        SPDLOG_ERROR("reload: new dataset {} not added: {}", dc.name, Text(s));
+        continue;
+      }
+      applied.push_back(absl::StrCat("new dataset ", dc.name));
+    } else if (!(served->config == dc)) {
+      restart.push_back(absl::StrCat("datasets[", i, "] (", dc.name, ") changed"));
+    }
+  }
+  for (const ServedDataset* served : d.datasets.All()) {
+    if (fresh->FindDataset(served->config.name) == nullptr) {
+      restart.push_back(absl::StrCat("dataset ", served->config.name,
+                                     " removed (still served until a restart)"));
+    }
+  }
+  if (!(fresh->failpoints == d.config.failpoints)) restart.push_back("failpoints");
+  SPDLOG_INFO("reload: applied: {}", applied.empty() ? "nothing" : absl::StrJoin(applied, ", "));
+  if (!restart.empty()) {
+    SPDLOG_WARN("reload: these changes need a restart to apply: {}", absl::StrJoin(restart, ", "));
+  }
 }
 
 }  // namespace
@@ -292,7 +359,10 @@ int RunDaemon(const DaemonOptions& options) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Under --supervise the child is exec'ed as /proc/self/exe: name the process for ps and pgrep.
+  prctl(PR_SET_NAME, "ringloaderd");
   signal(SIGPIPE, SIG_IGN);
 
   InitLogging(nullptr);
@@ -303,7 +373,15 @@ int RunDaemon(const DaemonOptions& options) {
     return 1;
   }
   d.config = std::move(*config);
-  if (!options.listen_override.empty()) d.config.server.listen = options.listen_override;
+  d.config_path = options.config_path;
+  d.listen_override = options.listen_override;
+  if (!options.listen_override.empty()) {
+    if (absl::Status s = ValidateListen(options.listen_override); !s.ok()) {
+      SPDLOG_ERROR("--listen: {}", Text(s));
+      return 1;
+    }
+    d.config.server.listen = options.listen_override;
+  }
   if (const char* env = std::getenv("RINGLOADER_FAILPOINTS"); env != nullptr && *env != '\0') {
     absl::StatusOr<FailpointConfig> fp = ParseFailpointSpec(env);
     if (!fp.ok()) {
@@ -326,7 +404,7 @@ int RunDaemon(const DaemonOptions& options) {
               FormatBytes(d.config.server.memory_limit_bytes));
 
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) Reload(d);
   SPDLOG_INFO("{} received: shutting down", strsignal(sig));
   ShutDown(d);
   SPDLOG_INFO("ringloaderd stopped cleanly");

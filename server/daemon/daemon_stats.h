@@ -63,5 +63,7 @@ class DaemonStats {
 
 // Resident set size of this process, from /proc/self/statm (0 if unreadable).
 uint64_t CurrentRssBytes();
+// The process's highest resident set size so far (VmHWM), in bytes; 0 if unknown.
+uint64_t PeakRssBytes();
 
 }  // namespace ringloader::server

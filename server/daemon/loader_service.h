@@ -14,8 +14,12 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 class LoaderService final : public v1::Loader::Service {
  public:
-  explicit LoaderService(StreamManager& streams) : streams_(streams) {}
+  LoaderService(StreamManager& streams, uint64_t incarnation)
+      : streams_(streams), incarnation_(incarnation) {}
 
+  // Holds the call open while the client lives; closes its streams when it ends.
+  grpc::Status Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
+                      grpc::ServerWriter<v1::AttachEvent>* writer) override;
   grpc::Status OpenStream(grpc::ServerContext* context, const v1::OpenStreamRequest* request,
                           v1::OpenStreamResponse* response) override {
     return ToGrpc(streams_.Open(*request, response, context->peer()));
@@ -49,6 +53,7 @@ class LoaderService final : public v1::Loader::Service {
 
  private:
   StreamManager& streams_;
+  const uint64_t incarnation_;
 };
 
 }  // namespace ringloader::server

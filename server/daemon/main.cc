@@ -1,4 +1,5 @@
 // ringloaderd: parse flags, then run the daemon (or its supervisor).
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,11 @@ int main(int argc, char** argv) {
   if (!supervise) return ringloader::server::RunDaemon(options);
 
   ringloader::server::SupervisorOptions supervisor;
-  supervisor.child_argv = {"/proc/self/exe", "--config", options.config_path};
+  // argv[0] of the child: this binary's path, so ps and systemctl status read "ringloaderd ...".
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || self.empty()) self = argv[0];
+  supervisor.child_argv = {self, "--config", options.config_path};
   if (!options.listen_override.empty()) {
     supervisor.child_argv.insert(supervisor.child_argv.end(), {"--listen", options.listen_override});
   }

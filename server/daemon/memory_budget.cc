@@ -1,5 +1,7 @@
 #include "server/daemon/memory_budget.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -7,7 +9,7 @@ namespace ringloader::server {
 
 Reservation& Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
-    if (budget_ != nullptr) budget_->Give(bytes_);
+    if (budget_ != nullptr) budget_->GiveFixed(bytes_);
     budget_ = other.budget_;
     bytes_ = other.bytes_;
     other.budget_ = nullptr;
@@ -17,28 +19,79 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
 }
 
 Reservation::~Reservation() {
-  if (budget_ != nullptr) budget_->Give(bytes_);
+  if (budget_ != nullptr) budget_->GiveFixed(bytes_);
 }
 
-absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > limit_ || reserved_ > limit_ - bytes) {
+bool MemoryBudget::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
+                               std::chrono::steady_clock::time_point deadline) {
+  const uint64_t ticket = next_ticket_++;
+  queue_.push_back(ticket);
+  const bool granted = room_.wait_until(lock, deadline, [&] {
+    return queue_.front() == ticket && fixed_ + decoding_ + bytes <= limit_;
+  });
+  queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+  room_.notify_all();  // the next in line may fit now (or be at the front now)
+  return granted;
+}
+
+absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::string& what,
+                                                  std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (bytes > limit_ || fixed_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
-        FormatBytes(limit_ - reserved_), " free (", FormatBytes(reserved_), " reserved)"));
+        FormatBytes(limit_ - fixed_), " free (", FormatBytes(fixed_), " reserved)"));
   }
-  reserved_ += bytes;
+  if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
+        FormatBytes(limit_ - fixed_ - std::min(decoding_, limit_ - fixed_)),
+        " free while decodes in flight hold ", FormatBytes(decoding_), ": try again"));
+  }
+  fixed_ += bytes;
+  peak_ = std::max(peak_, fixed_ + decoding_);
   return Reservation(this, bytes);
+}
+
+absl::Status MemoryBudget::Acquire(uint64_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (bytes > limit_ || fixed_ > limit_ - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "decoding it needs ", FormatBytes(bytes), " (file and work space from its header), more "
+        "than memory_limit ", FormatBytes(limit_), " leaves beside rings and indexes (",
+        FormatBytes(fixed_), ")"));
+  }
+  WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
+  decoding_ += bytes;
+  peak_ = std::max(peak_, fixed_ + decoding_);
+  return absl::OkStatus();
+}
+
+void MemoryBudget::Release(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  decoding_ -= bytes;
+  room_.notify_all();
+}
+
+void MemoryBudget::GiveFixed(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fixed_ -= bytes;
+  room_.notify_all();
 }
 
 uint64_t MemoryBudget::reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return reserved_;
+  return fixed_ + decoding_;
 }
 
-void MemoryBudget::Give(uint64_t bytes) {
+uint64_t MemoryBudget::peak_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  reserved_ -= bytes;
+  return peak_;
+}
+
+uint64_t MemoryBudget::decoding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decoding_;
 }
 
 std::string FormatBytes(uint64_t bytes) {

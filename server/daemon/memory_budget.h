@@ -1,16 +1,27 @@
 #pragma once
-// Accounting of the daemon's memory against `memory_limit`: rings, decode work space and dataset
-// indexes are reserved before they are allocated, so a stream that would exceed the budget is
-// refused up front (ResourceExhausted, with the numbers) instead of growing the process.
+// Accounting of the daemon's memory against `memory_limit`. Two kinds of use share one limit:
+//   - fixed: rings and dataset indexes, reserved before they are allocated and held while they
+//     live. One that can never fit is refused at once (ResourceExhausted, with the numbers).
+//   - decoding: each sample decode draws what it needs (its file bytes plus the work space its
+//     header calls for: see image::DecodePlan) just before it reads the file, and gives it back
+//     when done. When the budget is short the decode waits, so big images serialise instead of
+//     overrunning the limit; a decode that could not fit even alone fails that sample.
+// Waiters are served first come, first served, fixed and decode alike, so neither starves: a
+// ring waits for decodes in flight to give their bytes back, and later decodes wait behind it.
+// So fixed + decoding <= limit at every moment.
 //
 // Thread-safety: thread-safe.
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "server/pipeline/batch_filler.h"
 
 namespace ringloader::server {
 
@@ -31,24 +42,40 @@ class Reservation {
   uint64_t bytes_ = 0;
 };
 
-class MemoryBudget {
+class MemoryBudget final : public pipeline::DecodeMemory {
  public:
   explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
 
-  // ResourceExhausted "<what> needs X MiB; memory_limit Y MiB has Z MiB free (W MiB reserved)".
-  absl::StatusOr<Reservation> Reserve(uint64_t bytes, const std::string& what);
+  // Fixed use. ResourceExhausted "<what> needs X; memory_limit Y has Z free (W reserved)" at once
+  // when fixed use alone leaves no room; otherwise waits up to `wait` for decodes in flight.
+  absl::StatusOr<Reservation> Reserve(uint64_t bytes, const std::string& what,
+                                      std::chrono::milliseconds wait = std::chrono::seconds(10));
+
+  // pipeline::DecodeMemory: a decode's draw, waiting while the budget is short.
+  absl::Status Acquire(uint64_t bytes) override;
+  void Release(uint64_t bytes) override;
 
   uint64_t limit() const { return limit_; }
-  uint64_t reserved() const;
+  uint64_t reserved() const;       // fixed + decoding, now
+  uint64_t peak_reserved() const;  // the most reserved() has been
+  uint64_t decoding() const;       // decode draws, now
 
  private:
   friend class Reservation;
-  void Give(uint64_t bytes);
+  // Waits for its turn in the queue and for `bytes` to fit; false on timeout.
+  bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
+                   std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GiveFixed(uint64_t bytes);
 
   const uint64_t limit_;
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
   mutable std::mutex mu_;
-  uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::condition_variable room_;  // notified when bytes are given back or the queue moves
+  uint64_t fixed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t decoding_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // tickets of waiters, in arrival order
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // "1.5 GiB", "640 KiB", "12 B": for messages.

@@ -4,7 +4,7 @@
 // every later epoch like a decode error (the same on every rank: they share this daemon).
 //
 // Persisted as <state_dir>/quarantine.tsv, one line per struck sample:
-//   dataset <TAB> sample_index <TAB> strikes <TAB> relative_path
+//   dataset <TAB> sample_index <TAB> strikes <TAB> relative_path (escaped: proto/wire_text.h)
 // rewritten atomically (temp file + rename) on every change.
 //
 // Thread-safety: thread-safe; IsQuarantined takes a reader lock.

@@ -2,12 +2,16 @@
 
 #include <fnmatch.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire_text.h"
 #include "server/image/sample_decoder.h"
 #include "spdlog/spdlog.h"
 
@@ -15,9 +19,26 @@ namespace ringloader::server {
 
 void Failpoints::OnSample(const std::string& relative_path) const {
   if (!config_.enabled() || config_.crash_on_path.empty()) return;
+  if (config_.action == FailpointConfig::Action::kHang) return;  // OnRead's
   if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) == 0) {
     Act(absl::StrCat("sample ", relative_path, " matches crash_on_path"));
   }
+}
+
+void Failpoints::OnRead(const std::string& relative_path) const {
+  if (config_.action != FailpointConfig::Action::kHang || config_.crash_on_path.empty()) return;
+  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) != 0) return;
+  SPDLOG_WARN("failpoint: hang: the read of {} blocks for good",
+              wire::EscapeBytes(relative_path));
+  // A read from a pipe whose write end stays open and unused: blocked in the kernel, as a read
+  // from a dead NFS server would be.
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  char c;
+  while (true) {
+    if (read(fds[0], &c, 1) >= 0 || errno != EINTR) break;
+  }
+  std::abort();  // not reached
 }
 
 void Failpoints::OnBatchPublished(uint64_t published) const {
@@ -52,10 +73,15 @@ void Failpoints::Act(const std::string& why) const {
         hog.push_back(chunk);
       }
     }
+    case Action::kHang:  // OnRead's, never through here
     case Action::kNone:
       break;
   }
   std::abort();
+}
+
+void SampleGate::BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) {
+  if (failpoints_.enabled()) failpoints_.OnRead(std::string(dataset.relative_path(sample_index)));
 }
 
 absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
@@ -93,7 +119,7 @@ void SampleGate::AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_i
       SPDLOG_WARN("quarantine: {}", s.ToString());
     } else {
       SPDLOG_INFO("dataset {}: sample {} ({}) decoded alone without crashing: strike cleared",
-                  dataset.name(), sample_index, std::string(dataset.relative_path(sample_index)));
+                  dataset.name(), sample_index, wire::EscapeBytes(dataset.relative_path(sample_index)));
     }
     decode_mu_.unlock();
   } else {

@@ -5,7 +5,8 @@
 //      meanwhile), so if it crashes the daemon again it is the only sample in flight and the
 //      only one struck; if it decodes fine its strike is cleared (it was a bystander);
 //   3. the sample is recorded in the crash journal while it is decoded;
-//   4. failpoints, when configured, crash the daemon on matching samples (tests only).
+//   4. failpoints, when configured, crash the daemon on matching samples, or hang their read
+//      (tests only).
 // Failpoints cost one predictable branch when off; probation costs a shared lock per sample.
 //
 // Thread-safety: thread-safe (per-worker journal slots; the quarantine locks itself).
@@ -26,8 +27,11 @@ class Failpoints {
  public:
   explicit Failpoints(FailpointConfig config) : config_(std::move(config)) {}
   bool enabled() const { return config_.enabled(); }
-  // Acts if `relative_path` matches crash_on_path. Does not return when it acts.
+  // Crash actions: acts if `relative_path` matches crash_on_path. Does not return when it acts.
   void OnSample(const std::string& relative_path) const;
+  // action = "hang": blocks for good in a kernel read if `relative_path` matches crash_on_path,
+  // like a read from a hung network mount.
+  void OnRead(const std::string& relative_path) const;
   // Acts once `published` reaches after_batches. Does not return when it acts.
   void OnBatchPublished(uint64_t published) const;
 
@@ -45,6 +49,7 @@ class SampleGate : public pipeline::SampleObserver {
         failpoints_(failpoints),
         on_probation_(worker_count, 0) {}
 
+  void BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) override;
   absl::Status BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                             uint32_t worker_id) override;
   void AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_index,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
@@ -139,7 +140,7 @@ void Stream::ProducerLoop() {
         deps_.filler->Fill(request, payload, deps_.observer);
     if (!filled.ok()) {
       CheckRing(ring_->Abandon(slot), setup_.id);
-      SPDLOG_WARN("stream {} ended: {}", setup_.id, Text(filled.status()));
+      SPDLOG_WARN("stream {} ended: {}", setup_.id, wire::EscapeBytes(Text(filled.status())));
       std::lock_guard<std::mutex> lock(mu_);
       error_ = filled.status();
       ended_ = true;
@@ -188,7 +189,7 @@ void Stream::RecordSkipped(const pipeline::FilledBatch& filled) {
     BadFileRecord record{setup_.dataset->name(), e.relative_path, e.reason, e.message};
     if (deps_.stats->RecordBadFile(e.sample_index, std::move(record))) {
       SPDLOG_WARN("dataset {}: skipping sample {} ({}): {}", setup_.dataset->name(),
-                  e.sample_index, e.reason, e.message);
+                  e.sample_index, e.reason, wire::EscapeBytes(e.message));
     }
   }
 }

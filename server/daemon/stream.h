@@ -38,6 +38,8 @@ struct StreamSetup {
   uint64_t incarnation = 0;
   std::string client_name;
   std::string client_key;  // ClientKeyOfPeer() of the opening call; empty = not counted per client
+  std::string session_id;  // the client's session (StreamManager); empty = none
+  std::string token;       // OpenStreamResponse.stream_token: every call must carry it
   v1::StreamSpec spec;  // validated and normalised (world_size >= 1, ring_slots set, ...)
   const pipeline::Dataset* dataset = nullptr;
   pipeline::OnError on_error = pipeline::OnError::kSkip;

@@ -1,12 +1,17 @@
 #include "server/daemon/stream_manager.h"
 
 #include <grp.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
@@ -35,8 +40,32 @@ image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
 void ToProto(const QuarantineEntry& e, v1::QuarantinedSample* q) {
   q->set_dataset(e.dataset);
   q->set_sample_index(e.sample_index);
-  q->set_path(e.path);
+  q->set_path(e.path);  // stored escaped (ApplyStrikes)
   q->set_strikes(e.strikes);
+}
+
+// `n` bytes from the kernel's CSPRNG (tokens and session ids must not be guessable).
+std::string RandomBytes(size_t n) {
+  std::string bytes(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(bytes.data() + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      SPDLOG_CRITICAL("getrandom: {}", std::strerror(errno));
+      std::abort();  // no randomness at all: nothing here can be trusted
+    }
+    got += static_cast<size_t>(r);
+  }
+  return bytes;
+}
+
+// Constant-time comparison, so a token cannot be guessed byte by byte from response times.
+bool SameToken(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
 }
 
 std::optional<gid_t> LookupGroup(const std::string& name) {
@@ -64,12 +93,12 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
     return absl::InvalidArgumentError(absl::StrCat(parts...));
   };
   if (spec.batch_size() == 0 || spec.batch_size() > s.max_batch_size) {
-    return invalid("batch_size: must be in [1, ", s.max_batch_size, "] (got ", spec.batch_size(),
-                   ")");
+    return invalid("batch_size: must be in [1, server.max_batch_size = ", s.max_batch_size,
+                   "] (got ", spec.batch_size(), ")");
   }
   if (spec.image_size() == 0 || spec.image_size() > s.max_image_size) {
-    return invalid("image_size: must be in [1, ", s.max_image_size, "] (got ", spec.image_size(),
-                   ")");
+    return invalid("image_size: must be in [1, server.max_image_size = ", s.max_image_size,
+                   "] (got ", spec.image_size(), ")");
   }
   if (spec.world_size() > kMaxWorldSize) {
     return invalid("world_size: must be in [1, ", kMaxWorldSize, "] (got ", spec.world_size(), ")");
@@ -101,8 +130,8 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
     if (!(v > -1e6f && v < 1e6f)) return invalid("mean: values must be finite (got ", v, ")");
   }
   if (spec.ring_slots() != 0 && (spec.ring_slots() < 2 || spec.ring_slots() > s.max_ring_slots)) {
-    return invalid("ring_slots: must be 0 (default) or in [2, ", s.max_ring_slots, "] (got ",
-                   spec.ring_slots(), ")");
+    return invalid("ring_slots: must be 0 (server.ring_slots) or in [2, server.max_ring_slots = ",
+                   s.max_ring_slots, "] (got ", spec.ring_slots(), ")");
   }
   return absl::OkStatus();
 }
@@ -122,15 +151,26 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
   if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.ring_slots);
-  if (auto it = deps_.datasets->find(spec.dataset()); it == deps_.datasets->end()) {
-    std::vector<std::string> names;
-    for (const auto& [name, ds] : *deps_.datasets) names.push_back(name);
-    return Reject(absl::NotFoundError(absl::StrCat("unknown dataset \"", spec.dataset(),
-                                                   "\"; configured: ", absl::StrJoin(names, ", "))));
+  const ServedDataset* served = deps_.datasets->Find(spec.dataset());
+  if (served == nullptr) {
+    // Shortened: the whole name would be echoed into the status, whatever its size.
+    std::string name = spec.dataset().substr(0, 64);
+    if (spec.dataset().size() > 64) absl::StrAppend(&name, "... (", spec.dataset().size(), " bytes)");
+    return Reject(absl::NotFoundError(
+        absl::StrCat("unknown dataset \"", wire::EscapeBytes(name), "\"; configured: ",
+                     absl::StrJoin(deps_.datasets->Names(), ", "))));
   }
   if (absl::Status s = Validate(spec); !s.ok()) return Reject(s);
-  const pipeline::Dataset& dataset = *deps_.datasets->at(spec.dataset());
-  const DatasetConfig& dataset_config = *deps_.config->FindDataset(spec.dataset());
+  const pipeline::Dataset& dataset = *served->dataset;
+  const DatasetConfig& dataset_config = served->config;
+  if (request.expected_fingerprint() != 0 &&
+      request.expected_fingerprint() != dataset.fingerprint()) {
+    return Reject(absl::FailedPreconditionError(absl::StrFormat(
+        "dataset \"%s\" changed since the position being resumed was saved (fingerprint "
+        "%016x then, %016x now): files were added, removed or renamed, so resuming at that "
+        "position would repeat or skip samples; start the epoch again instead",
+        spec.dataset(), request.expected_fingerprint(), dataset.fingerprint())));
+  }
   const uint64_t shard_size =
       pipeline::EpochShard::ShardSize(dataset.size(), spec.world_size(), spec.drop_last());
   if (request.start().cursor() > shard_size) {
@@ -143,6 +183,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   setup.incarnation = deps_.incarnation;
   setup.client_name = request.client_name().substr(0, 128);
   setup.client_key = ClientKeyOfPeer(peer);
+  setup.token = RandomBytes(16);
   setup.spec = spec;
   setup.dataset = &dataset;
   setup.on_error = dataset_config.on_error;
@@ -167,6 +208,14 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
+    if (!request.session_id().empty()) {
+      if (sessions_.count(request.session_id()) == 0) {
+        // The session ended (its client is gone) or belongs to an earlier incarnation.
+        return Reject(absl::FailedPreconditionError(
+            "session_id: no such session (it ended, or the daemon restarted): attach again"));
+      }
+      setup.session_id = request.session_id();
+    }
     const ServerConfig& server = deps_.config->server;
     if (streams_.size() + opening_.size() >= server.max_streams) {
       return Reject(absl::ResourceExhaustedError(absl::StrCat(
@@ -223,18 +272,66 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_dataset_size(dataset.size());
   response->set_samples_per_epoch(shard_size);
   response->set_batches_per_epoch((shard_size + spec.batch_size() - 1) / spec.batch_size());
+  response->set_stream_token(stream->setup().token);
+  response->set_shm_dir(deps_.config->server.shm_dir);
+  response->set_dataset_fingerprint(dataset.fingerprint());
   stream->Start();  // added to streams_ by `opened` on return
   SPDLOG_INFO(
       "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{} "
       "client=\"{}\"",
       id, spec.dataset(), spec.rank(), spec.world_size(), spec.batch_size(), spec.image_size(),
       spec.ring_slots(), request.start().epoch(), request.start().sequence(),
-      request.start().cursor(), request.client_name().substr(0, 128));
+      request.start().cursor(), wire::EscapeBytes(request.client_name().substr(0, 128)));
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> StreamManager::OpenSession(const std::string& client_name) {
+  std::string id = RandomBytes(16);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
+    sessions_[id] = client_name.substr(0, 128);
+  }
+  SPDLOG_DEBUG("session attached client=\"{}\"", wire::EscapeBytes(client_name.substr(0, 128)));
+  return id;
+}
+
+void StreamManager::CloseSession(const std::string& session_id) {
+  std::vector<std::shared_ptr<Stream>> closed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto session = sessions_.find(session_id);
+    if (session == sessions_.end()) return;
+    sessions_.erase(session);
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      if (it->second->setup().session_id == session_id) {
+        closed.push_back(it->second);
+        it = streams_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& s : closed) {
+    SPDLOG_INFO("stream {} closed: its client (\"{}\") is gone; {} slots reclaimed", s->id(),
+                wire::EscapeBytes(s->setup().client_name), s->ring().slot_count());
+    s->Stop();
+  }
+}
+
+bool StreamManager::WaitUnlessShutDown(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !shut_down_cv_.wait_for(lock, timeout, [this] { return shut_down_; });
+}
+
+size_t StreamManager::open_sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.size();
+}
+
 absl::StatusOr<std::shared_ptr<Stream>> StreamManager::Find(uint64_t stream_id,
-                                                            uint64_t incarnation) {
+                                                            uint64_t incarnation,
+                                                            const std::string& token) {
   if (incarnation != deps_.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         "stream ", stream_id, " belongs to daemon incarnation ", incarnation,
@@ -246,12 +343,18 @@ absl::StatusOr<std::shared_ptr<Stream>> StreamManager::Find(uint64_t stream_id,
     return absl::NotFoundError(
         absl::StrCat("stream ", stream_id, " not found (closed, or idle past the timeout)"));
   }
+  if (!SameToken(it->second->setup().token, token)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "stream ", stream_id, ": wrong stream_token: only the client that opened a stream may "
+        "use it (open your own stream)"));
+  }
   return it->second;
 }
 
 absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
                                  v1::NextBatchResponse* response) {
-  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      Find(request.stream_id(), request.incarnation(), request.stream_token());
   if (!stream.ok()) return Reject(stream.status());
   for (const v1::Release& r : request.releases()) {
     // A bad release in a NextBatch call is the client's bug, not a reason to withhold its batch:
@@ -269,7 +372,8 @@ absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
 }
 
 absl::Status StreamManager::Release(const v1::ReleaseBatchesRequest& request) {
-  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      Find(request.stream_id(), request.incarnation(), request.stream_token());
   if (!stream.ok()) return Reject(stream.status());
   absl::Status first;
   for (const v1::Release& r : request.releases()) {
@@ -281,7 +385,8 @@ absl::Status StreamManager::Release(const v1::ReleaseBatchesRequest& request) {
 }
 
 absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
-  absl::StatusOr<std::shared_ptr<Stream>> stream = Find(request.stream_id(), request.incarnation());
+  absl::StatusOr<std::shared_ptr<Stream>> stream =
+      Find(request.stream_id(), request.incarnation(), request.stream_token());
   if (!stream.ok()) return Reject(stream.status());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -309,14 +414,18 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   for (const BadFileRecord& r : stats.recent_bad_files()) {
     v1::BadFile* b = response->add_recent_bad_files();
     b->set_dataset(r.dataset);
-    b->set_path(r.path);
+    b->set_path(wire::EscapeBytes(r.path));
     b->set_reason(r.reason);
-    b->set_message(r.message);
+    b->set_message(wire::EscapeBytes(r.message));
   }
   response->set_images_per_second(stats.images_per_second());
   response->set_rss_bytes(CurrentRssBytes());
   response->set_memory_limit_bytes(deps_.budget->limit());
   response->set_memory_reserved_bytes(deps_.budget->reserved());
+  response->set_memory_reserved_peak_bytes(deps_.budget->peak_reserved());
+  response->set_memory_decoding_bytes(deps_.budget->decoding());
+  response->set_rss_peak_bytes(PeakRssBytes());
+  if (deps_.pool != nullptr) response->set_decode_threads_abandoned(deps_.pool->abandoned());
   response->set_requests_rejected(stats.requests_rejected.load());
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
     ToProto(e, response->add_quarantined());
@@ -338,7 +447,7 @@ void StreamManager::ListQuarantine(v1::ListQuarantineResponse* response) {
 
 absl::Status StreamManager::ClearQuarantine(const v1::ClearQuarantineRequest& request,
                                             v1::ClearQuarantineResponse* response) {
-  if (!request.dataset().empty() && deps_.datasets->count(request.dataset()) == 0) {
+  if (!request.dataset().empty() && deps_.datasets->Find(request.dataset()) == nullptr) {
     return Reject(absl::NotFoundError(absl::StrCat("unknown dataset \"", request.dataset(), "\"")));
   }
   absl::StatusOr<uint64_t> cleared = deps_.quarantine->Clear(request.dataset());
@@ -368,8 +477,11 @@ void StreamManager::ReaperLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = streams_.begin(); it != streams_.end();) {
-        it->second->Heartbeat();
-        if (now - it->second->last_activity() > idle_timeout) {
+        // A stream of a live session is never idle: its client is connected (see the top of
+        // stream_manager.h).
+        const std::string& session = it->second->setup().session_id;
+        const bool attached = !session.empty() && sessions_.count(session) != 0;
+        if (!attached && now - it->second->last_activity() > idle_timeout) {
           idle.push_back(it->second);
           it = streams_.erase(it);
         } else {
@@ -396,7 +508,9 @@ void StreamManager::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     shut_down_ = true;
+    shut_down_cv_.notify_all();
     streams.swap(streams_);
+    sessions_.clear();
   }
   for (auto& [id, s] : streams) s->Stop();
 }

@@ -1,7 +1,16 @@
 #pragma once
 // All open streams of one daemon incarnation: validates requests, creates each stream's ring
-// within the memory budget, routes NextBatch/Release/Close, and reaps streams whose client went
-// quiet (a killed trainer's slots come back after server.stream_idle_timeout_ms).
+// within the memory budget, routes NextBatch/Release/Close, and closes the streams of clients
+// that are gone.
+//
+// Clients: a client attaches a *session* (the Attach call, held open for the client's life) and
+// opens streams in it. When the session ends (the client exited, was killed, or closed it), its
+// streams are closed at once. Streams of a live session are never closed for idleness; streams
+// opened without a session (older clients) are closed after server.stream_idle_timeout_ms
+// without a request.
+//
+// Authority: OpenStream returns a random 128-bit stream token; every later call on the stream
+// must carry it (PERMISSION_DENIED otherwise), so no other local process can take its batches.
 //
 // Plain C++ with its own tests; LoaderService only adapts gRPC to it. Every error names the field
 // or the stream: INVALID_ARGUMENT for a bad field, NOT_FOUND for an unknown dataset or stream,
@@ -24,6 +33,7 @@
 #include "proto/ringloader.pb.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon_stats.h"
+#include "server/daemon/dataset_registry.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/stream.h"
@@ -31,8 +41,8 @@
 namespace ringloader::server {
 
 struct StreamManagerDeps {
-  const DaemonConfig* config;
-  const std::map<std::string, std::unique_ptr<pipeline::Dataset>>* datasets;
+  const DaemonConfig* config;  // server settings; datasets come from `datasets`
+  const DatasetRegistry* datasets;
   pipeline::BatchFiller* filler;
   pipeline::SampleObserver* observer;
   DaemonStats* stats;
@@ -41,6 +51,7 @@ struct StreamManagerDeps {
   const Failpoints* failpoints;
   uint64_t incarnation;
   std::chrono::steady_clock::time_point started;
+  const pipeline::WorkerPool* pool = nullptr;  // for stats; may be null
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host
@@ -64,6 +75,14 @@ class StreamManager {
   absl::Status ClearQuarantine(const v1::ClearQuarantineRequest& request,
                                v1::ClearQuarantineResponse* response);
 
+  // Sessions (see the top of this file). OpenSession returns the new session's id (16 random
+  // bytes); CloseSession closes every stream opened in it. Unavailable while shutting down.
+  absl::StatusOr<std::string> OpenSession(const std::string& client_name);
+  void CloseSession(const std::string& session_id);
+  // Blocks up to `timeout` or until Shutdown(); true while the manager is not shut down.
+  bool WaitUnlessShutDown(std::chrono::milliseconds timeout);
+  size_t open_sessions() const;
+
   // Starts the background loop that reaps idle streams, beats ring heartbeats and samples rates.
   void StartReaper();
   // Stops the reaper and every stream; unlinks their segments. Idempotent.
@@ -71,7 +90,8 @@ class StreamManager {
   size_t open_streams() const;
 
  private:
-  absl::StatusOr<std::shared_ptr<Stream>> Find(uint64_t stream_id, uint64_t incarnation);
+  absl::StatusOr<std::shared_ptr<Stream>> Find(uint64_t stream_id, uint64_t incarnation,
+                                               const std::string& token);
   absl::Status Validate(const v1::StreamSpec& spec) const;
   void ReaperLoop();
   absl::Status Reject(absl::Status status);
@@ -89,7 +109,10 @@ class StreamManager {
   std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   // Client keys of streams past the limit checks but not yet in streams_.
   std::multiset<std::string> opening_ ABSL_GUARDED_BY(mu_);
+  // Live sessions: id -> client name.
+  std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
 };
 
 }  // namespace ringloader::server

@@ -43,7 +43,9 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    execv(args[0], args.data());
+    // argv[0] is the binary's real path (ps, systemctl status); /proc/self/exe is the same binary
+    // even if the file was replaced since we started.
+    execv("/proc/self/exe", args.data());
     std::fprintf(stderr, "[error] supervisor: cannot exec %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
@@ -85,6 +87,7 @@ int RunSupervisor(const SupervisorOptions& options) {
   sigaddset(&handled, SIGTERM);
   sigaddset(&handled, SIGINT);
   sigaddset(&handled, SIGCHLD);
+  sigaddset(&handled, SIGHUP);
   sigprocmask(SIG_BLOCK, &handled, &original);
   const int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
   if (signal_fd < 0) {
@@ -120,6 +123,11 @@ int RunSupervisor(const SupervisorOptions& options) {
       if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
         stopping = true;
         kill(child.pid, static_cast<int>(info.ssi_signo));
+        continue;
+      }
+      if (info.ssi_signo == SIGHUP) {  // the daemon reloads its config; we have none to reload
+        SPDLOG_INFO("SIGHUP: forwarded to ringloaderd pid={}", child.pid);
+        kill(child.pid, SIGHUP);
         continue;
       }
       if (waitpid(child.pid, &status, WNOHANG) == child.pid) break;

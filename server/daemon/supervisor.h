@@ -19,7 +19,8 @@
 namespace ringloader::server {
 
 struct SupervisorOptions {
-  std::vector<std::string> child_argv;  // argv[0] is the executable to run
+  // The daemon's argv; argv[0] is only its name (the supervisor execs /proc/self/exe).
+  std::vector<std::string> child_argv;
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{5000};
   // More restarts than this within `restart_window` and the supervisor gives up (exit 1).

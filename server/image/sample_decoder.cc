@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <array>
 #include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <utility>
 
 // jpeglib.h needs size_t and FILE declared first.
 #include <jerror.h>
@@ -43,7 +46,14 @@ struct JpegProgress {
   jpeg_progress_mgr pub;  // must stay first
   JpegError* err;
   uint32_t max_scans;
+  int64_t deadline_ns;  // steady_clock; INT64_MAX = none
 };
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 const char* ReasonForCode(int code) {
   switch (code) {
@@ -112,6 +122,14 @@ void OnJpegProgress(j_common_ptr cinfo) {
   if (!cinfo->is_decompressor) return;
   auto* progress = reinterpret_cast<JpegProgress*>(cinfo->progress);
   const auto* dinfo = reinterpret_cast<j_decompress_ptr>(cinfo);
+  if (progress->deadline_ns != INT64_MAX && SteadyNowNs() > progress->deadline_ns) {
+    JpegError* err = progress->err;
+    err->msg_code = 0;
+    err->reason = "deadline_exceeded";
+    std::snprintf(err->message, sizeof(err->message),
+                  "decoding took longer than server.decode_deadline_ms; abandoned");
+    std::longjmp(err->jump, 1);
+  }
   if (dinfo->input_scan_number > static_cast<int>(progress->max_scans)) {
     JpegError* err = progress->err;
     err->msg_code = 0;
@@ -167,9 +185,11 @@ int32_t CeilDiv(double v, int32_t d) { return static_cast<int32_t>(std::ceil(v /
 }  // namespace
 
 std::string_view ErrorReason(const absl::Status& status) {
-  static constexpr std::array<std::string_view, 10> kKnown = {
-      "read_error", "empty",       "not_jpeg",       "too_large",   "truncated",
-      "corrupt",    "unsupported", "too_many_scans", "quarantined", "other"};
+  static constexpr std::array<std::string_view, 13> kKnown = {
+      "read_error",       "empty",          "not_jpeg",     "too_large",
+      "truncated",        "corrupt",        "unsupported",  "too_many_scans",
+      "quarantined",      "not_regular_file", "deadline_exceeded", "io_error",
+      "other"};
   const auto payload = status.GetPayload(kReasonPayload);
   if (!payload.has_value()) return "other";
   const std::string text(*payload);
@@ -212,6 +232,7 @@ struct SampleDecoder::State {
     progress.pub.progress_monitor = OnJpegProgress;
     progress.err = &err;
     progress.max_scans = limits.max_scans;
+    progress.deadline_ns = INT64_MAX;
     Recreate();
   }
   ~State() {
@@ -252,8 +273,26 @@ struct SampleDecoder::State {
     return true;
   }
 
-  absl::Status Error(std::string_view path) const {
+  absl::Status Error(std::string_view path) {
+    ReleaseBigScratch();
     return DataError(path, err.reason, err.message);
+  }
+
+  // Scratch is reused across samples, but what one huge image grew is given back, so a decode
+  // thread keeps at most kKeepScratchBytes between samples (the memory budget counts a sample's
+  // scratch only while it decodes).
+  static constexpr size_t kKeepScratchBytes = 1 << 20;
+  void ReleaseBigScratch() {
+    const size_t held = row.capacity() + rgb_row.capacity() + hrows.capacity() +
+                        out_row.capacity() + acc.capacity() * sizeof(int32_t) +
+                        float_row.capacity() * sizeof(float);
+    if (held <= kKeepScratchBytes) return;
+    std::vector<uint8_t>().swap(row);
+    std::vector<uint8_t>().swap(rgb_row);
+    std::vector<uint8_t>().swap(hrows);
+    std::vector<uint8_t>().swap(out_row);
+    std::vector<int32_t>().swap(acc);
+    std::vector<float>().swap(float_row);
   }
 
   bool created = false;
@@ -269,6 +308,14 @@ void SampleDecoder::set_limits(const DecodeLimits& limits) {
 }
 
 SampleDecoder::~SampleDecoder() = default;
+
+void SampleDecoder::set_deadline(std::chrono::steady_clock::time_point deadline) {
+  state_->progress.deadline_ns =
+      deadline == std::chrono::steady_clock::time_point::max()
+          ? INT64_MAX
+          : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch())
+                .count();
+}
 
 namespace {
 
@@ -317,7 +364,55 @@ void SetOutColor(jpeg_decompress_struct& cinfo) {
   cinfo.out_color_space = four ? JCS_CMYK : JCS_RGB;
 }
 
+// libjpeg's allocations besides the coefficient buffers: per-row sample and upsampling buffers
+// (generously, 128 bytes per column and component) and a fixed part for tables and state.
+constexpr uint64_t kLibjpegFixedBytes = 4 << 20;
+constexpr uint64_t kLibjpegBytesPerColumnComponent = 128;
+// Largest image side JPEG allows.
+constexpr uint64_t kMaxJpegSide = 65535;
+
+DecodePlan PlanFor(uint64_t width, uint64_t height, uint64_t components, uint64_t coef_bytes,
+                   uint32_t image_size) {
+  DecodePlan plan;
+  plan.libjpeg_bytes =
+      coef_bytes + width * components * kLibjpegBytesPerColumnComponent + kLibjpegFixedBytes;
+  // State::row (kBatchRows rows of up to 4 components), rgb_row, and hrows: one output-width row
+  // per source row the vertical filter reads (at most the image's height).
+  plan.scratch_bytes = width * 4 * kBatchRows + width * 3 + height * image_size * 3 + (64 << 10);
+  return plan;
+}
+
 }  // namespace
+
+absl::StatusOr<DecodePlan> SampleDecoder::PlanFromHeader(std::span<const uint8_t> head,
+                                                         std::string_view path,
+                                                         const DecodeLimits& limits,
+                                                         const TransformSpec& spec) {
+  auto state = std::make_unique<State>(limits);
+  ImageInfo info;
+  absl::Status status = ReadHeaderInto(*state, limits, head, path, info);
+  if (!status.ok()) return status;
+  jpeg_decompress_struct& cinfo = state->cinfo;
+  uint64_t coef_bytes = 0;
+  if (cinfo.progressive_mode || jpeg_has_multiple_scans(&cinfo)) {
+    // Whole-image coefficient arrays (jdcoefct.c): one 64-coefficient block of 2-byte values per
+    // 8x8 block of each component, rounded up to the sampling factors.
+    for (int c = 0; c < cinfo.num_components; ++c) {
+      const jpeg_component_info& comp = cinfo.comp_info[c];
+      const auto round_up = [](uint64_t v, uint64_t m) { return (v + m - 1) / m * m; };
+      coef_bytes += round_up(comp.width_in_blocks, comp.h_samp_factor) *
+                    round_up(comp.height_in_blocks, comp.v_samp_factor) * sizeof(JBLOCK);
+    }
+  }
+  jpeg_abort_decompress(&cinfo);
+  return PlanFor(static_cast<uint64_t>(info.width), static_cast<uint64_t>(info.height),
+                 static_cast<uint64_t>(info.components), coef_bytes, spec.image_size);
+}
+
+DecodePlan SampleDecoder::WorstCasePlan(const DecodeLimits& limits, const TransformSpec& spec) {
+  // 4 components, every one at full resolution, multi-scan; the widest and tallest sides JPEG has.
+  return PlanFor(kMaxJpegSide, kMaxJpegSide, 4, limits.max_pixels * 4 * 2, spec.image_size);
+}
 
 absl::StatusOr<ImageInfo> SampleDecoder::ReadInfo(std::span<const uint8_t> jpeg,
                                                   std::string_view path) {
@@ -380,6 +475,7 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
   ImageInfo info;
   absl::Status status = ReadHeaderInto(st, limits_, jpeg, path, info);
   if (!status.ok()) return status;
+  cinfo.mem->max_memory_to_use = static_cast<long>(memory_cap_);
 
   // The source box (fractional source pixels), the window the filter may read, and the flip.
   CropRect crop;
@@ -416,6 +512,7 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
     if (attempt == 1) {  // libjpeg refused the partial decode: read the header again, decode all
       status = ReadHeaderInto(st, limits_, jpeg, path, info);
       if (!status.ok()) return status;
+      cinfo.mem->max_memory_to_use = static_cast<long>(memory_cap_);
       SetOutColor(cinfo);
       partial = false;
       stats.full_decode_fallback = true;
@@ -523,6 +620,7 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
     if (!direct) StoreRow(dst, y, spec, st.lut, st.float_row.data(), out);
   }
   last_decode_ = stats;
+  st.ReleaseBigScratch();
   return absl::OkStatus();
 } catch (const std::bad_alloc&) {
   jpeg_abort_decompress(&state_->cinfo);
@@ -530,55 +628,100 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
                     "other");
 }
 
-absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
-                                                   uint64_t max_bytes) try {
+namespace {
+
+absl::Status ReadError(const std::string& path, int err) {
+  const std::string text = absl::StrCat(path, ": read_error: ", std::strerror(err));
+  absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
+                   : err == EACCES ? absl::PermissionDeniedError(text)
+                                   : absl::DataLossError(text);
+  return WithReason(std::move(s), "read_error");
+}
+
+}  // namespace
+
+absl::StatusOr<SampleFile> SampleFile::Open(const std::string& path, uint64_t max_bytes) {
   const uint64_t limit = std::min(max_bytes, kMaxFileBytes);
-  auto read_error = [&](int err) {
-    const std::string text = absl::StrCat(path, ": read_error: ", std::strerror(err));
-    absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
-                     : err == EACCES ? absl::PermissionDeniedError(text)
-                                     : absl::DataLossError(text);
-    return WithReason(std::move(s), "read_error");
-  };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return read_error(errno);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer. It changes nothing for regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ReadError(path, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    return read_error(err);
+    return ReadError(path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                     : "not a regular file";
+    return DataError(path, "not_regular_file",
+                     absl::StrCat("is ", kind, ", not a regular file: refused unread"));
   }
   if (static_cast<uint64_t>(st.st_size) > limit) {
     ::close(fd);
     return DataError(path, "too_large",
                      absl::StrCat("file has ", st.st_size, " bytes, above max_file_bytes ", limit));
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  if (st.st_size == 0) {
+    ::close(fd);
+    return DataError(path, "empty", "file is empty (0 bytes)");
+  }
+  return SampleFile(path, fd, static_cast<uint64_t>(st.st_size), limit);
+}
+
+SampleFile::SampleFile(SampleFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_),
+      max_bytes_(other.max_bytes_) {}
+
+SampleFile::~SampleFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadHead(uint64_t max) {
+  return ReadRange(std::min(max, size_));
+}
+
+absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadAll() { return ReadRange(UINT64_MAX); }
+
+absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
+  const bool whole = max == UINT64_MAX;
+  std::vector<uint8_t> bytes(static_cast<size_t>(whole ? size_ : max));
   size_t got = 0;
   while (true) {
-    if (got == bytes.size()) bytes.resize(got + 65536);  // the file may have grown
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (got == bytes.size()) {
+      if (!whole) break;
+      bytes.resize(got + 65536);  // the file may have grown
+    }
+    const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return read_error(err);
+      return ReadError(path_, errno);
     }
     if (n == 0) break;
     got += static_cast<size_t>(n);
-    if (got > limit) {
-      ::close(fd);
-      return DataError(path, "too_large",
-                       absl::StrCat("file is above max_file_bytes ", limit, " bytes"));
+    if (got > max_bytes_) {
+      return DataError(path_, "too_large",
+                       absl::StrCat("file is above max_file_bytes ", max_bytes_, " bytes"));
     }
   }
-  ::close(fd);
   bytes.resize(got);
-  if (bytes.empty()) return DataError(path, "empty", "file is empty (0 bytes)");
+  if (bytes.empty()) return DataError(path_, "empty", "file is empty (0 bytes)");
   return bytes;
 } catch (const std::bad_alloc&) {
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")),
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path_), ": out of memory")),
                     "read_error");
+}
+
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
+  absl::StatusOr<SampleFile> file = SampleFile::Open(path, max_bytes);
+  if (!file.ok()) return file.status();
+  return file->ReadAll();
 }
 
 }  // namespace ringloader::image

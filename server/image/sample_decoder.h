@@ -19,6 +19,7 @@
 // has no EOI marker as "truncated" (when warnings_are_errors), so a cut file fails the same way
 // whatever crop was drawn.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -33,15 +34,17 @@
 namespace ringloader::image {
 
 struct DecodeLimits {
-  uint64_t max_pixels = 100'000'000;  // width x height above this is refused before decoding
-  uint64_t max_file_bytes = uint64_t{1} << 30;  // larger files are refused unread (ReadFileBytes)
+  // The defaults of the daemon's [[datasets]] keys and of `ringloaderctl validate` (one set).
+  uint64_t max_pixels = 40'000'000;   // width x height above this is refused before decoding
+  uint64_t max_file_bytes = uint64_t{64} << 20;  // larger files are refused unread (ReadFileBytes)
   bool warnings_are_errors = true;    // libjpeg warnings (e.g. truncated data, grey fill) fail
   uint32_t max_scans = 500;           // progressive scan bound (a crafted file cannot spin)
 };
 
 // A short machine-readable reason for a failed sample; the Status message carries the details.
 // Reasons: "read_error", "empty", "not_jpeg", "too_large", "truncated", "corrupt",
-// "unsupported", "too_many_scans", "quarantined", "other".
+// "unsupported", "too_many_scans", "quarantined", "not_regular_file", "deadline_exceeded",
+// "other".
 // The reason is attached to failed Statuses as the payload "ringloader.reason".
 std::string_view ErrorReason(const absl::Status& status);
 absl::Status WithReason(absl::Status status, std::string_view reason);
@@ -56,6 +59,16 @@ struct DecodeStats {
   int32_t decoded_y = 0;              // rows skipped before the first decoded row
   int32_t decoded_rows = 0;           // rows decoded
   bool full_decode_fallback = false;  // crop/skip refused by libjpeg; decoded the whole image
+};
+
+// What decoding one image into a sample needs beyond its file bytes, known from its header before
+// any pixel is decoded (the daemon reserves it from memory_limit first; see PlanDecode).
+struct DecodePlan {
+  // libjpeg's own allocations: the whole-image coefficient buffers of progressive and multi-scan
+  // images (2 bytes per pixel per component), row buffers, tables. DecodeInto caps libjpeg here.
+  uint64_t libjpeg_bytes = 0;
+  uint64_t scratch_bytes = 0;  // the decoder's own row buffers for this image
+  uint64_t bytes() const { return libjpeg_bytes + scratch_bytes; }
 };
 
 struct ImageInfo {
@@ -78,6 +91,24 @@ class SampleDecoder {
   // Header only. `path` is used in error messages.
   absl::StatusOr<ImageInfo> ReadInfo(std::span<const uint8_t> jpeg, std::string_view path);
 
+  // The plan for decoding the image whose header is in `head` (the file's first bytes or all of
+  // them) into a sample of `spec`. Fails like DecodeInto for a bad header (or one cut off by the
+  // end of `head`: the caller then falls back to WorstCasePlan). Uses a decompressor of its own,
+  // so it may run on any thread.
+  static absl::StatusOr<DecodePlan> PlanFromHeader(std::span<const uint8_t> head,
+                                                   std::string_view path,
+                                                   const DecodeLimits& limits,
+                                                   const TransformSpec& spec);
+  // An upper bound for any image the limits admit (max_pixels, 4 components, multi-scan).
+  static DecodePlan WorstCasePlan(const DecodeLimits& limits, const TransformSpec& spec);
+
+  // Caps libjpeg's memory in the following decodes (0 = no cap): an image that needs more fails
+  // ("too_large") instead of growing the process. The daemon passes DecodePlan::libjpeg_bytes.
+  void set_memory_cap(uint64_t libjpeg_bytes) { memory_cap_ = libjpeg_bytes; }
+  // Decodes running past `deadline` fail with reason "deadline_exceeded" (checked by libjpeg's
+  // progress monitor, between scans and row groups). time_point::max() = none.
+  void set_deadline(std::chrono::steady_clock::time_point deadline);
+
   // Decodes `jpeg`, applies `spec` with randomness from `rng` (train crop + flip), and writes
   // exactly spec.SampleBytes() bytes into `out` (HWC or CHW for this one sample).
   // REQUIRES: out.size() == spec.SampleBytes().
@@ -97,13 +128,39 @@ class SampleDecoder {
   std::unique_ptr<State> state_;
   DecodeLimits limits_;
   DecodeStats last_decode_;
+  uint64_t memory_cap_ = 0;
 };
 
-// Reads a whole file into memory. NotFound / PermissionDenied / DataLoss with the path and errno
-// text; reason "read_error" (or "empty" for zero bytes, "too_large" above 1 GiB).
-// Files above `max_bytes` (DecodeLimits::max_file_bytes) are refused with reason "too_large"
-// without being read.
-absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path,
-                                                   uint64_t max_bytes = uint64_t{1} << 30);
+// A sample file opened for reading: only regular files are (a FIFO would block the reader for
+// good, a device has no end). Closed on destruction. Move-only.
+class SampleFile {
+ public:
+  // NotFound / PermissionDenied / DataLoss with the path and errno text, reason "read_error";
+  // "not_regular_file" for anything but a regular file (refused before any read: opening does
+  // not block, even on a FIFO); "too_large" above `max_bytes` (DecodeLimits::max_file_bytes),
+  // refused unread; "empty" for zero bytes.
+  static absl::StatusOr<SampleFile> Open(const std::string& path, uint64_t max_bytes);
+  SampleFile(SampleFile&& other) noexcept;
+  SampleFile& operator=(SampleFile&& other) = delete;
+  ~SampleFile();
+  uint64_t size() const { return size_; }
+  // Reads up to `max` bytes from the start (a header peek); may block on a slow mount.
+  absl::StatusOr<std::vector<uint8_t>> ReadHead(uint64_t max);
+  // Reads the whole file (which may have grown or shrunk since Open, within `max_bytes`).
+  absl::StatusOr<std::vector<uint8_t>> ReadAll();
+
+ private:
+  SampleFile(std::string path, int fd, uint64_t size, uint64_t max_bytes)
+      : path_(std::move(path)), fd_(fd), size_(size), max_bytes_(max_bytes) {}
+  absl::StatusOr<std::vector<uint8_t>> ReadRange(uint64_t max);
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint64_t max_bytes_ = 0;
+};
+
+// SampleFile::Open + ReadAll.
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(
+    const std::string& path, uint64_t max_bytes = DecodeLimits{}.max_file_bytes);
 
 }  // namespace ringloader::image

@@ -12,6 +12,9 @@ namespace ringloader::pipeline {
 namespace {
 
 constexpr uint64_t kSectionAlign = 64;
+// How much of a file is read to find its header before the rest (JPEG headers with EXIF, ICC
+// and thumbnails usually end well before this).
+constexpr uint64_t kHeaderPeekBytes = 64 << 10;
 
 uint64_t AlignUp(uint64_t v) { return (v + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
 
@@ -39,8 +42,8 @@ BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& 
   return layout;
 }
 
-BatchFiller::BatchFiller(WorkerPool& pool, image::DecodeLimits limits)
-    : pool_(pool), default_limits_(limits) {
+BatchFiller::BatchFiller(WorkerPool& pool, image::DecodeLimits limits, FillerOptions options)
+    : pool_(pool), default_limits_(limits), options_(options) {
   decoders_.reserve(pool.size());
   for (uint32_t i = 0; i < pool.size(); ++i) {
     decoders_.push_back(std::make_unique<image::SampleDecoder>(limits));
@@ -89,27 +92,98 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
       }
     }
     statuses.assign(k, absl::OkStatus());
-    pool_.ParallelFor(k, [&](uint64_t i, uint32_t worker_id) {
-      const uint64_t index = shard.at(pos + i);
-      const std::string path = dataset.AbsolutePath(index);
-      absl::Status status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
-                                                : absl::OkStatus();
-      if (status.ok()) {
-        image::SampleDecoder& decoder = *decoders_[worker_id];
-        decoder.set_limits(request.limits ? *request.limits : default_limits_);
-        absl::StatusOr<std::vector<uint8_t>> bytes =
-            image::ReadFileBytes(path, decoder.limits().max_file_bytes);
-        if (!bytes.ok()) {
-          status = bytes.status();
-        } else {
-          image::SampleRng rng(request.seed, request.epoch, index);
-          std::span<uint8_t> out(images + (first_slot + i) * sample_bytes, sample_bytes);
-          status = decoder.DecodeInto(*bytes, path, request.transform, rng, out);
-        }
-      }
-      if (!status.ok()) statuses[i] = NamingPath(status, path);
-      if (observer != nullptr) observer->AfterDecode(dataset, index, worker_id);
-    });
+    // Per sample: open, peek at the header, draw the memory its decode needs, read the rest
+    // (all abandonable past the deadline: see WorkerPool), then commit and decode into its place.
+    // Before the commit, nothing shared is touched (an abandoned task's thread may wake up any
+    // time later, after this call has returned); after it, the worker's decoder is.
+    pool_.ParallelForWithDeadline(
+        k, options_.deadline,
+        [&](uint64_t i, uint32_t worker_id, TaskControl& control) {
+          const uint64_t index = shard.at(pos + i);
+          const std::string path = dataset.AbsolutePath(index);
+          const image::DecodeLimits& limits = request.limits ? *request.limits : default_limits_;
+          DecodeMemory* const memory = options_.memory;
+          uint64_t drawn = 0;
+          uint64_t libjpeg_cap = 0;  // given to the decoder once committed
+          bool committed = false;
+          // Ends the task with `status`; false (and nothing written) if it was abandoned.
+          const auto finish = [&](absl::Status status) {
+            if (!committed && !control.Commit()) return false;
+            committed = true;
+            if (!status.ok()) statuses[i] = NamingPath(status, path);
+            return true;
+          };
+          const auto give_back = [&] {
+            if (drawn > 0) memory->Release(drawn);
+            drawn = 0;
+          };
+          if (observer != nullptr) observer->BeforeRead(dataset, index);
+          absl::StatusOr<image::SampleFile> file = image::SampleFile::Open(path, limits.max_file_bytes);
+          if (!file.ok()) {
+            finish(file.status());
+            return;
+          }
+          absl::StatusOr<std::vector<uint8_t>> bytes;
+          if (memory != nullptr) {
+            absl::StatusOr<std::vector<uint8_t>> head = file->ReadHead(kHeaderPeekBytes);
+            if (!head.ok()) {
+              finish(head.status());
+              return;
+            }
+            absl::StatusOr<image::DecodePlan> plan =
+                image::SampleDecoder::PlanFromHeader(*head, path, limits, request.transform);
+            if (!plan.ok()) {
+              if (head->size() == file->size()) {  // the whole file: its header is bad
+                finish(plan.status());
+                return;
+              }
+              // The header goes on past the peek (huge metadata): assume the worst it may hold.
+              plan = image::SampleDecoder::WorstCasePlan(limits, request.transform);
+            }
+            const uint64_t need = file->size() + plan->bytes();
+            if (!control.BeginWait()) return;
+            absl::Status granted = memory->Acquire(need);
+            control.EndWait();
+            if (!granted.ok()) {
+              finish(image::WithReason(std::move(granted), "too_large"));
+              return;
+            }
+            drawn = need;
+            libjpeg_cap = plan->libjpeg_bytes;
+          }
+          bytes = file->ReadAll();
+          if (!finish(absl::OkStatus())) {  // abandoned while reading
+            give_back();
+            return;
+          }
+          absl::Status status = bytes.status();
+          if (status.ok()) {
+            status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
+                                         : absl::OkStatus();
+            if (status.ok()) {
+              image::SampleDecoder& decoder = *decoders_[worker_id];
+              decoder.set_limits(limits);
+              decoder.set_memory_cap(libjpeg_cap);
+              decoder.set_deadline(options_.deadline.count() > 0
+                                       ? std::chrono::steady_clock::now() + options_.deadline
+                                       : std::chrono::steady_clock::time_point::max());
+              image::SampleRng rng(request.seed, request.epoch, index);
+              std::span<uint8_t> out(images + (first_slot + i) * sample_bytes, sample_bytes);
+              status = decoder.DecodeInto(*bytes, path, request.transform, rng, out);
+            }
+            if (observer != nullptr) observer->AfterDecode(dataset, index, worker_id);
+          }
+          bytes = absl::StatusOr<std::vector<uint8_t>>();  // the file's bytes go before the draw
+          give_back();
+          if (!status.ok()) statuses[i] = NamingPath(status, path);
+        },
+        [&](uint64_t i) {
+          statuses[i] = image::WithReason(
+              absl::DeadlineExceededError(absl::StrCat(
+                  dataset.AbsolutePath(shard.at(pos + i)), ": reading the file took longer than ",
+                  options_.deadline.count(), " ms (server.decode_deadline_ms); abandoned")),
+              "deadline_exceeded");
+        });
 
     uint64_t write = first_slot;
     for (uint64_t i = 0; i < k; ++i) {

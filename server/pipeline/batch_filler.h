@@ -13,6 +13,7 @@
 //   indices : int64[batch_size]  (dataset sample indices)
 // Only the first `count` entries of each are meaningful.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -60,11 +61,26 @@ struct FilledBatch {
 class SampleObserver {
  public:
   virtual ~SampleObserver() = default;
-  // Before reading the file. A non-OK status skips the sample with that error (e.g. quarantined).
+  // Before the file is opened (failpoints that stand in for a stuck read). Default: nothing.
+  virtual void BeforeRead(const Dataset& dataset, uint64_t sample_index) {
+    (void)dataset;
+    (void)sample_index;
+  }
+  // After the file is read, before decoding. A non-OK status skips the sample with that error
+  // (e.g. quarantined).
   virtual absl::Status BeforeDecode(const Dataset& dataset, uint64_t sample_index,
                                     uint32_t worker_id) = 0;
   // After the sample is done, whatever the outcome.
   virtual void AfterDecode(const Dataset& dataset, uint64_t sample_index, uint32_t worker_id) = 0;
+};
+
+// Where the memory a sample decode needs comes from (the daemon's memory_limit). Thread-safe.
+class DecodeMemory {
+ public:
+  virtual ~DecodeMemory() = default;
+  // Blocks until `bytes` are granted; ResourceExhausted (naming the sizes) when they never can be.
+  virtual absl::Status Acquire(uint64_t bytes) = 0;
+  virtual void Release(uint64_t bytes) = 0;
 };
 
 struct FillRequest {
@@ -81,10 +97,20 @@ struct FillRequest {
   std::optional<image::DecodeLimits> limits;
 };
 
+// How a BatchFiller reads and decodes, beyond the per-dataset limits.
+struct FillerOptions {
+  // Each sample draws its file bytes plus its decode plan (from its header) from here before it
+  // reads the file, and gives them back after decoding. nullptr = unaccounted.
+  DecodeMemory* memory = nullptr;
+  // A sample whose read takes longer than this is abandoned (its thread is replaced), one whose
+  // decode does is stopped; either fails with reason "deadline_exceeded". 0 = no deadline.
+  std::chrono::milliseconds deadline{0};
+};
+
 // One per daemon: owns the per-worker SampleDecoders.
 class BatchFiller {
  public:
-  BatchFiller(WorkerPool& pool, image::DecodeLimits limits);
+  BatchFiller(WorkerPool& pool, image::DecodeLimits limits, FillerOptions options = {});
   ~BatchFiller();
 
   // Writes the batch into `dest` (REQUIRES: dest.size() >= ComputeBatchLayout(...).total_bytes).
@@ -103,6 +129,7 @@ class BatchFiller {
  private:
   WorkerPool& pool_;
   const image::DecodeLimits default_limits_;
+  const FillerOptions options_;
   std::vector<std::unique_ptr<image::SampleDecoder>> decoders_;  // one per worker id
 };
 

@@ -7,6 +7,8 @@
 #include <optional>
 #include <utility>
 
+#include <xxhash.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/pipeline/imagefolder.h"
@@ -56,6 +58,22 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
 // Builds Datasets; a friend so Dataset keeps its fields private and its constructor hidden.
 class DatasetLoader {
  public:
+  // XXH3-64 over every (relative path, label) in order, each length-prefixed so that no two
+  // different lists hash the same input.
+  static uint64_t Fingerprint(const Dataset& d) {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    for (uint64_t i = 0; i < d.size(); ++i) {
+      const std::string_view path = d.relative_path(i);
+      const uint64_t header[2] = {path.size(), static_cast<uint64_t>(d.label(i))};
+      XXH3_64bits_update(state, header, sizeof(header));
+      XXH3_64bits_update(state, path.data(), path.size());
+    }
+    const uint64_t hash = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return hash == 0 ? 1 : hash;  // 0 means "unknown" on the wire
+  }
+
   static absl::StatusOr<std::unique_ptr<Dataset>> Open(const DatasetSpec& spec_in) {
     DatasetSpec spec = spec_in;
     if (spec.root.empty()) return Prefixed(spec, absl::InvalidArgumentError("root is empty"));
@@ -100,6 +118,7 @@ class DatasetLoader {
     dataset->labels_ = std::move(list->labels);
     dataset->class_names_ = std::move(list->class_names);
     dataset->loaded_from_cache_ = from_cache;
+    dataset->fingerprint_ = Fingerprint(*dataset);
     return dataset;
   }
 };

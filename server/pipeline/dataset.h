@@ -48,6 +48,9 @@ class Dataset {
   int64_t label(uint64_t index) const { return labels_[index]; }
   // imagefolder: class names in label order; manifest: empty.
   const std::vector<std::string>& class_names() const { return class_names_; }
+  // XXH3-64 of the sample list (every relative path and label, in order); never 0. Equal for
+  // equal lists: a resume compares it to tell that the dataset changed under a saved position.
+  uint64_t fingerprint() const { return fingerprint_; }
   // True when Open() used the index cache instead of walking the tree.
   bool loaded_from_cache() const { return loaded_from_cache_; }
   // Approximate heap bytes held (for memory accounting).
@@ -62,6 +65,7 @@ class Dataset {
   std::vector<int64_t> labels_;
   std::vector<std::string> class_names_;
   bool loaded_from_cache_ = false;
+  uint64_t fingerprint_ = 0;
 };
 
 }  // namespace ringloader::pipeline

@@ -1,10 +1,12 @@
 #include "server/pipeline/imagefolder.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <string_view>
 #include <system_error>
@@ -38,13 +40,7 @@ absl::Status FsError(const fs::path& path, const std::error_code& ec, std::strin
   return absl::UnavailableError(path.string() + ": " + std::string(what) + ": " + ec.message());
 }
 
-// True when `target` (canonical) is `root` (canonical) or lies below it.
-bool IsInside(const fs::path& target, const fs::path& root) {
-  auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
-  return r == root.end();
-}
-
-// Non-hidden real directories directly under root, sorted.
+// Non-hidden directories directly under root (following symlinks), sorted.
 absl::StatusOr<std::vector<std::string>> ClassFolders(const fs::path& root) {
   std::error_code ec;
   fs::directory_iterator it(root, ec);
@@ -54,12 +50,73 @@ absl::StatusOr<std::vector<std::string>> ClassFolders(const fs::path& root) {
     std::string name = it->path().filename().string();
     if (IsHidden(name)) continue;
     std::error_code type_ec;
-    if (it->is_symlink(type_ec) || !it->is_directory(type_ec)) continue;
+    if (!fs::is_directory(it->path(), type_ec)) continue;  // follows a symlink
     classes.push_back(std::move(name));
   }
   if (ec) return FsError(root, ec, "cannot list dataset root");
   std::sort(classes.begin(), classes.end());
   return classes;
+}
+
+struct DirId {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const DirId&) const = default;
+};
+
+// One folder of a class tree and the image names directly in it (unsorted).
+struct FolderFiles {
+  std::string path;  // the folder's path, the sort key (as os.walk's `root`)
+  std::string relative;  // relative to the dataset root, with a trailing '/' (or "<class>/")
+  std::vector<std::string> files;
+};
+
+// Walks `dir` like os.walk(followlinks=True), appending every folder with its image names.
+// `ancestors` holds the folders on the current path (loop protection).
+absl::Status WalkClassFolder(const std::string& dir, const std::string& relative,
+                             std::vector<DirId>& ancestors, std::vector<FolderFiles>& out) {
+  std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(dir.c_str()), &::closedir);
+  if (handle == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot list class folder: ", std::strerror(errno)));
+  }
+  FolderFiles folder{dir, relative, {}};
+  std::vector<std::string> subdirs;
+  while (true) {
+    errno = 0;
+    const dirent* entry = ::readdir(handle.get());
+    if (entry == nullptr) {
+      if (errno != 0) {
+        return absl::UnavailableError(
+            absl::StrCat(dir, ": cannot list class folder: ", std::strerror(errno)));
+      }
+      break;
+    }
+    const std::string_view name = entry->d_name;
+    if (IsHidden(name)) continue;  // also "." and ".."
+    const std::string path = absl::StrCat(dir, "/", std::string(name));
+    struct stat st;
+    const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    if (is_dir) {
+      subdirs.emplace_back(name);
+    } else if (HasJpegExtension(name)) {
+      folder.files.emplace_back(name);
+    }
+  }
+  handle.reset();
+  out.push_back(std::move(folder));
+  for (const std::string& name : subdirs) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;  // vanished meanwhile
+    const DirId id{st.st_dev, st.st_ino};
+    if (std::find(ancestors.begin(), ancestors.end(), id) != ancestors.end()) continue;  // a loop
+    ancestors.push_back(id);
+    absl::Status s = WalkClassFolder(path, absl::StrCat(relative, name, "/"), ancestors, out);
+    ancestors.pop_back();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 int64_t MtimeNs(const struct stat& st) {
@@ -70,44 +127,32 @@ int64_t MtimeNs(const struct stat& st) {
 
 absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str) {
   const fs::path root(root_str);
-  std::error_code ec;
-  const fs::path canonical_root = fs::canonical(root, ec);
-  if (ec) return FsError(root, ec, "cannot resolve dataset root");
   absl::StatusOr<std::vector<std::string>> classes = ClassFolders(root);
   if (!classes.ok()) return classes.status();
 
   SampleList list;
-  std::vector<std::string> files;  // relative paths of one class, sorted before adding
+  std::vector<FolderFiles> folders;
+  std::vector<DirId> ancestors;
   for (size_t label = 0; label < classes->size(); ++label) {
     const std::string& cls = (*classes)[label];
-    const fs::path class_dir = root / cls;
-    files.clear();
-    fs::recursive_directory_iterator it(class_dir, fs::directory_options::none, ec);
-    if (ec) return FsError(class_dir, ec, "cannot list class folder");
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      const fs::directory_entry& entry = *it;
-      const std::string name = entry.path().filename().string();
-      std::error_code type_ec;
-      if (IsHidden(name)) {
-        if (entry.is_directory(type_ec) && !entry.is_symlink(type_ec))
-          it.disable_recursion_pending();
-        continue;
-      }
-      if (!HasJpegExtension(name)) continue;
-      if (entry.is_symlink(type_ec)) {
-        const fs::path target = fs::canonical(entry.path(), type_ec);
-        if (type_ec || !IsInside(target, canonical_root) || !fs::is_regular_file(target, type_ec)) {
-          continue;
-        }
-      } else if (!entry.is_regular_file(type_ec)) {
-        continue;
-      }
-      files.push_back(entry.path().lexically_relative(root).string());
+    const std::string class_dir = absl::StrCat(root_str, "/", cls);
+    folders.clear();
+    ancestors.clear();
+    struct stat st;
+    if (::stat(root_str.c_str(), &st) == 0) ancestors.push_back(DirId{st.st_dev, st.st_ino});
+    if (::stat(class_dir.c_str(), &st) == 0) ancestors.push_back(DirId{st.st_dev, st.st_ino});
+    if (absl::Status s = WalkClassFolder(class_dir, absl::StrCat(cls, "/"), ancestors, folders);
+        !s.ok()) {
+      return s;
     }
-    if (ec) return FsError(class_dir, ec, "cannot list class folder");
-    std::sort(files.begin(), files.end());
-    for (const std::string& f : files) list.Add(f, static_cast<int64_t>(label));
+    std::sort(folders.begin(), folders.end(),
+              [](const FolderFiles& a, const FolderFiles& b) { return a.path < b.path; });
+    for (FolderFiles& folder : folders) {
+      std::sort(folder.files.begin(), folder.files.end());
+      for (const std::string& f : folder.files) {
+        list.Add(absl::StrCat(folder.relative, f), static_cast<int64_t>(label));
+      }
+    }
   }
   list.class_names = *std::move(classes);
   list.Shrink();

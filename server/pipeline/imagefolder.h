@@ -2,15 +2,19 @@
 // Listing of an imagefolder tree (internal to server/pipeline; see dataset.h for the semantics).
 //
 // Rules, on purpose:
-// - Classes are the non-hidden real directories directly under the root, sorted bytewise; a class
-//   folder without images keeps its label (labels never shift because one folder is empty).
-// - Samples are regular files under a class folder (any depth) whose name ends in .jpg or .jpeg,
-//   case-insensitively (a superset of .jpg/.jpeg/.JPEG, like torchvision's lower() check), sorted
-//   bytewise by relative path within their class.
+// - Classes are the non-hidden directories directly under the root, symlinks to directories
+//   included (torchvision's scandir is_dir()), sorted bytewise; a class folder without images
+//   keeps its label (labels never shift because one folder is empty).
+// - Samples are the non-directory entries under a class folder (any depth) whose name ends in .jpg
+//   or .jpeg, case-insensitively (torchvision's lower() check). Like torchvision's
+//   os.walk(followlinks=True), symlinked files and folders are followed wherever they point, and
+//   a FIFO, socket or dangling link with an image name is listed too (reading it fails for that
+//   sample, with its reason in stats, instead of the file vanishing silently).
+// - Order: torchvision's sorted(os.walk(class_dir)): folders sorted bytewise by their path, the
+//   files of each folder sorted bytewise by name.
 // - Names starting with '.' (files and folders) are skipped.
-// - Symbolic links: a symlinked file is listed only if its target is a regular file inside the
-//   (canonical) root; symlinked directories are never entered (no escape from the root, no
-//   cycles).
+// - Loops: a folder that is its own ancestor on the current path (by device and inode) is not
+//   entered again.
 
 #include <string>
 

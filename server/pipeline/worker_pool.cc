@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -18,14 +20,57 @@
 namespace ringloader::pipeline {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// A deadline task's life. Only the task moves kRunning <-> kWaiting and to kCommitted or kDone;
+// only the caller moves kRunning -> kAbandoned. Both use compare-exchange, so exactly one of
+// "the task finished" and "the caller gave up on it" happens.
+enum Phase : int { kRunning = 0, kWaiting = 1, kCommitted = 2, kAbandoned = 3, kDone = 4 };
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// How often a caller with deadline tasks looks at them even when nothing finished.
+constexpr std::chrono::milliseconds kCheckInterval{100};
+
+}  // namespace
+
+struct TaskControl::State {
+  std::atomic<int> phase{kRunning};
+  std::atomic<int64_t> start_ns{0};  // when the deadline started counting
+  uint64_t index = 0;
+  uint32_t worker_id = 0;
+};
+
+bool TaskControl::Commit() {
+  int expected = kRunning;
+  return state_->phase.compare_exchange_strong(expected, kCommitted);
+}
+
+bool TaskControl::BeginWait() {
+  int expected = kRunning;
+  return state_->phase.compare_exchange_strong(expected, kWaiting);
+}
+
+void TaskControl::EndWait() {
+  state_->start_ns.store(NowNs());
+  state_->phase.store(kRunning);
+}
+
+namespace {
+
 // One ParallelFor call. Lives on the caller's stack; the pool only holds a pointer while the call
 // is blocked waiting for it. All mutable fields are guarded by WorkerPool::Impl::mu.
 struct Job {
   const std::function<void(uint64_t, uint32_t)>* fn = nullptr;
+  const std::function<void(uint64_t, uint32_t, TaskControl&)>* fn_control = nullptr;
   uint64_t n = 0;
   uint64_t next = 0;             // next index to hand out
-  uint64_t remaining = 0;        // tasks not yet finished; the caller returns at 0
-  std::condition_variable done;  // notified when remaining reaches 0
+  uint64_t remaining = 0;        // tasks not yet finished or abandoned; the caller returns at 0
+  std::condition_variable done;  // notified when a task finishes
+  std::vector<std::shared_ptr<TaskControl::State>> running;  // deadline tasks in progress
 };
 
 }  // namespace
@@ -37,9 +82,13 @@ struct WorkerPool::Impl {
   std::deque<Job*> queue ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::condition_variable work_available;
-  std::vector<std::thread> threads;
+  std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // index = worker id
+  std::atomic<bool> abandon_uncommitted{false};
+  std::atomic<uint64_t> abandoned{0};
 
   void WorkerLoop(uint32_t worker_id);
+  // Gives `worker_id` to a new thread; the stuck one is detached.
+  void ReplaceWorker(uint32_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
@@ -53,17 +102,40 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
     queue.pop_front();
     const uint64_t i = job->next++;
     if (job->next < job->n) queue.push_back(job);
-    lock.unlock();
-    (*job->fn)(i, worker_id);
-    lock.lock();
+    if (job->fn_control != nullptr) {
+      auto state = std::make_shared<TaskControl::State>();
+      state->index = i;
+      state->worker_id = worker_id;
+      state->start_ns.store(NowNs());
+      job->running.push_back(state);
+      const auto* fn = job->fn_control;
+      lock.unlock();
+      TaskControl control(state);
+      (*fn)(i, worker_id, control);
+      // Abandoned: the caller has moved on and another thread has our worker id. Touch nothing.
+      if (state->phase.exchange(kDone) == kAbandoned) return;
+      lock.lock();
+      std::erase(job->running, state);
+    } else {
+      lock.unlock();
+      (*job->fn)(i, worker_id);
+      lock.lock();
+    }
     // Notify while holding mu: the caller cannot wake up and destroy `job` before we let go.
     if (--job->remaining == 0) job->done.notify_one();
   }
 }
 
-WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_unique<Impl>()) {
+void WorkerPool::Impl::ReplaceWorker(uint32_t worker_id) {
+  threads[worker_id].detach();
+  threads[worker_id] = std::thread([this, worker_id] { WorkerLoop(worker_id); });
+  abandoned.fetch_add(1);
+}
+
+WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_shared<Impl>()) {
   if (threads == 0) threads = std::thread::hardware_concurrency();
   if (threads == 0) threads = 1;
+  std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->threads.reserve(threads);
   for (uint32_t id = 0; id < threads; ++id) {
     impl_->threads.emplace_back([impl = impl_.get(), id] { impl->WorkerLoop(id); });
@@ -71,15 +143,20 @@ WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_unique<Impl>()) {
 }
 
 WorkerPool::~WorkerPool() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
+    threads.swap(impl_->threads);
   }
   impl_->work_available.notify_all();
-  for (std::thread& t : impl_->threads) t.join();
+  for (std::thread& t : threads) t.join();
 }
 
-uint32_t WorkerPool::size() const { return static_cast<uint32_t>(impl_->threads.size()); }
+uint32_t WorkerPool::size() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<uint32_t>(impl_->threads.size());
+}
 
 void WorkerPool::ParallelFor(uint64_t n,
                              const std::function<void(uint64_t i, uint32_t worker_id)>& fn) {
@@ -97,5 +174,52 @@ void WorkerPool::ParallelFor(uint64_t n,
   }
   job.done.wait(lock, [&] { return job.remaining == 0; });
 }
+
+void WorkerPool::ParallelForWithDeadline(
+    uint64_t n, std::chrono::milliseconds deadline,
+    const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
+    const std::function<void(uint64_t i)>& on_abandoned) {
+  if (n == 0) return;
+  Job job;
+  job.fn_control = &fn;
+  job.n = n;
+  job.remaining = n;
+  const int64_t deadline_ns = std::chrono::nanoseconds(deadline).count();
+  std::vector<uint64_t> abandoned;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->queue.push_back(&job);
+  impl_->work_available.notify_all();
+  while (job.remaining > 0) {
+    const bool abandon_all = impl_->abandon_uncommitted.load();
+    const int64_t now = NowNs();
+    for (auto it = job.running.begin(); it != job.running.end();) {
+      TaskControl::State& task = **it;
+      const bool late = abandon_all || (deadline_ns > 0 && now - task.start_ns.load() >= deadline_ns);
+      int expected = kRunning;
+      if (late && task.phase.compare_exchange_strong(expected, kAbandoned)) {
+        abandoned.push_back(task.index);
+        impl_->ReplaceWorker(task.worker_id);
+        --job.remaining;
+        it = job.running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (uint64_t i : abandoned) on_abandoned(i);
+    abandoned.clear();
+    if (job.remaining == 0) break;
+    if (deadline_ns == 0 && !abandon_all) {
+      // No deadline: only shutdown (AbandonUncommitted) can end a task early; look now and then.
+      job.done.wait_for(lock, kCheckInterval * 5);
+    } else {
+      job.done.wait_for(lock, kCheckInterval);
+    }
+  }
+  // Tasks not yet started were handed out (remaining counts them), so the job has left the queue.
+}
+
+void WorkerPool::AbandonUncommitted() { impl_->abandon_uncommitted.store(true); }
+
+uint64_t WorkerPool::abandoned() const { return impl_->abandoned.load(); }
 
 }  // namespace ringloader::pipeline

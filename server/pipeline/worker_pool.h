@@ -2,21 +2,47 @@
 // A fixed pool of decode threads shared by all streams. Each thread has a stable worker id in
 // [0, size()) so per-thread state (a SampleDecoder each) needs no locks.
 //
+// Deadlines (ParallelForWithDeadline): a task that spends longer than the deadline before it
+// commits (reading a file on a hung network mount, a FIFO, ...) is *abandoned*: the caller stops
+// waiting for it, `on_abandoned(i)` reports it, and a new thread takes over its worker id. The
+// stuck thread is left to the kernel; when (if ever) its call returns, TaskControl::Commit()
+// tells it that it was abandoned and it must return without touching the caller's data, after
+// which it exits. Committed tasks (decoding into the caller's buffer) are never abandoned: they
+// bound their own time (the decoder checks its deadline).
+//
 // Thread-safety: ParallelFor may be called concurrently from many threads (one per stream); the
 // tasks of concurrent calls interleave on the pool. Work in flight is bounded by the callers
-// (a call blocks until its own n tasks are done).
+// (a call blocks until its own n tasks are done or abandoned).
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 
 namespace ringloader::pipeline {
 
+// A running task's handle on its deadline (see the top of this file).
+class TaskControl {
+ public:
+  struct State;
+  explicit TaskControl(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // The task is about to write the caller's data. False when it was abandoned: it must then
+  // return at once, touching nothing of the caller's (its captures may be gone).
+  bool Commit();
+  // Around a wait that is not the task's fault (memory backpressure): the deadline does not run
+  // while waiting and counts afresh afterwards. BeginWait is false when already abandoned.
+  bool BeginWait();
+  void EndWait();
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
 class WorkerPool {
  public:
   // threads == 0 means std::thread::hardware_concurrency().
   explicit WorkerPool(uint32_t threads);
-  ~WorkerPool();  // joins
+  ~WorkerPool();  // joins (threads stuck in an abandoned task are left detached)
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
@@ -27,9 +53,23 @@ class WorkerPool {
   // `fn` must not throw. REQUIRES: not called from inside a task (that could deadlock).
   void ParallelFor(uint64_t n, const std::function<void(uint64_t i, uint32_t worker_id)>& fn);
 
+  // As ParallelFor, with a deadline per task (0 = none) counted from the task's start until it
+  // calls TaskControl::Commit(). An abandoned task's index is passed to on_abandoned (on the
+  // caller's thread) and the call does not wait for it.
+  void ParallelForWithDeadline(
+      uint64_t n, std::chrono::milliseconds deadline,
+      const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
+      const std::function<void(uint64_t i)>& on_abandoned);
+
+  // From now on every uncommitted task is abandoned at once (shutdown: a stuck read must not
+  // hold up the exit). Irreversible.
+  void AbandonUncommitted();
+  // Tasks abandoned so far (each left one thread stuck).
+  uint64_t abandoned() const;
+
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace ringloader::pipeline

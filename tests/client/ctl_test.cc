@@ -83,10 +83,14 @@ TEST_CASE("Consume state: round-trips and rejects a mismatched run naming the fl
   o.dataset = "train";
   o.seed = 5;
   o.end_epoch = 3;
-  const std::string text = FormatConsumeState(client::FormatState(o, {1, 4, 256}), 98765);
+  // A path with a tab, a newline and a byte that is not UTF-8 survives the round trip.
+  const std::string samples_path = std::string("/tmp/odd\tname\n\xe9.tsv");
+  const std::string text =
+      FormatConsumeState(client::FormatState(o, {1, 4, 256}), 98765, samples_path);
   auto parsed = ParseConsumeState(text);
   REQUIRE(parsed.ok());
   CHECK(parsed->samples_out_bytes == 98765);
+  CHECK(parsed->samples_out_path == samples_path);
   CHECK(parsed->options.start == client::Position{1, 4, 256});
   CHECK(CheckSameRun(parsed->options, o).ok());
 
@@ -124,7 +128,7 @@ TEST_CASE("ringloaderctl consume --state: a state of another run is refused befo
   o.dataset = "train";
   o.end_epoch = 1;
   o.seed = 1;
-  testing::WriteFile(dir.Join("state"), FormatConsumeState(client::FormatState(o, {0, 3, 192}), 0));
+  testing::WriteFile(dir.Join("state"), FormatConsumeState(client::FormatState(o, {0, 3, 192}), 0, ""));
   auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume", "--dataset",
                        "train", "--seed", "2", "--state", dir.Join("state")});
   CHECK(r.exit_code == 1);

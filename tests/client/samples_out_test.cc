@@ -38,7 +38,7 @@ TEST_CASE("FormatSampleLine: six tab-separated fields and a newline", "[ctl][sam
   r.relative_path = "";
   CHECK(FormatSampleLine(r) == "2\t17\t1234\t7\t-\t000000000000001f\n");
   r.relative_path = "odd\tname\n.jpg";
-  CHECK(FormatSampleLine(r) == "2\t17\t1234\t7\todd?name?.jpg\t000000000000001f\n");
+  CHECK(FormatSampleLine(r) == "2\t17\t1234\t7\todd\\tname\\n.jpg\t000000000000001f\n");
 }
 
 }  // namespace

@@ -122,7 +122,17 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
               "t.toml: server.log_level: must be one of trace, debug, info, warn, error, "
               "critical, off (got \"loud\")");
   ExpectError(Config("listen = 5"), "t.toml: server.listen: must be a string (got 5)");
-  ExpectError(Config("listen = \"\""), "t.toml: server.listen: must not be empty");
+  ExpectError(Config("listen = \"\""), "t.toml: server.listen: must not be empty (got \"\")");
+  // Ports out of range are errors, not a random port.
+  ExpectError(Config("listen = \"127.0.0.1:99999\""),
+              "t.toml: server.listen: port must be a number in [1, 65535] "
+              "(got \"127.0.0.1:99999\")");
+  ExpectError(Config("listen = \"127.0.0.1:0\""),
+              "t.toml: server.listen: port must be a number in [1, 65535] "
+              "(got \"127.0.0.1:0\")");
+  ExpectError(Config("memory_limit = \"512Mb\""),
+              "t.toml: server.memory_limit: must be a size such as \"4GiB\", \"512MiB\" or a "
+              "byte count (got \"512Mb\")");
   ExpectError(Config("decode_threads = 1.5"),
               "t.toml: server.decode_threads: must be an integer (got 1.500000)");
   ExpectError(Config("ring_slots = 1"), "t.toml: server.ring_slots: must be in [2, 1024] (got 1)");
@@ -171,7 +181,7 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
   ExpectError("datasets = 1\n", "t.toml: datasets: must be an array of tables [[datasets]]");
 
   ExpectError(std::string(kDataset) + "[failpoints]\naction = \"explode\"\n",
-              "t.toml: failpoints.action: must be one of none, abort, segfault, oom (got "
+              "t.toml: failpoints.action: must be one of none, abort, segfault, oom, hang (got "
               "\"explode\")");
   ExpectError(std::string(kDataset) + "[failpoints]\naction = \"segfault\"\n",
               "t.toml: failpoints.action: needs crash_on_path or after_batches to say when");
@@ -215,15 +225,18 @@ TEST_CASE("config: LoadConfig names a missing file, and the shipped config parse
 TEST_CASE("ParseByteSize: units, spaces, and what is refused", "[daemon][config]") {
   CHECK(*ParseByteSize("4GiB") == 4ull << 30);
   CHECK(*ParseByteSize("512 MiB") == 512ull << 20);
-  CHECK(*ParseByteSize(" 100M ") == 100'000'000);
+  CHECK(*ParseByteSize(" 100MB ") == 100'000'000);
   CHECK(*ParseByteSize("1000") == 1000);
-  CHECK(*ParseByteSize("1000b") == 1000);
-  CHECK(*ParseByteSize("2kib") == 2048);
+  CHECK(*ParseByteSize("1000B") == 1000);
+  CHECK(*ParseByteSize("2KiB") == 2048);
   CHECK(*ParseByteSize("3KB") == 3000);
+  CHECK(*ParseByteSize("3kB") == 3000);
   CHECK(*ParseByteSize("1TiB") == 1ull << 40);
   CHECK(*ParseByteSize("0") == 0);
+  // Unit spellings are exact: "512Mb" (megabits?), "4gib", "100M" are errors, never a guess.
   for (const char* bad : {"", "GiB", "4 XB", "-1", "1.5GiB", "4GiBs", "99999999999TiB",
-                          "99999999999999999999999"}) {
+                          "99999999999999999999999", "512Mb", "512mb", "4gib", "100M", "2k",
+                          "1000b"}) {
     INFO(bad);
     absl::StatusOr<uint64_t> v = ParseByteSize(bad);
     CHECK_FALSE(v.ok());
@@ -260,7 +273,7 @@ TEST_CASE("ParseFailpointSpec: RINGLOADER_FAILPOINTS text", "[daemon][config]") 
     return std::string(r.status().message());
   };
   CHECK(error("action=explode") ==
-        "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom or none (got \"explode\")");
+        "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang or none (got \"explode\")");
   CHECK(error("after_batches=x") ==
         "RINGLOADER_FAILPOINTS: after_batches: must be an integer (got \"x\")");
   CHECK(error("when=now") == "RINGLOADER_FAILPOINTS: unknown key \"when\"");

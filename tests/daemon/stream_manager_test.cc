@@ -51,7 +51,7 @@ struct Harness {
     spec.root = dc.path;
     absl::StatusOr<std::unique_ptr<pipeline::Dataset>> opened = pipeline::Dataset::Open(spec);
     REQUIRE(opened.ok());
-    datasets["synth"] = std::move(*opened);
+    datasets.Add(config.datasets[0], std::move(*opened));
     budget = std::make_unique<MemoryBudget>(config.server.memory_limit_bytes);
     quarantine = *Quarantine::Load(dir.path());
     failpoints = std::make_unique<Failpoints>(FailpointConfig{});
@@ -71,6 +71,7 @@ struct Harness {
     absl::Status s = manager->Open(request, &response, peer);
     INFO(s.ToString());
     REQUIRE(s.ok());
+    tokens[response.stream_id()] = response.stream_token();
     return response;
   }
   // Next until a batch, end of stream or an error.
@@ -80,6 +81,7 @@ struct Harness {
       v1::NextBatchRequest request;
       request.set_stream_id(stream.stream_id());
       request.set_incarnation(stream.incarnation());
+      request.set_stream_token(stream.stream_token());
       request.set_wait_ms(500);
       for (const v1::Release& r : releases) *request.add_releases() = r;
       releases.clear();
@@ -94,6 +96,7 @@ struct Harness {
     v1::ReleaseBatchesRequest request;
     request.set_stream_id(stream.stream_id());
     request.set_incarnation(incarnation);
+    request.set_stream_token(stream.stream_token());
     v1::Release* r = request.add_releases();
     r->set_slot(slot);
     r->set_ring_sequence(seq);
@@ -103,12 +106,14 @@ struct Harness {
     v1::CloseStreamRequest request;
     request.set_stream_id(id);
     request.set_incarnation(incarnation);
+    request.set_stream_token(tokens[id]);
     return manager->Close(request);
   }
+  std::map<uint64_t, std::string> tokens;  // stream id -> its token, from MustOpen
 
   testing::TempDir dir;
   DaemonConfig config;
-  std::map<std::string, std::unique_ptr<pipeline::Dataset>> datasets;
+  DatasetRegistry datasets;
   std::unique_ptr<MemoryBudget> budget;
   std::unique_ptr<Quarantine> quarantine;
   std::unique_ptr<Failpoints> failpoints;
@@ -250,11 +255,11 @@ TEST_CASE("StreamManager: invalid requests are refused naming the field, and cou
   };
   using C = absl::StatusCode;
   refused([](auto& r) { r.mutable_spec()->set_batch_size(0); }, C::kInvalidArgument,
-          "batch_size: must be in [1, 4096] (got 0)");
+          "batch_size: must be in [1, server.max_batch_size = 4096] (got 0)");
   refused([](auto& r) { r.mutable_spec()->set_batch_size(1'000'000'000); }, C::kInvalidArgument,
           "batch_size");
   refused([](auto& r) { r.mutable_spec()->set_image_size(0); }, C::kInvalidArgument,
-          "image_size: must be in [1, 1024] (got 0)");
+          "image_size: must be in [1, server.max_image_size = 1024] (got 0)");
   refused([](auto& r) { r.mutable_spec()->set_image_size(100000); }, C::kInvalidArgument,
           "image_size");
   refused(
@@ -467,6 +472,7 @@ TEST_CASE("StreamManager: a client waiting in NextBatch longer than the idle tim
   v1::NextBatchRequest request;
   request.set_stream_id(open.stream_id());
   request.set_incarnation(open.incarnation());
+  request.set_stream_token(open.stream_token());
   request.set_wait_ms(1500);
   v1::NextBatchResponse response;
   absl::Status waited = h.manager->Next(request, &response);  // 1.5 s with nothing to lease

@@ -208,7 +208,7 @@ TEST_CASE("corrupt corpus, on_error=skip: 2 epochs deliver every good sample exa
   }
   health.Stop();
   bad[victims[0]] = "read_error";
-  bad[victims[1]] = "read_error";
+  bad[victims[1]] = "not_regular_file";
 
   REQUIRE(delivered.size() == 2);
   for (const auto& [epoch, paths] : delivered) {

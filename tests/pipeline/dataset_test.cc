@@ -83,7 +83,9 @@ TEST_CASE("Dataset: imagefolder sorts classes and paths and skips hidden and oth
   CHECK_FALSE((*ds)->loaded_from_cache());
 }
 
-TEST_CASE("Dataset: imagefolder does not follow symlinks out of the root", "[pipeline]") {
+TEST_CASE("Dataset: imagefolder follows symlinked files and folders like torchvision, with "
+          "loop protection",
+          "[pipeline]") {
   TempDir dir;
   TempDir outside;
   MakeTree(dir.path());
@@ -94,10 +96,20 @@ TEST_CASE("Dataset: imagefolder does not follow symlinks out of the root", "[pip
   fs::create_directory_symlink(outside.Join("more"), dir.Join("cat/more"));
   fs::create_directory_symlink(outside.Join("more"), dir.Join("linked_class"));
   fs::create_symlink(dir.Join("bird/z.Jpg"), dir.Join("cat/inside.jpg"));
+  // A loop: dog/sub/up is dog itself. Entered once (as dog), never again through the link.
+  fs::create_directory_symlink(dir.Join("dog"), dir.Join("dog/sub/up"));
+  fs::create_directory_symlink(dir.Join("dog/sub"), dir.Join("dog/sub/self"));
   auto ds = Dataset::Open(FolderSpec(dir.path()));
   REQUIRE(ds.ok());
-  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/inside.jpg", "cat/x.jpg",
-                                                "dog/a.JPEG", "dog/b.jpg", "dog/sub/c.jpeg"});
+  // torchvision: classes = scandir is_dir() (symlinks followed), files = sorted(os.walk(
+  // followlinks=True)): folder by folder in path order, each folder's files sorted.
+  CHECK((*ds)->class_names() ==
+        std::vector<std::string>{"bird", "cat", "dog", "empty", "linked_class"});
+  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/inside.jpg", "cat/leak.jpg",
+                                                "cat/x.jpg", "cat/more/m.jpg", "dog/a.JPEG",
+                                                "dog/b.jpg", "dog/sub/c.jpeg",
+                                                "linked_class/m.jpg"});
+  CHECK((*ds)->label(8) == 4);
 }
 
 TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class folder changes",
