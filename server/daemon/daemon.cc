@@ -360,6 +360,9 @@ int RunDaemon(const DaemonOptions& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGHUP);
+  // A handler, though sigwait takes them: as pid 1 of a pid namespace (a container) the kernel
+  // drops signals whose action is the default, so SIGTERM would never reach sigwait.
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) signal(s, [](int) {});
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   // Under --supervise the child is exec'ed as /proc/self/exe: name the process for ps and pgrep.
   prctl(PR_SET_NAME, "ringloaderd");

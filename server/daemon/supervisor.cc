@@ -88,6 +88,9 @@ int RunSupervisor(const SupervisorOptions& options) {
   sigaddset(&handled, SIGINT);
   sigaddset(&handled, SIGCHLD);
   sigaddset(&handled, SIGHUP);
+  // A handler, though signalfd reads them: as pid 1 of a pid namespace (a container) the kernel
+  // drops signals whose action is the default. The child gets default actions back at exec.
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) signal(s, [](int) {});
   sigprocmask(SIG_BLOCK, &handled, &original);
   const int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
   if (signal_fd < 0) {

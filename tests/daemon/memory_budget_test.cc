@@ -96,4 +96,41 @@ TEST_CASE("FormatBytes", "[daemon][memory]") {
   CHECK(FormatBytes(3ull << 40) == "3.0 TiB");
 }
 
+TEST_CASE("MemoryBudget: decode draws wait for room, first come first served, and fixed plus "
+          "decoding never exceeds the limit",
+          "[daemon][memory]") {
+  MemoryBudget budget(100ull << 20);
+  absl::StatusOr<Reservation> ring = budget.Reserve(40ull << 20, "a ring");
+  REQUIRE(ring.ok());
+  // Needs more than rings leave: fails at once, naming the sizes.
+  absl::Status too_big = budget.Acquire(61ull << 20);
+  CHECK(too_big.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(too_big.message()), Catch::Contains("needs 61.0 MiB") &&
+                                                 Catch::Contains("(40.0 MiB)"));
+  REQUIRE(budget.Acquire(50ull << 20).ok());
+  CHECK(budget.reserved() == 90ull << 20);
+  CHECK(budget.decoding() == 50ull << 20);
+
+  // A second big decode waits until the first gives its bytes back.
+  std::atomic<bool> second_in{false};
+  std::thread second([&] {
+    REQUIRE(budget.Acquire(40ull << 20).ok());
+    second_in = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK_FALSE(second_in.load());
+  // A ring that fits beside the rings but not beside the decodes in flight times out.
+  absl::StatusOr<Reservation> late = budget.Reserve(20ull << 20, "another ring",
+                                                    std::chrono::milliseconds(100));
+  CHECK(late.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(late.status().message()), Catch::Contains("decodes in flight hold"));
+  budget.Release(50ull << 20);
+  second.join();
+  CHECK(second_in.load());
+  CHECK(budget.reserved() == 80ull << 20);
+  CHECK(budget.peak_reserved() == 90ull << 20);
+  budget.Release(40ull << 20);
+  CHECK(budget.reserved() == 40ull << 20);
+}
+
 }  // namespace ringloader::server

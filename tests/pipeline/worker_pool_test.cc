@@ -2,11 +2,20 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 namespace ringloader::pipeline {
 namespace {
+
+bool WaitUntil(const std::function<bool()>& pred) {
+  for (int i = 0; i < 500 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return pred();
+}
 
 TEST_CASE("WorkerPool: ParallelFor runs every index exactly once on a pool thread", "[pipeline]") {
   for (uint32_t threads : {1u, 2u, 4u}) {
@@ -65,6 +74,98 @@ TEST_CASE("WorkerPool: many threads may call ParallelFor concurrently", "[pipeli
   }
   for (std::thread& t : callers) t.join();
   for (int c = 0; c < kCallers; ++c) CHECK(sums[c].load() == kCalls);
+}
+
+TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadline and its worker "
+          "id goes to a new thread",
+          "[pipeline]") {
+  WorkerPool pool(2);
+  // The stuck task blocks until released, as a read from a hung mount would; the others commit.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> committed{0};
+  std::atomic<int> stuck_commit_result{-1};
+  std::vector<uint64_t> abandoned;
+  const auto start = std::chrono::steady_clock::now();
+  pool.ParallelForWithDeadline(
+      6, std::chrono::milliseconds(300),
+      [&](uint64_t i, uint32_t, TaskControl& control) {
+        if (i == 0) {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return release; });
+          stuck_commit_result = control.Commit() ? 1 : 0;
+          return;
+        }
+        if (control.Commit()) committed.fetch_add(1);
+      },
+      [&](uint64_t i) { abandoned.push_back(i); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(abandoned == std::vector<uint64_t>{0});
+  CHECK(committed.load() == 5);
+  CHECK(took >= std::chrono::milliseconds(300));
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(pool.abandoned() == 1);
+  // Both worker ids still run tasks (the stuck one's id has a new thread).
+  std::vector<std::atomic<int>> by_worker(pool.size());
+  pool.ParallelFor(200, [&](uint64_t, uint32_t worker) {
+    by_worker[worker].fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  for (auto& n : by_worker) CHECK(n.load() > 0);
+  // When the stuck call returns, the task learns it was abandoned and must touch nothing.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  CHECK(WaitUntil([&] { return stuck_commit_result.load() != -1; }));
+  CHECK(stuck_commit_result.load() == 0);
+}
+
+TEST_CASE("WorkerPool: a task waiting for memory is not abandoned, and a committed one never is",
+          "[pipeline]") {
+  WorkerPool pool(1);
+  std::vector<uint64_t> abandoned;
+  std::atomic<bool> finished{false};
+  pool.ParallelForWithDeadline(
+      2, std::chrono::milliseconds(100),
+      [&](uint64_t i, uint32_t, TaskControl& control) {
+        if (i == 0) {
+          REQUIRE(control.BeginWait());
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));  // backpressure
+          control.EndWait();
+          REQUIRE(control.Commit());
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));  // a long decode
+        }
+        if (i == 1) finished = true;
+      },
+      [&](uint64_t i) { abandoned.push_back(i); });
+  CHECK(abandoned.empty());
+  CHECK(finished.load());
+}
+
+TEST_CASE("WorkerPool: AbandonUncommitted ends the wait for a stuck task at once (shutdown)",
+          "[pipeline]") {
+  WorkerPool pool(1);
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    pool.AbandonUncommitted();
+  });
+  std::vector<uint64_t> abandoned;
+  const auto start = std::chrono::steady_clock::now();
+  pool.ParallelForWithDeadline(
+      1, std::chrono::milliseconds(0),  // no deadline: only shutdown ends it
+      [&](uint64_t, uint32_t, TaskControl&) {
+        while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      },
+      [&](uint64_t i) { abandoned.push_back(i); });
+  CHECK(abandoned == std::vector<uint64_t>{0});
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  stop = true;
+  stopper.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the stuck thread exits
 }
 
 }  // namespace

@@ -151,4 +151,11 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
   return {code, ReadFile(out)};
 }
 
+void ReportSkip(const std::string& reason) {
+  std::printf("RINGLOADER_SKIP: %s\n", reason.c_str());
+  std::fflush(stdout);
+}
+
+bool RunningAsRoot() { return ::geteuid() == 0; }
+
 }  // namespace ringloader::testing

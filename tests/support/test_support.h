@@ -74,4 +74,15 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
                          std::map<std::string, std::string> env = {},
                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+// A test that cannot run on this machine (no root, no unshare, ...) says so and returns: CTest
+// reports it as skipped, never as passed (tests/CMakeLists.txt matches the marker this prints
+// with SKIP_REGULAR_EXPRESSION).
+void ReportSkip(const std::string& reason);
+#define RINGLOADER_SKIP(reason)                  \
+  do {                                           \
+    ::ringloader::testing::ReportSkip(reason);   \
+    return;                                      \
+  } while (false)
+bool RunningAsRoot();
+
 }  // namespace ringloader::testing
