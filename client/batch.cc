@@ -121,20 +121,31 @@ Batch::~Batch() = default;
 Batch::Batch(Batch&&) noexcept = default;
 Batch& Batch::operator=(Batch&&) noexcept = default;
 
-const TensorView& Batch::images() const { return impl_->images; }
-const TensorView& Batch::labels() const { return impl_->labels; }
-const TensorView& Batch::indices() const { return impl_->indices; }
-uint32_t Batch::size() const { return impl_->size; }
-const Position& Batch::position() const { return impl_->position; }
-const Position& Batch::next() const { return impl_->next; }
-bool Batch::last_in_epoch() const { return impl_->last_in_epoch; }
-uint64_t Batch::incarnation() const { return impl_->lease.incarnation; }
-const uint8_t* Batch::sample_image(uint32_t i) const {
-  return impl_->images.data<uint8_t>() + i * impl_->sample_image_bytes;
+// A moved-from Batch has no impl_: its accessors answer as an empty batch (no crash).
+namespace {
+const Batch::Impl& Empty() {
+  static const Batch::Impl* empty = new Batch::Impl();
+  return *empty;
 }
-uint64_t Batch::sample_image_bytes() const { return impl_->sample_image_bytes; }
+}  // namespace
+
+const Batch::Impl& Batch::impl() const { return impl_ ? *impl_ : Empty(); }
+
+const TensorView& Batch::images() const { return impl().images; }
+const TensorView& Batch::labels() const { return impl().labels; }
+const TensorView& Batch::indices() const { return impl().indices; }
+uint32_t Batch::size() const { return impl().size; }
+const Position& Batch::position() const { return impl().position; }
+const Position& Batch::next() const { return impl().next; }
+bool Batch::last_in_epoch() const { return impl().last_in_epoch; }
+uint64_t Batch::incarnation() const { return impl().lease.incarnation; }
+const uint8_t* Batch::sample_image(uint32_t i) const {
+  if (i >= impl().size) return nullptr;
+  return impl().images.data<uint8_t>() + i * impl().sample_image_bytes;
+}
+uint64_t Batch::sample_image_bytes() const { return impl().sample_image_bytes; }
 std::string_view Batch::relative_path(uint32_t i) const {
-  return i < impl_->relative_paths.size() ? std::string_view(impl_->relative_paths[i])
+  return i < impl().relative_paths.size() ? std::string_view(impl().relative_paths[i])
                                           : std::string_view();
 }
 

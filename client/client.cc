@@ -73,6 +73,7 @@ void FillSpec(const StreamOptions& o, v1::StreamSpec& spec) {
                                                     : v1::AUGMENTATION_TRAIN);
   spec.set_dtype(o.dtype == DType::kFloat32 ? v1::DTYPE_FLOAT32 : v1::DTYPE_UINT8);
   spec.set_layout(o.layout == Layout::kNCHW ? v1::LAYOUT_NCHW : v1::LAYOUT_NHWC);
+  spec.set_resize(o.resize == Resize::kExact ? v1::RESIZE_EXACT : v1::RESIZE_FAST);
   spec.set_shuffle(o.shuffle);
   spec.set_drop_last(o.drop_last);
   spec.set_end_epoch(o.end_epoch);
@@ -90,19 +91,37 @@ Connection::Connection(std::string endpoint) : endpoint_(std::move(endpoint)) {
 }
 
 Connection::~Connection() {
+  if (InForkedChild()) {
+    // Nothing here is ours to touch (see InForkedChild): leak it all, on purpose. The mutexes
+    // may even be held by parent threads that do not exist here.
+    (void)session_thread_.release();
+    (void)stub_.release();
+    new std::shared_ptr<grpc::Channel>(std::move(channel_));
+    return;
+  }
+  std::unique_ptr<std::thread> thread;
   {
     std::lock_guard<std::mutex> lock(session_mu_);
     stopping_ = true;
     if (session_context_ != nullptr) session_context_->TryCancel();
     session_cv_.notify_all();
+    thread = std::move(session_thread_);
   }
-  if (session_thread_.joinable()) session_thread_.join();
+  if (thread && thread->joinable()) thread->join();
+}
+
+void Connection::CheckNotForked() const {
+  if (!InForkedChild()) return;
+  throw Error(ErrorCode::kFailedPrecondition,
+              absl::StrCat("this ringloader Client was created in process ", owner_pid_,
+                           " and cannot be used after fork(): open a new Client in the child "
+                           "(objects inherited across fork are inert)"));
 }
 
 std::string Connection::SessionId(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(session_mu_);
-  if (!session_thread_.joinable() && !stopping_) {
-    session_thread_ = std::thread([this] { SessionLoop(); });
+  if (session_thread_ == nullptr && !stopping_) {
+    session_thread_ = std::make_unique<std::thread>([this] { SessionLoop(); });
   }
   session_cv_.wait_for(lock, timeout, [this] { return !session_id_.empty() || stopping_; });
   return session_id_;
@@ -183,6 +202,7 @@ Client::~Client() = default;
 const std::string& Client::endpoint() const { return impl_->connection->endpoint(); }
 
 std::unique_ptr<Stream> Client::Open(const StreamOptions& options) {
+  impl_->connection->CheckNotForked();
   return OpenStream(impl_->connection, options);
 }
 

@@ -18,8 +18,38 @@
 // readable (their segment stays mapped until released). Only when the daemon stays unreachable past
 // StreamOptions::reconnect_deadline does Next() throw (ErrorCode::kUnavailable, saying so).
 //
-// Thread-safety: a Stream is used by one thread at a time; Batch objects may be destroyed on any
-// thread. Client is thread-safe.
+// Leases: a Client holds one session with the daemon (a call kept open by a background thread for
+// the Client's life, started with the first Open). When the process exits or is killed, the daemon
+// sees the connection drop and closes its streams at once, so a restarted trainer finds its memory
+// free again; while the session lives, the daemon never closes a stream for idleness, however
+// long the trainer pauses between batches.
+//
+// Authority: each stream's calls carry a random token only its opener received, so no other
+// process can read, release or close it; and Next() checks that every batch follows the previous
+// one with no gap (kDataLoss "batch gap ..." otherwise).
+//
+// Datasets that change: State() records the dataset's fingerprint; resuming a state against a
+// dataset whose sample list changed since (files added, removed, renamed) fails with
+// kFailedPrecondition "dataset ... changed" instead of repeating or skipping samples silently
+// (StreamOptions::restart_epoch_if_dataset_changed restarts that epoch instead).
+//
+// Deadlines: when the daemon is gone, Open() and Next() retry with backoff for
+// StreamOptions::reconnect_deadline, counted from when the daemon was first found missing (a call
+// that hung used up its time), and then throw kUnavailable within that deadline plus one backoff
+// step (<= 250 ms), saying how long they waited.
+//
+// fork(): a child process inherits Clients, Streams and Batches but not their threads or their
+// gRPC connection. In the child they are inert: Open() and Next() throw kFailedPrecondition
+// ("... cannot be used after fork(): open a new Client in the child"), and destroying them sends
+// nothing, so the parent's streams and Client keep working whatever the child does, and the child
+// exits promptly. Batches the child inherited stay readable there (the mapping is copied).
+//
+// End of epoch: exactly one batch per epoch has last_in_epoch() (also with drop_last, and when
+// the epoch's last files are bad), and its next() is the next epoch's first position.
+//
+// Thread-safety: a Stream is used by one thread at a time (a second concurrent Next() throws
+// kFailedPrecondition "a Stream is used by one thread at a time"); Batch objects may be destroyed
+// on any thread. Client is thread-safe.
 //
 // The library never prints or logs; every failure is an Error (an exception carrying an
 // ErrorCode and the daemon's or the library's message).
@@ -92,6 +122,11 @@ struct Position {
 };
 
 enum class Augment { kTrain, kEval };
+// kFast: libjpeg's DCT scaling where it still covers the output (the default; see
+// image::TransformSpec::exact_resize for the measured difference). kExact: full-size decode,
+// resampled like PIL: within 0.01 levels of torchvision's Resize, for reproducing published
+// accuracy.
+enum class Resize { kFast, kExact };
 enum class Layout { kNHWC, kNCHW };
 
 struct StreamOptions {
@@ -104,10 +139,12 @@ struct StreamOptions {
   Augment augment = Augment::kTrain;
   DType dtype = DType::kUint8;  // kUint8 or kFloat32 (normalised with mean/std)
   Layout layout = Layout::kNHWC;
+  Resize resize = Resize::kFast;
   bool shuffle = true;
   bool drop_last = false;
   uint64_t end_epoch = 0;        // the stream ends after epoch end_epoch-1; 0 = never
-  std::vector<float> mean, std;  // float32 only; empty = ImageNet's
+  // float32 only; empty = ImageNet's. Each value in [-1e6, 1e6], std values >= 1e-6.
+  std::vector<float> mean, std;
   uint32_t ring_slots = 0;       // 0 = the daemon's default
   Position start;                // where to begin
   std::string client_name;       // shown in the daemon's stats
@@ -129,7 +166,8 @@ struct StreamOptions {
 class Stream;
 
 // One batch, in place in the read-only mapped ring. Releases its slot when destroyed.
-// Move-only. Stays readable even if the daemon dies, until destroyed.
+// Move-only. Stays readable even if the daemon dies, until destroyed. A moved-from Batch reads
+// as an empty one (size 0, empty views, sample_image() null).
 class Batch {
  public:
   ~Batch();
@@ -154,6 +192,7 @@ class Batch {
   explicit Batch(std::unique_ptr<Impl> impl);
 
  private:
+  const Impl& impl() const;  // an empty batch's when moved from: accessors never crash
   std::unique_ptr<Impl> impl_;
 };
 
@@ -190,8 +229,8 @@ class Client {
   std::unique_ptr<Stream> Open(const StreamOptions& options);
   // Opens a stream from Stream::State(), continuing with exactly the batch after the one the
   // state was taken after. Options not kept in the state (reconnect_deadline, verify_checksums,
-  // client_name, ring_slots) take their defaults; to change them use ParseState(), edit the
-  // options and call Open().
+  // client_name) take their defaults; to change them use ParseState(), edit the options and call
+  // Open().
   std::unique_ptr<Stream> Resume(const std::string& state);
   const std::string& endpoint() const;
 
@@ -212,9 +251,12 @@ void ValidateOptions(const StreamOptions& options);
 //   ringloader-state v1 dataset=<percent-encoded> batch_size=64 seed=0 rank=0 world_size=1
 //   image_size=224 augment=train|eval dtype=uint8|float32 layout=nhwc|nchw shuffle=1 drop_last=0
 //   end_epoch=2 ring_slots=0 epoch=1 sequence=7 cursor=448 [mean=a,b,c std=a,b,c]
-//   [fingerprint=<16 hex digits>]
-// Fields may appear in any order; every field except mean/std/fingerprint is required; unknown or
-// repeated fields are errors. The position fields are where the stream resumes.
+//   [resize=exact] [fingerprint=<16 hex digits>] check=<16 hex digits> end
+// The check is XXH3-64 of the text before " check="; " end" terminates the line. A state cut
+// short anywhere, altered, or holding a value out of range (epoch >= 2^32, std < 1e-6, ...) is
+// refused naming the problem. (States of format v1, without the check, are still read.)
+// Fields may appear in any order; every field except mean/std/resize/fingerprint is required;
+// unknown or repeated fields are errors. The position fields are where the stream resumes.
 struct ResumeState {
   StreamOptions options;  // options.start = the position to resume at
 };

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
@@ -49,6 +51,13 @@ class Connection {
   // connect() to it says ("permission denied: ... group G may connect", "no such file", ...).
   std::string DiagnoseNoConnection() const;
 
+  // fork(): the child inherits this object but not its threads, and its gRPC connection is the
+  // parent's. In the child it is inert: CheckNotForked() throws kFailedPrecondition saying to
+  // open a new Client, and destruction sends nothing and frees nothing of gRPC's (a child that
+  // touched them could break the parent's connection or hang in gRPC's destructors).
+  bool InForkedChild() const { return ::getpid() != owner_pid_; }
+  void CheckNotForked() const;
+
   const std::string& endpoint() const { return endpoint_; }
   v1::Loader::Stub& stub() { return *stub_; }
   // True when the channel has a live connection (does not try to connect).
@@ -73,7 +82,9 @@ class Connection {
 
   std::mutex session_mu_;
   std::condition_variable session_cv_;  // notified when session_id_ or stopping_ changes
-  std::thread session_thread_;          // started by the first SessionId()
+  // Started by the first SessionId(). A pointer so that a forked child can leave it alone.
+  std::unique_ptr<std::thread> session_thread_ ABSL_GUARDED_BY(session_mu_);
+  const pid_t owner_pid_ = ::getpid();
   grpc::ClientContext* session_context_ ABSL_GUARDED_BY(session_mu_) = nullptr;  // call in flight
   std::string session_id_ ABSL_GUARDED_BY(session_mu_);  // empty while no session is attached
   bool stopping_ ABSL_GUARDED_BY(session_mu_) = false;

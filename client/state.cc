@@ -7,19 +7,30 @@
 #include <string_view>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/match.h"
 #include "client/client.h"
 
 namespace ringloader::client {
 namespace {
 
 constexpr absl::string_view kMagic = "ringloader-state";
-constexpr absl::string_view kVersion = "v1";
+constexpr absl::string_view kVersion = "v2";
+constexpr absl::string_view kOldVersion = "v1";  // no check field: still read
+constexpr absl::string_view kCheckKey = " check=";
+constexpr absl::string_view kTerminator = " end";
+
+// The check of a state line: XXH3-64 of everything before " check=", as 16 hex digits.
+std::string CheckOf(absl::string_view body) {
+  return absl::StrCat(absl::Hex(XXH3_64bits(body.data(), body.size()), absl::kZeroPad16));
+}
 
 bool Unreserved(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' ||
@@ -56,6 +67,26 @@ int HexValue(char c) {
 
 [[noreturn]] void BadOption(absl::string_view option, absl::string_view why) {
   throw Error(ErrorCode::kInvalidArgument, absl::StrCat("StreamOptions.", option, ": ", why));
+}
+
+constexpr uint64_t kMaxEpoch = uint64_t{1} << 32;
+constexpr float kMinStd = 1e-6f;
+constexpr float kMaxNormValue = 1e6f;
+
+// mean and std in 0..1 units: finite, std far enough from 0 that (x - mean) / std stays finite
+// (the daemon applies the same bounds). `bad(field, why)` does not return.
+void CheckNormalization(const StreamOptions& o, void (*bad)(absl::string_view, absl::string_view)) {
+  for (float v : o.std) {
+    if (!(v >= kMinStd && v <= kMaxNormValue)) {
+      bad("std", absl::StrCat("values must be in [", kMinStd, ", ", kMaxNormValue, "] (got ", v, ")"));
+    }
+  }
+  for (float v : o.mean) {
+    if (!(v >= -kMaxNormValue && v <= kMaxNormValue)) {
+      bad("mean", absl::StrCat("values must be in [-", kMaxNormValue, ", ", kMaxNormValue,
+                               "] (got ", v, ")"));
+    }
+  }
 }
 
 std::string PercentDecode(absl::string_view field, absl::string_view s) {
@@ -141,9 +172,7 @@ void ValidateOptions(const StreamOptions& o) {
       BadOption(name, absl::StrCat("needs 3 values (got ", values->size(), ")"));
     }
   }
-  for (float s : o.std) {
-    if (!(s > 0)) BadOption("std", absl::StrCat("values must be > 0 (got ", s, ")"));
-  }
+  CheckNormalization(o, BadOption);
   if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) {
     BadOption("start.epoch",
               absl::StrCat("is past end_epoch (", o.start.epoch, " > ", o.end_epoch, ")"));
@@ -162,21 +191,48 @@ std::string FormatState(const StreamOptions& o, const Position& next) {
       " sequence=", next.sequence, " cursor=", next.cursor);
   if (!o.mean.empty()) absl::StrAppend(&s, " mean=", FormatFloats(o.mean));
   if (!o.std.empty()) absl::StrAppend(&s, " std=", FormatFloats(o.std));
+  if (o.resize == Resize::kExact) absl::StrAppend(&s, " resize=exact");
   if (o.dataset_fingerprint != 0) {
     absl::StrAppend(&s, " fingerprint=", absl::Hex(o.dataset_fingerprint, absl::kZeroPad16));
   }
+  absl::StrAppend(&s, kCheckKey, CheckOf(s), kTerminator);
   return s;
 }
 
 ResumeState ParseState(const std::string& text) {
-  const absl::string_view line = absl::StripAsciiWhitespace(text);
+  absl::string_view line = absl::StripAsciiWhitespace(text);
+  if (!absl::StartsWith(line, kMagic)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "invalid ringloader state: does not start with 'ringloader-state'");
+  }
+  if (absl::StrContains(line, '\n')) {
+    throw Error(ErrorCode::kInvalidArgument, "invalid ringloader state: more than one line");
+  }
+  const bool v2 = absl::StartsWith(line.substr(kMagic.size()), absl::StrCat(" ", kVersion, " "));
+  if (v2) {
+    // "... check=<hex> end": cut short anywhere, the terminator or the check is missing; altered
+    // anywhere, the check does not match.
+    if (!absl::ConsumeSuffix(&line, kTerminator)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "invalid ringloader state: no terminator (' end'): the state was cut short");
+    }
+    const size_t at = line.rfind(kCheckKey);
+    if (at == absl::string_view::npos) BadField("check", "missing");
+    const absl::string_view body = line.substr(0, at);
+    const absl::string_view check = line.substr(at + kCheckKey.size());
+    if (check != CheckOf(body)) {
+      BadField("check", absl::StrCat("does not match the state (", check, " != ", CheckOf(body),
+                                     "): the state was altered or damaged"));
+    }
+    line = body;
+  }
   std::vector<absl::string_view> tokens = absl::StrSplit(line, ' ', absl::SkipEmpty());
   if (tokens.size() < 2 || tokens[0] != kMagic) {
     throw Error(ErrorCode::kInvalidArgument,
-                "invalid ringloader state: does not start with 'ringloader-state v1'");
+                "invalid ringloader state: does not start with 'ringloader-state v2'");
   }
-  if (tokens[1] != kVersion) {
-    BadField("version", absl::StrCat("unsupported version '", tokens[1], "' (expected v1)"));
+  if (tokens[1] != kVersion && tokens[1] != kOldVersion) {
+    BadField("version", absl::StrCat("unsupported version '", tokens[1], "' (expected v2)"));
   }
   std::map<absl::string_view, absl::string_view> fields;
   for (size_t i = 2; i < tokens.size(); ++i) {
@@ -194,7 +250,7 @@ ResumeState ParseState(const std::string& text) {
       "ring_slots", "epoch",      "sequence", "cursor"};
   for (const auto& [key, value] : fields) {
     if (std::find(kRequired.begin(), kRequired.end(), key) == kRequired.end() && key != "mean" &&
-        key != "std" && key != "fingerprint") {
+        key != "std" && key != "fingerprint" && key != "resize") {
       BadField(key, "unknown field");
     }
   }
@@ -244,6 +300,14 @@ ResumeState ParseState(const std::string& text) {
   o.start.cursor = ParseU64("cursor", fields["cursor"]);
   if (fields.count("mean")) o.mean = ParseFloats("mean", fields["mean"]);
   if (fields.count("std")) o.std = ParseFloats("std", fields["std"]);
+  if (fields.count("resize")) {
+    const absl::string_view resize = fields["resize"];
+    if (resize == "exact") {
+      o.resize = Resize::kExact;
+    } else if (resize != "fast") {
+      BadField("resize", absl::StrCat("must be fast or exact, got '", resize, "'"));
+    }
+  }
   if (fields.count("fingerprint")) {
     const absl::string_view hex = fields["fingerprint"];
     if (hex.size() != 16 || !absl::SimpleHexAtoi(hex, &o.dataset_fingerprint) ||
@@ -261,6 +325,12 @@ ResumeState ParseState(const std::string& text) {
     BadField(o.mean.empty() ? "std" : "mean", "applies to dtype float32 only");
   }
   if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) BadField("epoch", "past end_epoch");
+  // Beyond any real run, and room for epoch + 1 (a wrapped epoch would restart at 0).
+  if (o.start.epoch >= kMaxEpoch) BadField("epoch", absl::StrCat("must be < ", kMaxEpoch));
+  if (o.end_epoch >= kMaxEpoch) BadField("end_epoch", absl::StrCat("must be < ", kMaxEpoch));
+  if (o.start.sequence > o.start.cursor) BadField("sequence", "must be <= cursor");
+  if (o.start.cursor == 0 && o.start.sequence != 0) BadField("sequence", "must be 0 at cursor 0");
+  CheckNormalization(o, BadField);
   return state;
 }
 

@@ -60,7 +60,10 @@ struct Stream::Impl {
     request.mutable_start()->set_cursor(position.cursor);
     request.set_client_name(options.client_name);
     request.set_expected_fingerprint(fingerprint);
-    const std::string session = connection->SessionId(timeout);
+    // The session is attached in the background; waiting for it briefly is enough (without one
+    // the stream still works, closed only after the daemon's idle timeout).
+    const std::string session =
+        connection->SessionId(std::min(timeout, std::chrono::milliseconds(2000)));
     request.set_session_id(session);
     grpc::ClientContext context;
     context.set_deadline(deadline);
@@ -118,34 +121,44 @@ struct Stream::Impl {
   }
 
   void OpenFirst() {
-    grpc::Status status = TryOpen(std::clamp(
-        std::chrono::duration_cast<std::chrono::milliseconds>(options.reconnect_deadline),
-        std::chrono::milliseconds(100), kOpenTimeout));
+    const auto started = Clock::now();
+    grpc::Status status = TryOpen(AttemptTimeout(started + options.reconnect_deadline));
     if (status.ok()) return;
     if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
         Recovery::kFail) {
       Throw(status);
     }
-    Recover(status);
+    Recover(status, started);
   }
 
-  // Backs off and reopens at `position` until it works or options.reconnect_deadline passes.
-  void Recover(grpc::Status last) {
+  // How long one attempt may take: what is left of `deadline` (at least a few ms, so that an
+  // attempt can succeed at all), at most kOpenTimeout.
+  static std::chrono::milliseconds AttemptTimeout(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return std::clamp(left, std::chrono::milliseconds(10), kOpenTimeout);
+  }
+
+  // Backs off and reopens at `position` until it works or options.reconnect_deadline has passed
+  // since `since` (when the daemon was first found missing): every wait and every attempt is cut
+  // to what is left, so the error comes within the deadline plus one backoff step.
+  void Recover(grpc::Status last, Clock::time_point since) {
     CloseQuietly();
-    const auto deadline = Clock::now() + options.reconnect_deadline;
+    const auto deadline = since + options.reconnect_deadline;
     backoff.Reset();
     while (true) {
       const auto now = Clock::now();
       if (now >= deadline) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since);
         throw Error(ErrorCode::kUnavailable,
                     absl::StrCat("ringloaderd at ", connection->endpoint(), " unreachable for ",
-                                 Seconds(options.reconnect_deadline), ": ", DescribeStatus(last)));
+                                 Seconds(waited), " (reconnect_deadline ",
+                                 Seconds(options.reconnect_deadline),
+                                 "): ", DescribeStatus(last)));
       }
       const auto remaining = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
       std::this_thread::sleep_for(std::min(backoff.NextDelay(), remaining));
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      grpc::Status status = TryOpen(std::clamp(left, std::chrono::milliseconds(100), kOpenTimeout));
+      if (Clock::now() >= deadline) continue;
+      grpc::Status status = TryOpen(AttemptTimeout(deadline));
       if (status.ok()) return;
       if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
           Recovery::kFail) {
@@ -155,11 +168,13 @@ struct Stream::Impl {
     }
   }
 
-  // Tells the daemon we are done with the current stream, if it still listens.
+  // Tells the daemon we are done with the current stream, if it still listens. In a forked child
+  // it only forgets the stream: the stream is the parent's.
   void CloseQuietly() {
     if (!open) return;
     open = false;
-    ring.reset();
+    ring.reset();  // our own mapping, in the child too
+    if (connection->InForkedChild()) return;
     v1::CloseStreamRequest request;
     request.set_stream_id(stream_id);
     request.set_incarnation(incarnation);
@@ -171,6 +186,17 @@ struct Stream::Impl {
   }
 
   std::optional<Batch> Next() {
+    connection->CheckNotForked();
+    // One thread at a time: a second caller would reopen the stream under the first one.
+    if (in_next.exchange(true)) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "a Stream is used by one thread at a time: Next() was called while another "
+                  "thread's Next() on the same Stream was running (use one Stream per thread)");
+    }
+    struct Leave {
+      std::atomic<bool>& flag;
+      ~Leave() { flag.store(false); }
+    } leave{in_next};
     while (!ended) {
       v1::NextBatchRequest request;
       request.set_stream_id(stream_id);
@@ -185,7 +211,15 @@ struct Stream::Impl {
         release->set_ring_sequence(r.ring_sequence);
       }
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + kWait + kCallMargin);
+      const auto call_started = Clock::now();
+      // A hung daemon is noticed within reconnect_deadline, not after a whole wait plus margin.
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::min<std::chrono::milliseconds>(
+                               kWait + kCallMargin,
+                               std::max<std::chrono::milliseconds>(
+                                   kWait + std::chrono::milliseconds(100),
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       options.reconnect_deadline))));
       v1::NextBatchResponse response;
       grpc::Status status = connection->stub().NextBatch(&context, request, &response);
       if (!status.ok()) {
@@ -193,7 +227,9 @@ struct Stream::Impl {
             Recovery::kFail) {
           Throw(status);
         }
-        Recover(std::move(status));
+        // The outage began no later than this call: the deadline counts from its start (a call
+        // that hung for seconds has used those seconds).
+        Recover(std::move(status), call_started);
         reconnects.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
@@ -266,6 +302,7 @@ struct Stream::Impl {
   std::shared_ptr<const shm::ConsumerRing> ring;
   const std::shared_ptr<ReleaseQueue> releases = std::make_shared<ReleaseQueue>();
   std::atomic<uint64_t> reconnects{0};
+  std::atomic<bool> in_next{false};
   Backoff backoff;
 };
 

@@ -90,12 +90,15 @@ absl::StatusOr<std::unique_ptr<IncarnationLock>> IncarnationLock::Acquire(
   auto impl = std::make_unique<Impl>();
   impl->path = DirJoin(shm_dir, absl::StrCat(internal::Sv(kNamePrefix), daemon_pid, ".",
                                              absl::Hex(incarnation), internal::Sv(kLockSuffix)));
-  impl->fd = ::open(impl->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (impl->fd < 0) return internal::ErrnoStatus(errno, absl::StrCat("create ", impl->path));
-  if (::flock(impl->fd, LOCK_EX | LOCK_NB) != 0) {
-    absl::Status s = internal::ErrnoStatus(errno, absl::StrCat("flock ", impl->path));
+  // Locked under a name no cleaner parses, then renamed into place: a cleaner never sees the
+  // lock file unlocked, so it never takes a starting daemon for a dead one.
+  const std::string temp = impl->path + ".new";
+  impl->fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (impl->fd < 0) return internal::ErrnoStatus(errno, absl::StrCat("create ", temp));
+  if (::flock(impl->fd, LOCK_EX | LOCK_NB) != 0 || ::rename(temp.c_str(), impl->path.c_str()) != 0) {
+    absl::Status s = internal::ErrnoStatus(errno, absl::StrCat("lock ", impl->path));
     ::close(impl->fd);
-    ::unlink(impl->path.c_str());
+    ::unlink(temp.c_str());
     return s;
   }
   auto lock = std::unique_ptr<IncarnationLock>(new IncarnationLock());

@@ -48,6 +48,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   bool no_shuffle = false;
   consume_cmd->add_flag("--no-shuffle", no_shuffle, "deliver samples in dataset order");
+  consume_cmd->add_option("--resize", consume.resize,
+                          "fast: DCT-scaled decoding (default) | exact: full-size decode "
+                          "resampled like PIL, matching torchvision")
+      ->check(CLI::IsMember({"fast", "exact"}))
+      ->capture_default_str();
   consume_cmd->add_flag("--drop-last", consume.drop_last, "drop a final partial batch");
   uint64_t max_batches = 0;
   CLI::Option* max_batches_opt =

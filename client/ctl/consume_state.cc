@@ -120,6 +120,8 @@ absl::Status CheckSameRun(const client::StreamOptions& saved, const client::Stre
                                 flags.shuffle ? "off" : "on"),
            Compare<std::string>("--drop-last", saved.drop_last ? "on" : "off",
                                 flags.drop_last ? "on" : "off"),
+           Compare<std::string>("--resize", saved.resize == client::Resize::kExact ? "exact" : "fast",
+                                flags.resize == client::Resize::kExact ? "exact" : "fast"),
        }) {
     if (!s.ok()) return s;
   }

@@ -44,6 +44,7 @@ struct ConsumeOptions {
   uint32_t image_size = 224;
   std::string augment = "train";  // train | eval
   std::string dtype = "uint8";    // uint8 | float32
+  std::string resize = "fast";    // fast | exact
   bool shuffle = true;
   bool drop_last = false;
   std::optional<uint64_t> max_batches;  // stop this run after N batches

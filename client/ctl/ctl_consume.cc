@@ -92,6 +92,11 @@ absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o) {
   } else {
     return absl::InvalidArgumentError("--dtype must be uint8 or float32, got '" + o.dtype + "'");
   }
+  if (o.resize == "exact") {
+    s.resize = client::Resize::kExact;
+  } else if (o.resize != "fast") {
+    return absl::InvalidArgumentError("--resize must be fast or exact, got '" + o.resize + "'");
+  }
   s.shuffle = o.shuffle;
   s.drop_last = o.drop_last;
   if (o.epochs == 0) return absl::InvalidArgumentError("--epochs must be >= 1");

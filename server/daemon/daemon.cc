@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -82,6 +83,26 @@ absl::Status PrepareUnixSocket(const std::string& path) {
   }
   ::unlink(path.c_str());
   return absl::OkStatus();
+}
+
+// The memory this process can really have: the host's RAM, or less under a memory cgroup limit
+// (v2 memory.max, v1 memory.limit_in_bytes). `what` says which.
+uint64_t AvailableMemoryBytes(std::string* what) {
+  uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  *what = "the host's memory";
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    FILE* f = std::fopen(path, "r");
+    if (f == nullptr) continue;
+    unsigned long long limit = 0;
+    const bool read = std::fscanf(f, "%llu", &limit) == 1;  // "max" (no limit) does not parse
+    std::fclose(f);
+    if (read && limit > 0 && limit < bytes) {
+      bytes = limit;
+      *what = absl::StrCat("the memory cgroup's limit (", path, ")");
+    }
+  }
+  return bytes;
 }
 
 // Tells a supervisor that we serve: "READY=1\n" on the descriptor it passed in
@@ -215,6 +236,13 @@ absl::Status StartUp(DaemonState& d) {
   } else {
     SPDLOG_WARN("stale segment scan: {}", Text(removed.status()));
   }
+  std::string available_what;
+  const uint64_t available = AvailableMemoryBytes(&available_what);
+  if (server.memory_limit_bytes > available) {
+    SPDLOG_WARN("server.memory_limit {} is more than {} ({}): the OOM killer, not the budget, "
+                "would stop this daemon; lower memory_limit",
+                FormatBytes(server.memory_limit_bytes), available_what, FormatBytes(available));
+  }
   d.budget = std::make_unique<MemoryBudget>(server.memory_limit_bytes);
   if (absl::Status s = OpenDatasets(d); !s.ok()) return s;
 
@@ -293,12 +321,14 @@ absl::Status StartUp(DaemonState& d) {
 void ShutDown(DaemonState& d) {
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
+  if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
+  // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
+  // the server's grace period below does not wait for them.
+  if (d.streams) d.streams->Shutdown();
   if (d.server) {
-    d.server->GetHealthCheckService()->SetServingStatus(false);
     d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    d.server->Wait();
   }
-  if (d.streams) d.streams->Shutdown();  // producers stopped, segments unlinked
-  if (d.server) d.server->Wait();
   if (d.own_socket) ::unlink(d.socket_path.c_str());
   if (d.journal) d.journal->MarkCleanExit();
 }

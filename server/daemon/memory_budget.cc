@@ -26,8 +26,11 @@ bool MemoryBudget::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t byte
                                std::chrono::steady_clock::time_point deadline) {
   const uint64_t ticket = next_ticket_++;
   queue_.push_back(ticket);
+  // Also ends the wait when `bytes` can no longer fit at all (rings reserved meanwhile), so the
+  // head of the queue never blocks everyone behind it for good.
   const bool granted = room_.wait_until(lock, deadline, [&] {
-    return queue_.front() == ticket && fixed_ + decoding_ + bytes <= limit_;
+    return queue_.front() == ticket &&
+           (fixed_ + decoding_ + bytes <= limit_ || fixed_ + bytes > limit_);
   });
   queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
   room_.notify_all();  // the next in line may fit now (or be at the front now)
@@ -42,7 +45,8 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
         what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
         FormatBytes(limit_ - fixed_), " free (", FormatBytes(fixed_), " reserved)"));
   }
-  if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait)) {
+  if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait) ||
+      fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
         FormatBytes(limit_ - fixed_ - std::min(decoding_, limit_ - fixed_)),
@@ -62,6 +66,11 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes) {
         FormatBytes(fixed_), ")"));
   }
   WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
+  if (fixed_ + bytes > limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "decoding it needs ", FormatBytes(bytes), ", more than memory_limit ", FormatBytes(limit_),
+        " leaves beside rings and indexes (", FormatBytes(fixed_), ")"));
+  }
   decoding_ += bytes;
   peak_ = std::max(peak_, fixed_ + decoding_);
   return absl::OkStatus();

@@ -89,20 +89,68 @@ void Stream::ProducerLoop() {
     epoch_from_start = true;
     batches_this_epoch = 0;
   };
+  // Publishes a filled batch. `last`: nothing of its epoch follows, so its `next` is the next
+  // epoch's start and it carries last_in_epoch.
+  auto publish = [&](Filled& f, bool last) {
+    const v1::Position next =
+        last ? MakePosition(f.pos.epoch() + 1, 0, 0)
+             : MakePosition(f.pos.epoch(), f.pos.sequence() + 1, f.batch.next_cursor);
+    v1::BatchHandle handle =
+        MakeHandle(f.slot, f.seq, f.pos, next, f.batch, last, ring_->Payload(f.slot));
+    CheckRing(ring_->Publish(f.slot, f.seq, setup_.layout.total_bytes), setup_.id);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handle.set_payload_checksum(ring_->Slot(f.slot).checksum);
+      handles_[f.slot] = std::move(handle);
+      produce_seq_ = f.seq + 1;
+      produce_pos_ = next;
+      if (last) {
+        epoch_from_start = true;
+        batches_this_epoch = 0;
+      } else {
+        ++batches_this_epoch;
+      }
+      cv_.notify_all();
+    }
+    SPDLOG_DEBUG("stream {} published epoch={} sequence={} slot={} samples={}{}", setup_.id,
+                 f.pos.epoch(), f.pos.sequence(), f.slot, f.batch.count, last ? " (last)" : "");
+    uint64_t published = deps_.stats->batches_published.fetch_add(1) + 1;
+    if (deps_.failpoints->enabled()) deps_.failpoints->OnBatchPublished(published);
+  };
+  // A filled batch near the end of its epoch is held back until the next one is filled (the
+  // look-ahead): only then is it known whether it is the epoch's last. See stream.h.
+  std::optional<Filled> held;
+  uint64_t fill_seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fill_seq = produce_seq_;
+  }
   while (true) {
-    uint64_t seq;
     v1::Position pos;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      while (!stop_ && (ended_ || ring_->Slot(produce_seq_ % slots_).state !=
-                                      shm::SlotState::kFree)) {
+      pos = held ? MakePosition(held->pos.epoch(), held->pos.sequence() + 1,
+                                held->batch.next_cursor)
+                 : produce_pos_;
+      // The client waits for the held batch and keeps the look-ahead's slot: waiting on would
+      // deadlock, so the held batch goes out unmarked (its epoch's end then shows only as the
+      // next epoch's first batch).
+      const auto client_waits_for_held = [&] {
+        return held && next_busy_ && lease_seq_ == held->seq;
+      };
+      while (!stop_ && (ended_ || ring_->Slot(fill_seq % slots_).state != shm::SlotState::kFree) &&
+             !client_waits_for_held()) {
         cv_.wait(lock);
       }
       if (stop_) return;
-      seq = produce_seq_;
-      pos = produce_pos_;
+      if (client_waits_for_held() && ring_->Slot(fill_seq % slots_).state != shm::SlotState::kFree) {
+        lock.unlock();
+        publish(*held, false);
+        held.reset();
+        continue;
+      }
     }
-    if (spec.end_epoch() != 0 && pos.epoch() >= spec.end_epoch()) {
+    if (!held && spec.end_epoch() != 0 && pos.epoch() >= spec.end_epoch()) {
       std::lock_guard<std::mutex> lock(mu_);
       ended_ = true;
       cv_.notify_all();
@@ -119,12 +167,20 @@ void Stream::ProducerLoop() {
       shard = std::make_unique<pipeline::EpochShard>(setup_.dataset->size(), shard_spec);
     }
     if (pos.cursor() >= shard->size()) {
-      next_epoch(pos);
+      if (held) {
+        publish(*held, true);
+        held.reset();
+      } else {
+        next_epoch(pos);
+      }
       continue;
     }
 
-    const uint32_t slot = static_cast<uint32_t>(seq % slots_);
-    CheckRing(ring_->BeginFill(slot), setup_.id);
+    Filled f;
+    f.slot = static_cast<uint32_t>(fill_seq % slots_);
+    f.seq = fill_seq;
+    f.pos = pos;
+    CheckRing(ring_->BeginFill(f.slot), setup_.id);
     pipeline::FillRequest request;
     request.dataset = setup_.dataset;
     request.shard = shard.get();
@@ -135,11 +191,14 @@ void Stream::ProducerLoop() {
     request.limits = setup_.limits;
     request.seed = spec.seed();
     request.epoch = pos.epoch();
-    std::span<uint8_t> payload = ring_->Payload(slot);
     absl::StatusOr<pipeline::FilledBatch> filled =
-        deps_.filler->Fill(request, payload, deps_.observer);
+        deps_.filler->Fill(request, ring_->Payload(f.slot), deps_.observer);
     if (!filled.ok()) {
-      CheckRing(ring_->Abandon(slot), setup_.id);
+      CheckRing(ring_->Abandon(f.slot), setup_.id);
+      if (held) {  // the batches before the failure are delivered first
+        publish(*held, false);
+        held.reset();
+      }
       SPDLOG_WARN("stream {} ended: {}", setup_.id, wire::EscapeBytes(Text(filled.status())));
       std::lock_guard<std::mutex> lock(mu_);
       error_ = filled.status();
@@ -151,36 +210,35 @@ void Stream::ProducerLoop() {
     deps_.stats->images_decoded.fetch_add(filled->count, std::memory_order_relaxed);
     const bool dropped = spec.drop_last() && filled->count < spec.batch_size();
     if (filled->count == 0 || dropped) {  // the rest of this epoch's shard yields no full batch
-      CheckRing(ring_->Abandon(slot), setup_.id);
-      if (filled->count > 0) ++batches_this_epoch;  // a dropped partial batch still decoded
-      next_epoch(pos);
+      CheckRing(ring_->Abandon(f.slot), setup_.id);
+      if (held) {
+        publish(*held, true);  // the look-ahead found nothing after it
+        held.reset();
+      } else {
+        if (filled->count > 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++batches_this_epoch;  // a dropped partial batch still decoded
+        }
+        next_epoch(pos);
+      }
       continue;
     }
-    const bool last_in_epoch = filled->next_cursor >= shard->size();
-    v1::Position next = last_in_epoch
-                            ? MakePosition(pos.epoch() + 1, 0, 0)
-                            : MakePosition(pos.epoch(), pos.sequence() + 1, filled->next_cursor);
-    v1::BatchHandle handle =
-        MakeHandle(slot, seq, pos, next, *filled, last_in_epoch, payload);
-    CheckRing(ring_->Publish(slot, seq, setup_.layout.total_bytes), setup_.id);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      handle.set_payload_checksum(ring_->Slot(slot).checksum);
-      handles_[slot] = std::move(handle);
-      produce_seq_ = seq + 1;
-      produce_pos_ = next;
-      if (last_in_epoch) {
-        epoch_from_start = true;
-        batches_this_epoch = 0;
-      } else {
-        ++batches_this_epoch;
-      }
-      cv_.notify_all();
+    ++fill_seq;
+    if (held) {
+      publish(*held, false);
+      held.reset();
     }
-    SPDLOG_DEBUG("stream {} published epoch={} sequence={} slot={} samples={}", setup_.id,
-                 pos.epoch(), pos.sequence(), slot, filled->count);
-    uint64_t published = deps_.stats->batches_published.fetch_add(1) + 1;
-    if (deps_.failpoints->enabled()) deps_.failpoints->OnBatchPublished(published);
+    f.batch = *std::move(filled);
+    // What the rest of the shard can still yield decides whether this batch is the last.
+    const uint64_t rest = shard->size() - f.batch.next_cursor;
+    const uint64_t batch_size = spec.batch_size();
+    if (rest == 0 || (spec.drop_last() && rest < batch_size)) {
+      publish(f, true);  // certainly the last
+    } else if (rest < 2 * batch_size) {
+      held = std::move(f);  // the next batch may come out empty or short: look ahead
+    } else {
+      publish(f, false);
+    }
   }
 }
 

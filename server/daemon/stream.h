@@ -6,6 +6,15 @@
 // slow reader costs its ring and nothing more). Next() leases batches in the same order.
 // Positions advance batch by batch: (epoch, sequence, cursor) -> the handle's `next`.
 //
+// End of epoch: exactly one batch per epoch carries last_in_epoch, and its `next` is the next
+// epoch's start. When the rest of the shard after a batch cannot make another one (nothing left,
+// or with drop_last fewer than batch_size samples) it is marked at once. When the rest is short
+// (under two batches) but might still yield one, the batch is held back unpublished until the
+// next one is filled (a look-ahead of one batch, near the end of an epoch only): an empty or
+// dropped next batch makes it the last. Only if the client itself holds the slot the look-ahead
+// needs while waiting for the held batch does it go out unmarked (no deadlock); the epoch's end
+// then shows as the next epoch's first batch.
+//
 // Thread-safety: thread-safe. One NextBatch call at a time per stream (a second concurrent call
 // is refused with FailedPrecondition).
 
@@ -88,6 +97,13 @@ class Stream {
   void Heartbeat() { ring_->Heartbeat(); }
 
  private:
+  // A filled, not yet published batch.
+  struct Filled {
+    uint32_t slot = 0;
+    uint64_t seq = 0;
+    v1::Position pos;
+    pipeline::FilledBatch batch;
+  };
   void ProducerLoop();
   void RecordSkipped(const pipeline::FilledBatch& filled);
   v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,

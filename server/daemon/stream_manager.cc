@@ -28,6 +28,7 @@ image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
                                                             : image::Augment::kTrain;
   t.dtype = spec.dtype() == v1::DTYPE_FLOAT32 ? image::DType::kFloat32 : image::DType::kUint8;
   t.layout = spec.layout() == v1::LAYOUT_NCHW ? image::Layout::kNCHW : image::Layout::kNHWC;
+  t.exact_resize = spec.resize() == v1::RESIZE_EXACT;
   if (spec.mean_size() == 3) {
     for (int c = 0; c < 3; ++c) t.mean[c] = spec.mean(c);
   }
@@ -115,6 +116,7 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
     return invalid("dtype: images can be UINT8 or FLOAT32 (got ", spec.dtype(), ")");
   }
   if (!v1::Layout_IsValid(spec.layout())) return invalid("layout: unknown value ", spec.layout());
+  if (!v1::Resize_IsValid(spec.resize())) return invalid("resize: unknown value ", spec.resize());
   if (spec.dtype() != v1::DTYPE_FLOAT32 && (spec.mean_size() != 0 || spec.std_size() != 0)) {
     return invalid("mean/std: only valid with dtype FLOAT32");
   }
@@ -124,7 +126,8 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
                    spec.std_size(), ")");
   }
   for (float v : spec.std()) {
-    if (!(v > 0.0f) || v > 1e6f) return invalid("std: values must be > 0 (got ", v, ")");
+    // Far enough from 0 that (x - mean) / std stays finite (the client checks the same bounds).
+    if (!(v >= 1e-6f && v <= 1e6f)) return invalid("std: values must be in [1e-06, 1e+06] (got ", v, ")");
   }
   for (float v : spec.mean()) {
     if (!(v > -1e6f && v < 1e6f)) return invalid("mean: values must be finite (got ", v, ")");
@@ -241,9 +244,17 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     uint64_t id;
     std::shared_ptr<Stream>& stream;
     ~Opened() {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      self->opening_.erase(self->opening_.find(key));
-      if (stream) self->streams_[id] = stream;
+      bool orphan = false;
+      {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->opening_.erase(self->opening_.find(key));
+        if (!stream) return;
+        // The session may have ended (its client died) while this stream was being opened.
+        const std::string& session = stream->setup().session_id;
+        orphan = self->shut_down_ || (!session.empty() && self->sessions_.count(session) == 0);
+        if (!orphan) self->streams_[id] = stream;
+      }
+      if (orphan) stream->Stop();
     }
   } opened{this, client_key, id, stream};
   setup.id = id;
@@ -290,6 +301,12 @@ absl::StatusOr<std::string> StreamManager::OpenSession(const std::string& client
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
+    // Each session holds a server thread: bounded like streams (a client has one session).
+    const uint64_t max_sessions = uint64_t{2} * deps_.config->server.max_streams;
+    if (sessions_.size() >= max_sessions) {
+      return Reject(absl::ResourceExhaustedError(absl::StrCat(
+          "too many attached clients (", max_sessions, " = 2 x server.max_streams)")));
+    }
     sessions_[id] = client_name.substr(0, 128);
   }
   SPDLOG_DEBUG("session attached client=\"{}\"", wire::EscapeBytes(client_name.substr(0, 128)));
@@ -477,6 +494,7 @@ void StreamManager::ReaperLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = streams_.begin(); it != streams_.end();) {
+        it->second->Heartbeat();
         // A stream of a live session is never idle: its client is connected (see the top of
         // stream_manager.h).
         const std::string& session = it->second->setup().session_id;

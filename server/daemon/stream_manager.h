@@ -6,11 +6,13 @@
 // Clients: a client attaches a *session* (the Attach call, held open for the client's life) and
 // opens streams in it. When the session ends (the client exited, was killed, or closed it), its
 // streams are closed at once. Streams of a live session are never closed for idleness; streams
-// opened without a session (older clients) are closed after server.stream_idle_timeout_ms
-// without a request.
+// opened without a session (a client that could not attach in time) are closed after
+// server.stream_idle_timeout_ms without a request. Sessions are bounded (2 x max_streams): each
+// holds a server thread.
 //
 // Authority: OpenStream returns a random 128-bit stream token; every later call on the stream
-// must carry it (PERMISSION_DENIED otherwise), so no other local process can take its batches.
+// must carry it (PERMISSION_DENIED otherwise, also for clients older than the token), so no other
+// local process can take its batches.
 //
 // Plain C++ with its own tests; LoaderService only adapts gRPC to it. Every error names the field
 // or the stream: INVALID_ARGUMENT for a bad field, NOT_FOUND for an unknown dataset or stream,

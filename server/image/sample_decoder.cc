@@ -388,9 +388,13 @@ absl::StatusOr<DecodePlan> SampleDecoder::PlanFromHeader(std::span<const uint8_t
                                                          std::string_view path,
                                                          const DecodeLimits& limits,
                                                          const TransformSpec& spec) {
-  auto state = std::make_unique<State>(limits);
+  // A header cut off by the end of `head` must say "truncated" (the caller's cue), whatever the
+  // dataset's warnings setting.
+  DecodeLimits strict = limits;
+  strict.warnings_are_errors = true;
+  auto state = std::make_unique<State>(strict);
   ImageInfo info;
-  absl::Status status = ReadHeaderInto(*state, limits, head, path, info);
+  absl::Status status = ReadHeaderInto(*state, strict, head, path, info);
   if (!status.ok()) return status;
   jpeg_decompress_struct& cinfo = state->cinfo;
   uint64_t coef_bytes = 0;
@@ -499,7 +503,8 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
   // Largest power-of-two DCT reduction that keeps the scaled crop >= the output in both axes.
   const auto size = static_cast<int32_t>(spec.image_size);
   int32_t denom = 1;
-  while (denom < 8 && crop.width / (denom * 2) >= size && crop.height / (denom * 2) >= size) {
+  while (!spec.exact_resize && denom < 8 && crop.width / (denom * 2) >= size &&
+         crop.height / (denom * 2) >= size) {
     denom *= 2;
   }
 
@@ -691,12 +696,14 @@ absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadAll() { return ReadRange(UI
 
 absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
   const bool whole = max == UINT64_MAX;
-  std::vector<uint8_t> bytes(static_cast<size_t>(whole ? size_ : max));
+  // One byte more than the file had, to see its end in the same read without growing the buffer
+  // (growing would double its capacity: memory the accounting did not draw).
+  std::vector<uint8_t> bytes(static_cast<size_t>(whole ? size_ + 1 : max));
   size_t got = 0;
   while (true) {
     if (got == bytes.size()) {
       if (!whole) break;
-      bytes.resize(got + 65536);  // the file may have grown
+      bytes.resize(got + 65536);  // the file grew since Open (rare)
     }
     const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
     if (n < 0) {

@@ -24,6 +24,11 @@ struct TransformSpec {
   // Float32 only: out = (pixel/255 - mean[c]) / std[c].
   std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
   std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
+  // false (default): decode with libjpeg's DCT scaling (1/2, 1/4, 1/8) when the scaled image still
+  // covers the output; fast, and within ~0.001 levels of torchvision while the short side is under
+  // ~512 px, but above it the mean shifts by 0.3-0.6 levels (up to ~40 at sharp edges).
+  // true: decode at full size and resample like PIL, as torchvision does (within 0.01 levels).
+  bool exact_resize = false;
 
   // Bytes of one output sample: image_size^2 * 3 * (1 or 4).
   uint64_t SampleBytes() const;

@@ -94,14 +94,17 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
     statuses.assign(k, absl::OkStatus());
     // Per sample: open, peek at the header, draw the memory its decode needs, read the rest
     // (all abandonable past the deadline: see WorkerPool), then commit and decode into its place.
-    // Before the commit, nothing shared is touched (an abandoned task's thread may wake up any
-    // time later, after this call has returned); after it, the worker's decoder is.
+    // An abandoned task's thread may wake up any time later, after this call has returned and
+    // its captures are gone: so everything the blocking steps need is copied first, and after
+    // each blocking step only the gates (BeginWait, Commit, Abandoned) are consulted before
+    // anything captured is touched. Its memory draw is given back by on_abandoned.
     pool_.ParallelForWithDeadline(
         k, options_.deadline,
         [&](uint64_t i, uint32_t worker_id, TaskControl& control) {
           const uint64_t index = shard.at(pos + i);
           const std::string path = dataset.AbsolutePath(index);
-          const image::DecodeLimits& limits = request.limits ? *request.limits : default_limits_;
+          const image::DecodeLimits limits = request.limits ? *request.limits : default_limits_;
+          const image::TransformSpec transform = request.transform;
           DecodeMemory* const memory = options_.memory;
           uint64_t drawn = 0;
           uint64_t libjpeg_cap = 0;  // given to the decoder once committed
@@ -118,7 +121,9 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             drawn = 0;
           };
           if (observer != nullptr) observer->BeforeRead(dataset, index);
+          if (control.Abandoned()) return;
           absl::StatusOr<image::SampleFile> file = image::SampleFile::Open(path, limits.max_file_bytes);
+          if (control.Abandoned()) return;
           if (!file.ok()) {
             finish(file.status());
             return;
@@ -126,23 +131,26 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           absl::StatusOr<std::vector<uint8_t>> bytes;
           if (memory != nullptr) {
             absl::StatusOr<std::vector<uint8_t>> head = file->ReadHead(kHeaderPeekBytes);
+            if (control.Abandoned()) return;
             if (!head.ok()) {
               finish(head.status());
               return;
             }
             absl::StatusOr<image::DecodePlan> plan =
-                image::SampleDecoder::PlanFromHeader(*head, path, limits, request.transform);
+                image::SampleDecoder::PlanFromHeader(*head, path, limits, transform);
             if (!plan.ok()) {
-              if (head->size() == file->size()) {  // the whole file: its header is bad
+              // Only a header cut off by the end of the peek (huge metadata) earns the benefit of
+              // the doubt: assume the worst it may hold. Any other header error is final.
+              if (head->size() == file->size() || image::ErrorReason(plan.status()) != "truncated") {
                 finish(plan.status());
                 return;
               }
-              // The header goes on past the peek (huge metadata): assume the worst it may hold.
-              plan = image::SampleDecoder::WorstCasePlan(limits, request.transform);
+              plan = image::SampleDecoder::WorstCasePlan(limits, transform);
             }
             const uint64_t need = file->size() + plan->bytes();
             if (!control.BeginWait()) return;
             absl::Status granted = memory->Acquire(need);
+            if (granted.ok()) control.SetDrawn(need);  // whoever abandons us gives it back
             control.EndWait();
             if (!granted.ok()) {
               finish(image::WithReason(std::move(granted), "too_large"));
@@ -152,10 +160,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             libjpeg_cap = plan->libjpeg_bytes;
           }
           bytes = file->ReadAll();
-          if (!finish(absl::OkStatus())) {  // abandoned while reading
-            give_back();
-            return;
-          }
+          if (!finish(absl::OkStatus())) return;  // abandoned while reading: the draw went back
           absl::Status status = bytes.status();
           if (status.ok()) {
             status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
@@ -177,7 +182,8 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           give_back();
           if (!status.ok()) statuses[i] = NamingPath(status, path);
         },
-        [&](uint64_t i) {
+        [&](uint64_t i, uint64_t drawn) {
+          if (drawn > 0) options_.memory->Release(drawn);
           statuses[i] = image::WithReason(
               absl::DeadlineExceededError(absl::StrCat(
                   dataset.AbsolutePath(shard.at(pos + i)), ": reading the file took longer than ",

@@ -8,7 +8,9 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,9 +25,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A deadline task's life. Only the task moves kRunning <-> kWaiting and to kCommitted or kDone;
-// only the caller moves kRunning -> kAbandoned. Both use compare-exchange, so exactly one of
-// "the task finished" and "the caller gave up on it" happens.
-enum Phase : int { kRunning = 0, kWaiting = 1, kCommitted = 2, kAbandoned = 3, kDone = 4 };
+// only the caller moves kRunning -> kAbandoned. Both use compare-exchange on one word that also
+// holds a generation (bumped by every EndWait), so exactly one of "the task finished" and "the
+// caller gave up on it" happens, and a caller that read the start time of an earlier running
+// phase cannot abandon a later one.
+enum Phase : uint64_t { kRunning = 0, kWaiting = 1, kCommitted = 2, kAbandoned = 3, kDone = 4 };
+constexpr uint64_t kPhaseMask = 0xff;
+constexpr uint64_t kGeneration = 0x100;
+
+uint64_t PhaseOf(uint64_t word) { return word & kPhaseMask; }
+uint64_t WithPhase(uint64_t word, Phase phase) { return (word & ~kPhaseMask) | phase; }
+
+// At most this many threads are ever left stuck; past it, late tasks are waited for instead.
+constexpr uint64_t kMaxAbandoned = 1024;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -38,26 +50,34 @@ constexpr std::chrono::milliseconds kCheckInterval{100};
 }  // namespace
 
 struct TaskControl::State {
-  std::atomic<int> phase{kRunning};
-  std::atomic<int64_t> start_ns{0};  // when the deadline started counting
+  std::atomic<uint64_t> word{kRunning};  // phase | generation
+  std::atomic<int64_t> start_ns{0};      // when the deadline started counting
+  std::atomic<uint64_t> drawn{0};        // see TaskControl::SetDrawn
   uint64_t index = 0;
   uint32_t worker_id = 0;
+
+  // kRunning -> `to` for the current generation; false if the task is in another phase.
+  bool FromRunning(Phase to) {
+    uint64_t w = word.load();
+    while (PhaseOf(w) == kRunning) {
+      if (word.compare_exchange_weak(w, WithPhase(w, to))) return true;
+    }
+    return false;
+  }
 };
 
-bool TaskControl::Commit() {
-  int expected = kRunning;
-  return state_->phase.compare_exchange_strong(expected, kCommitted);
-}
+bool TaskControl::Commit() { return state_->FromRunning(kCommitted); }
 
-bool TaskControl::BeginWait() {
-  int expected = kRunning;
-  return state_->phase.compare_exchange_strong(expected, kWaiting);
-}
+bool TaskControl::BeginWait() { return state_->FromRunning(kWaiting); }
 
 void TaskControl::EndWait() {
   state_->start_ns.store(NowNs());
-  state_->phase.store(kRunning);
+  state_->word.store(WithPhase(state_->word.load() + kGeneration, kRunning));
 }
+
+bool TaskControl::Abandoned() const { return PhaseOf(state_->word.load()) == kAbandoned; }
+
+void TaskControl::SetDrawn(uint64_t bytes) { state_->drawn.store(bytes); }
 
 namespace {
 
@@ -113,7 +133,10 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       TaskControl control(state);
       (*fn)(i, worker_id, control);
       // Abandoned: the caller has moved on and another thread has our worker id. Touch nothing.
-      if (state->phase.exchange(kDone) == kAbandoned) return;
+      uint64_t w = state->word.load();
+      while (PhaseOf(w) != kAbandoned && !state->word.compare_exchange_weak(w, WithPhase(w, kDone))) {
+      }
+      if (PhaseOf(w) == kAbandoned) return;
       lock.lock();
       std::erase(job->running, state);
     } else {
@@ -128,8 +151,12 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
 
 void WorkerPool::Impl::ReplaceWorker(uint32_t worker_id) {
   threads[worker_id].detach();
-  threads[worker_id] = std::thread([this, worker_id] { WorkerLoop(worker_id); });
   abandoned.fetch_add(1);
+  try {
+    threads[worker_id] = std::thread([this, worker_id] { WorkerLoop(worker_id); });
+  } catch (const std::system_error&) {
+    // No thread to be had: the pool goes on one thread short (the queue needs no particular id).
+  }
 }
 
 WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_shared<Impl>()) {
@@ -150,7 +177,9 @@ WorkerPool::~WorkerPool() {
     threads.swap(impl_->threads);
   }
   impl_->work_available.notify_all();
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : threads) {
+    if (t.joinable()) t.join();
+  }
 }
 
 uint32_t WorkerPool::size() const {
@@ -178,14 +207,14 @@ void WorkerPool::ParallelFor(uint64_t n,
 void WorkerPool::ParallelForWithDeadline(
     uint64_t n, std::chrono::milliseconds deadline,
     const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
-    const std::function<void(uint64_t i)>& on_abandoned) {
+    const std::function<void(uint64_t i, uint64_t drawn)>& on_abandoned) {
   if (n == 0) return;
   Job job;
   job.fn_control = &fn;
   job.n = n;
   job.remaining = n;
   const int64_t deadline_ns = std::chrono::nanoseconds(deadline).count();
-  std::vector<uint64_t> abandoned;
+  std::vector<std::pair<uint64_t, uint64_t>> abandoned;  // (index, drawn)
   std::unique_lock<std::mutex> lock(impl_->mu);
   impl_->queue.push_back(&job);
   impl_->work_available.notify_all();
@@ -194,18 +223,23 @@ void WorkerPool::ParallelForWithDeadline(
     const int64_t now = NowNs();
     for (auto it = job.running.begin(); it != job.running.end();) {
       TaskControl::State& task = **it;
-      const bool late = abandon_all || (deadline_ns > 0 && now - task.start_ns.load() >= deadline_ns);
-      int expected = kRunning;
-      if (late && task.phase.compare_exchange_strong(expected, kAbandoned)) {
-        abandoned.push_back(task.index);
+      // The word first, then the start time: a later EndWait changes the word's generation, so
+      // the compare-exchange below fails if this start time is not the current phase's.
+      uint64_t w = task.word.load();
+      const bool late =
+          PhaseOf(w) == kRunning &&
+          (abandon_all || (deadline_ns > 0 && now - task.start_ns.load() >= deadline_ns));
+      if (late && impl_->abandoned.load() < kMaxAbandoned &&
+          task.word.compare_exchange_strong(w, WithPhase(w, kAbandoned))) {
         impl_->ReplaceWorker(task.worker_id);
+        abandoned.emplace_back(task.index, task.drawn.load());
         --job.remaining;
         it = job.running.erase(it);
       } else {
         ++it;
       }
     }
-    for (uint64_t i : abandoned) on_abandoned(i);
+    for (const auto& [i, drawn] : abandoned) on_abandoned(i, drawn);
     abandoned.clear();
     if (job.remaining == 0) break;
     if (deadline_ns == 0 && !abandon_all) {

@@ -33,6 +33,11 @@ class TaskControl {
   // while waiting and counts afresh afterwards. BeginWait is false when already abandoned.
   bool BeginWait();
   void EndWait();
+  // True once the caller gave up on the task (then it must return at once, touching nothing).
+  bool Abandoned() const;
+  // Hands `bytes` the task holds (a memory draw) to whoever abandons it: on_abandoned gets them
+  // and gives them back, since the stuck task never will. Call before EndWait.
+  void SetDrawn(uint64_t bytes);
 
  private:
   std::shared_ptr<State> state_;
@@ -54,12 +59,14 @@ class WorkerPool {
   void ParallelFor(uint64_t n, const std::function<void(uint64_t i, uint32_t worker_id)>& fn);
 
   // As ParallelFor, with a deadline per task (0 = none) counted from the task's start until it
-  // calls TaskControl::Commit(). An abandoned task's index is passed to on_abandoned (on the
-  // caller's thread) and the call does not wait for it.
+  // calls TaskControl::Commit(). An abandoned task's index and the bytes it had drawn
+  // (TaskControl::SetDrawn) are passed to on_abandoned (on the caller's thread), and the call does
+  // not wait for it. At most 1024 threads are ever left stuck: past that, late tasks are waited
+  // for like committed ones.
   void ParallelForWithDeadline(
       uint64_t n, std::chrono::milliseconds deadline,
       const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
-      const std::function<void(uint64_t i)>& on_abandoned);
+      const std::function<void(uint64_t i, uint64_t drawn)>& on_abandoned);
 
   // From now on every uncommitted task is abandoned at once (shutdown: a stuck read must not
   // hold up the exit). Irreversible.

@@ -60,7 +60,7 @@ TEST_CASE("ringloaderctl consume: no daemon past the deadline exits 2 saying so"
                        "d", "--reconnect-deadline-s", "0.2"});
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::StartsWith("ringloaderctl consume: ringloaderd at unix:") &&
-                           Catch::Contains("unreachable for 0.2 s: UNAVAILABLE"));
+                           Catch::Contains("unreachable for 0.2 s (reconnect_deadline 0.2 s): UNAVAILABLE"));
 }
 
 TEST_CASE("Client::Open: no daemon throws kUnavailable after reconnect_deadline", "[client]") {

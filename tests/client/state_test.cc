@@ -50,7 +50,7 @@ TEST_CASE("State: FormatState then ParseState gives back every option and the po
   const std::string text = FormatState(o, next);
   CHECK(text.find('\n') == std::string::npos);
   CHECK(text.find('\t') == std::string::npos);
-  CHECK(text.rfind("ringloader-state v1 ", 0) == 0);
+  CHECK(text.rfind("ringloader-state v2 ", 0) == 0);
 
   const StreamOptions p = ParseState(text).options;
   CHECK(p.dataset == o.dataset);
@@ -86,9 +86,9 @@ TEST_CASE("State: malformed states are rejected naming the field", "[client][sta
     REQUIRE(at != std::string::npos);
     return s.replace(at, from.size(), to);
   };
-  CHECK_THAT(ErrorOf(""), Catch::Contains("ringloader-state v1"));
-  CHECK_THAT(ErrorOf("hello world"), Catch::Contains("ringloader-state v1"));
-  CHECK_THAT(ErrorOf(replace(kGood, " v1 ", " v2 ")), Catch::Contains("'version'"));
+  CHECK_THAT(ErrorOf(""), Catch::Contains("does not start with 'ringloader-state'"));
+  CHECK_THAT(ErrorOf("hello world"), Catch::Contains("does not start with 'ringloader-state'"));
+  CHECK_THAT(ErrorOf(replace(kGood, " v1 ", " v9 ")), Catch::Contains("'version'"));
   CHECK_THAT(ErrorOf(replace(kGood, "batch_size=64", "batch_size=x")),
              Catch::Contains("'batch_size'") && Catch::Contains("not an unsigned integer"));
   CHECK_THAT(ErrorOf(replace(kGood, "seed=0", "seed=-1")), Catch::Contains("'seed'"));
@@ -179,7 +179,7 @@ TEST_CASE("DefaultEndpoint: $RINGLOADER_ENDPOINT wins, else the system socket", 
   if (saved) setenv("RINGLOADER_ENDPOINT", restore.c_str(), 1);
 }
 
-TEST_CASE("Error: carries its code; names are stable", "[client]") {
+TEST_CASE("Error: carries its code, and names are stable", "[client]") {
   const Error e(ErrorCode::kNotFound, "unknown dataset 'x'");
   CHECK(e.code() == ErrorCode::kNotFound);
   CHECK(std::string(e.what()) == "unknown dataset 'x'");
@@ -187,6 +187,41 @@ TEST_CASE("Error: carries its code; names are stable", "[client]") {
   CHECK(DTypeSize(DType::kFloat32) == 4);
   CHECK(DTypeSize(DType::kInt64) == 8);
   CHECK(std::string(DTypeName(DType::kUint8)) == "uint8");
+}
+
+TEST_CASE("State: a checkpoint cut short, altered or out of range is refused naming the problem",
+          "[client][state]") {
+  StreamOptions o;
+  o.dataset = "imagenet-train";
+  o.dtype = DType::kFloat32;
+  o.std = {0.229f, 0.224f, 0.225f};
+  o.end_epoch = 90;
+  const std::string good = FormatState(o, {2, 7, 32});
+  REQUIRE(ParseState(good).options.start == Position{2, 7, 32});
+  CHECK(good.find('\n') == std::string::npos);
+  CHECK_THAT(good, Catch::EndsWith(" end"));
+  // Cut anywhere: inside the last field, inside std=, just before the terminator.
+  for (size_t cut : {good.find("cursor=32") + 8, good.find("std=") + 6, good.size() - 1,
+                     good.size() - 4}) {
+    INFO(good.substr(0, cut));
+    CHECK_THAT(ErrorOf(good.substr(0, cut)),
+               Catch::Contains("cut short") || Catch::Contains("'check'"));
+  }
+  // Altered: one digit of the position, or std.
+  auto altered = good;
+  altered[altered.find("cursor=32") + 7] = '9';
+  CHECK_THAT(ErrorOf(altered), Catch::Contains("'check'") && Catch::Contains("altered"));
+  // Out of range even with a valid check (a tool that writes states): FormatState checks nothing.
+  StreamOptions far = o;
+  far.end_epoch = 0;
+  CHECK_THAT(ErrorOf(FormatState(far, {~uint64_t{0}, 0, 0})),
+             Catch::Contains("'epoch'") && Catch::Contains("must be <"));
+  StreamOptions tiny = o;
+  tiny.std = {1e-45f, 0.2f, 0.2f};
+  CHECK_THAT(ErrorOf(FormatState(tiny, {0, 0, 0})), Catch::Contains("'std'"));
+  CHECK_THAT(ErrorOf(FormatState(o, {1, 5, 0})), Catch::Contains("'sequence'"));
+  // A second line is not a state.
+  CHECK_THAT(ErrorOf(good + "\n" + good), Catch::Contains("more than one line"));
 }
 
 }  // namespace

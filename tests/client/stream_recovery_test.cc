@@ -63,6 +63,11 @@ class FakeLoader final : public v1::Loader::Service {
     if (request->incarnation() != incarnation_ || request->stream_id() != stream_id_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "fake: stale stream");
     }
+    if (skip_next_batch_) {  // as if another process had taken one batch of this stream
+      skip_next_batch_ = false;
+      position_.set_sequence(position_.sequence() + 1);
+      position_.set_cursor(position_.cursor() + kBatch);
+    }
     for (const v1::Release& r : request->releases()) {
       released_.push_back(r.ring_sequence());
       if (!ring_->Release(r.slot(), r.ring_sequence()).ok()) {
@@ -146,6 +151,7 @@ class FakeLoader final : public v1::Loader::Service {
   std::vector<uint64_t> released_;
   int fail_opens_ = 0;
   bool corrupt_offset_ = false;
+  bool skip_next_batch_ = false;
 };
 
 struct FakeServer {
@@ -210,6 +216,26 @@ TEST_CASE("Stream: a stale stream is reopened at the client's position, held bat
   REQUIRE(stream->Next());
   std::lock_guard lock(fake.service.mu_);
   CHECK(fake.service.released_ == std::vector<uint64_t>{3});  // only the new stream's lease
+}
+
+TEST_CASE("Stream: a batch missing from the sequence fails loudly instead of training on a hole",
+          "[client][recovery]") {
+  FakeServer fake;
+  Client client(fake.endpoint);
+  auto stream = client.Open(Options());
+  REQUIRE(stream->Next());  // (0, 0)
+  {
+    std::lock_guard lock(fake.service.mu_);
+    fake.service.skip_next_batch_ = true;  // (0, 1) goes elsewhere
+  }
+  try {
+    stream->Next();
+    FAIL("a gap went unnoticed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kDataLoss);
+    CHECK_THAT(e.what(), Catch::Contains("batch gap: expected epoch 0 sequence 1") &&
+                             Catch::Contains("sent epoch 0 sequence 2"));
+  }
 }
 
 TEST_CASE("Stream: runs to end_epoch and resumes from State() at the next batch",

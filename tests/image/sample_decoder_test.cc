@@ -66,6 +66,37 @@ TEST_CASE("SampleDecoder: eval transform matches a reference resize + center cro
   SECTION("odd output size") { CHECK(EvalPsnr(301, 207, 99, dec) >= 30.0); }
 }
 
+TEST_CASE("SampleDecoder: exact_resize decodes a large image at full size and matches the "
+          "reference within 0.01 levels on average",
+          "[image][decoder]") {
+  SampleDecoder dec(DecodeLimits{});
+  const int w = 2000, h = 1500;
+  const std::vector<uint8_t> rgb = SmoothPattern(w, h);
+  const std::vector<uint8_t> jpeg = EncodeJpeg(rgb, w, h, 95, TJSAMP_444);
+  absl::StatusOr<std::vector<uint8_t>> full = dec.DecodeRgb(jpeg, "big.jpg", nullptr);
+  REQUIRE(full.ok());
+  TransformSpec spec = Spec(Augment::kEval, 224);
+  const CropRect crop = EvalCropExact(w, h, 224);
+  // The reference: libjpeg's own full-size pixels, resized and cropped in double precision.
+  const std::vector<double> want = ReferenceResample(*full, w, h, crop, 0, 0, w, h, 224, false);
+  const auto mean_shift = [&](const std::vector<uint8_t>& out) {
+    double sum = 0;
+    for (size_t i = 0; i < out.size(); ++i) sum += out[i] - want[i];
+    return std::abs(sum / static_cast<double>(out.size()));
+  };
+  spec.exact_resize = true;
+  const std::vector<uint8_t> exact = Decode(dec, jpeg, spec, SampleRng(1, 0, 0));
+  CHECK(dec.last_scale_denom() == 1);
+  CHECK(mean_shift(exact) < 0.01);
+  for (size_t i = 0; i < exact.size(); ++i) {
+    if (std::abs(exact[i] - want[i]) > 1.0) FAIL("pixel " << i << ": " << int(exact[i]) << " vs " << want[i]);
+  }
+  spec.exact_resize = false;
+  const std::vector<uint8_t> fast = Decode(dec, jpeg, spec, SampleRng(1, 0, 0));
+  CHECK(dec.last_scale_denom() == 4);
+  CHECK(fast != exact);
+}
+
 TEST_CASE("SampleDecoder: a large image is decoded with DCT scaling and only its crop",
           "[image][decoder]") {
   SampleDecoder dec(DecodeLimits{});

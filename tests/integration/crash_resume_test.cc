@@ -167,8 +167,7 @@ TEST_CASE("OOM: under a hard address-space limit, a sample that allocates withou
           "only the daemon, and the client completes the epoch",
           "[integration][oom]") {
   if (::access("/usr/bin/prlimit", X_OK) != 0) {
-    WARN("prlimit not installed (util-linux); skipping");
-    return;
+    RINGLOADER_SKIP("prlimit not installed (util-linux)");
   }
   DaemonFixtureOptions options;
   options.images = 60;

@@ -351,7 +351,7 @@ TEST_CASE("hostile OpenStream requests: bad sizes, ranks, enums, negative values
          r.mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
          for (int i = 0; i < 3; ++i) r.mutable_spec()->add_std(0.0f);
        },
-       StatusCode::INVALID_ARGUMENT, "std: values must be > 0"},
+       StatusCode::INVALID_ARGUMENT, "std: values must be in [1e-06, 1e+06]"},
       {"NaN mean",
        [](auto& r) {
          r.mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
@@ -762,8 +762,7 @@ TEST_CASE("the socket is 0660 and each ring segment 0600, another user can conne
   }
 
   if (geteuid() != 0) {
-    WARN("not root: the other-user checks need to switch to uid 65534");
-    return;
+    RINGLOADER_SKIP("not root: the other-user checks need to switch to uid 65534");
   }
   // As another user (nobody): opening the segment and connecting to the socket are refused by the
   // modes alone (the socket's directory is made traversable for the check).

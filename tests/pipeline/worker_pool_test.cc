@@ -99,7 +99,7 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
         }
         if (control.Commit()) committed.fetch_add(1);
       },
-      [&](uint64_t i) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
   const auto took = std::chrono::steady_clock::now() - start;
   CHECK(abandoned == std::vector<uint64_t>{0});
   CHECK(committed.load() == 5);
@@ -140,7 +140,7 @@ TEST_CASE("WorkerPool: a task waiting for memory is not abandoned, and a committ
         }
         if (i == 1) finished = true;
       },
-      [&](uint64_t i) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
   CHECK(abandoned.empty());
   CHECK(finished.load());
 }
@@ -160,7 +160,7 @@ TEST_CASE("WorkerPool: AbandonUncommitted ends the wait for a stuck task at once
       [&](uint64_t, uint32_t, TaskControl&) {
         while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       },
-      [&](uint64_t i) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
   CHECK(abandoned == std::vector<uint64_t>{0});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   stop = true;
