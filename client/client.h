@@ -75,6 +75,7 @@ enum class ErrorCode {
   kDataLoss,           // on_error = "fail" and a sample failed; or a checksum mismatch
   kFailedPrecondition,
   kInternal,
+  kDeadlineExceeded,  // Stream::Next(timeout): no batch in time (the stream goes on)
 };
 const char* ErrorCodeName(ErrorCode code);
 
@@ -201,6 +202,10 @@ class Stream {
   ~Stream();  // closes the stream on the daemon (best effort)
   // The next batch, or std::nullopt after end_epoch. Throws Error (see the top of this file).
   std::optional<Batch> Next();
+  // The same, waiting at most `timeout` for the batch: then throws kDeadlineExceeded and the
+  // stream stays usable (the next call returns that batch). Reconnecting to a restarted daemon
+  // is bounded by reconnect_deadline, not by `timeout`.
+  std::optional<Batch> Next(std::chrono::milliseconds timeout);
   // Position of the next batch Next() will return.
   Position position() const;
   // A small serialised position (with the options it belongs to) for the trainer's checkpoint.

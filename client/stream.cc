@@ -151,7 +151,8 @@ struct Stream::Impl {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since);
         throw Error(ErrorCode::kUnavailable,
                     absl::StrCat("ringloaderd at ", connection->endpoint(), " unreachable for ",
-                                 Seconds(waited), " (reconnect_deadline ",
+                                 absl::StrFormat("%.1f s", static_cast<double>(waited.count()) / 1000),
+                                 " (reconnect_deadline ",
                                  Seconds(options.reconnect_deadline),
                                  "): ", DescribeStatus(last)));
       }
@@ -185,8 +186,10 @@ struct Stream::Impl {
     (void)connection->stub().CloseStream(&context, request, &response);
   }
 
-  std::optional<Batch> Next() {
+  // `timeout`: how long to wait for a batch (not counting reconnects); nullopt = for ever.
+  std::optional<Batch> Next(std::optional<std::chrono::milliseconds> timeout) {
     connection->CheckNotForked();
+    const auto give_up = timeout ? Clock::now() + *timeout : Clock::time_point::max();
     // One thread at a time: a second caller would reopen the stream under the first one.
     if (in_next.exchange(true)) {
       throw Error(ErrorCode::kFailedPrecondition,
@@ -198,10 +201,21 @@ struct Stream::Impl {
       ~Leave() { flag.store(false); }
     } leave{in_next};
     while (!ended) {
+      auto wait = kWait;
+      if (timeout) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
+        if (left.count() <= 0) {
+          throw Error(ErrorCode::kDeadlineExceeded,
+                      absl::StrCat("no batch within ", timeout->count(),
+                                   " ms (the stream goes on: call Next() again)"));
+        }
+        wait = std::min(wait, left);
+      }
       v1::NextBatchRequest request;
       request.set_stream_id(stream_id);
       request.set_incarnation(incarnation);
-      request.set_wait_ms(static_cast<uint32_t>(kWait.count()));
+      request.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(1, wait.count())));
       request.set_stream_token(token);
       for (const PendingRelease& r : releases->Drain()) {
         // Handles of an earlier stream or incarnation died with it: never send them.
@@ -310,7 +324,10 @@ Stream::Stream(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Stream::~Stream() {
   if (impl_) impl_->CloseQuietly();
 }
-std::optional<Batch> Stream::Next() { return impl_->Next(); }
+std::optional<Batch> Stream::Next() { return impl_->Next(std::nullopt); }
+std::optional<Batch> Stream::Next(std::chrono::milliseconds timeout) {
+  return impl_->Next(timeout);
+}
 Position Stream::position() const { return impl_->position; }
 std::string Stream::State() const {
   StreamOptions options = impl_->options;

@@ -24,9 +24,9 @@ class LoaderService final : public v1::Loader::Service {
                           v1::OpenStreamResponse* response) override {
     return ToGrpc(streams_.Open(*request, response, context->peer()));
   }
-  grpc::Status NextBatch(grpc::ServerContext*, const v1::NextBatchRequest* request,
+  grpc::Status NextBatch(grpc::ServerContext* context, const v1::NextBatchRequest* request,
                          v1::NextBatchResponse* response) override {
-    return ToGrpc(streams_.Next(*request, response));
+    return ToGrpc(streams_.Next(*request, response, [context] { return context->IsCancelled(); }));
   }
   grpc::Status ReleaseBatches(grpc::ServerContext*, const v1::ReleaseBatchesRequest* request,
                               v1::ReleaseBatchesResponse*) override {

@@ -32,6 +32,9 @@ v1::Position MakePosition(uint64_t epoch, uint64_t sequence, uint64_t cursor) {
   return p;
 }
 
+// How often a waiting NextBatch looks whether its call was cancelled.
+constexpr std::chrono::milliseconds kCancelCheck{50};
+
 }  // namespace
 
 Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reservation reservation,
@@ -300,7 +303,8 @@ v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
   return h;
 }
 
-absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out) {
+absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
+                          const std::function<bool()>& cancelled) {
   Touch();
   std::unique_lock<std::mutex> lock(mu_);
   if (next_busy_) {
@@ -347,9 +351,17 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out) {
           " ring slots; release batches (destroy Batch objects) before asking for more, or open "
           "the stream with more ring_slots"));
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      out->set_pending(true);
-      return absl::OkStatus();
+    // In short steps, so a call its client cancelled (or whose deadline passed) frees its
+    // handler at once instead of holding a server thread for the whole wait.
+    const auto step = std::min(deadline, std::chrono::steady_clock::now() + kCancelCheck);
+    if (cv_.wait_until(lock, step) == std::cv_status::timeout) {
+      if (cancelled && cancelled()) {
+        return absl::CancelledError(absl::StrCat("stream ", setup_.id, ": the call was cancelled"));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        out->set_pending(true);
+        return absl::OkStatus();
+      }
     }
   }
 }

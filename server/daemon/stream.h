@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,7 +82,10 @@ class Stream {
   // Leases the next batch into out->batch, or sets out->pending (nothing within `wait`) or
   // out->end_of_stream. DataLoss when on_error = "fail" and a sample failed (after the batches
   // before it were delivered). ResourceExhausted when the client holds every slot.
-  absl::Status Next(absl::Duration wait, v1::NextBatchResponse* out);
+  // `cancelled` (may be empty) is polled while waiting: once true, the call ends at once
+  // (Cancelled), so an abandoned call frees its handler.
+  absl::Status Next(absl::Duration wait, v1::NextBatchResponse* out,
+                    const std::function<bool()>& cancelled = {});
   // LEASED -> FREE for a handle of this stream. FailedPrecondition for a double or stale release.
   absl::Status Release(uint32_t slot, uint64_t ring_sequence);
 

@@ -176,6 +176,17 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   const uint64_t shard_size =
       pipeline::EpochShard::ShardSize(dataset.size(), spec.world_size(), spec.drop_last());
+  // A mistaken world size or batch size must not train on nothing, silently.
+  if (shard_size == 0 || (spec.drop_last() && shard_size < spec.batch_size())) {
+    return Reject(absl::InvalidArgumentError(absl::StrCat(
+        "rank ", spec.rank(), " of world_size ", spec.world_size(), " gets ", shard_size,
+        " of the ", dataset.size(), " samples of dataset \"", spec.dataset(), "\": ",
+        shard_size == 0 ? "no batch at all"
+                        : absl::StrCat("with drop_last, no full batch of batch_size ",
+                                       spec.batch_size()),
+        " (lower batch_size or world_size", spec.drop_last() ? ", or turn drop_last off" : "",
+        ")")));
+  }
   if (request.start().cursor() > shard_size) {
     return Reject(absl::InvalidArgumentError(
         absl::StrCat("start.cursor: must be <= the shard size ", shard_size, " (got ",
@@ -369,7 +380,8 @@ absl::StatusOr<std::shared_ptr<Stream>> StreamManager::Find(uint64_t stream_id,
 }
 
 absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
-                                 v1::NextBatchResponse* response) {
+                                 v1::NextBatchResponse* response,
+                                 const std::function<bool()>& cancelled) {
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       Find(request.stream_id(), request.incarnation(), request.stream_token());
   if (!stream.ok()) return Reject(stream.status());
@@ -383,7 +395,7 @@ absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
   uint32_t wait_ms = request.wait_ms() == 0 ? deps_.config->server.max_wait_ms
                                             : std::min(request.wait_ms(),
                                                        deps_.config->server.max_wait_ms);
-  absl::Status s = (*stream)->Next(absl::Milliseconds(wait_ms), response);
+  absl::Status s = (*stream)->Next(absl::Milliseconds(wait_ms), response, cancelled);
   if (!s.ok() && s.code() != absl::StatusCode::kDataLoss) return Reject(s);
   return s;
 }

@@ -69,7 +69,9 @@ class StreamManager {
   // `peer` is the caller's gRPC peer string (ServerContext::peer()); see ClientKeyOfPeer.
   absl::Status Open(const v1::OpenStreamRequest& request, v1::OpenStreamResponse* response,
                     const std::string& peer = "");
-  absl::Status Next(const v1::NextBatchRequest& request, v1::NextBatchResponse* response);
+  // `cancelled`: see Stream::Next.
+  absl::Status Next(const v1::NextBatchRequest& request, v1::NextBatchResponse* response,
+                    const std::function<bool()>& cancelled = {});
   absl::Status Release(const v1::ReleaseBatchesRequest& request);
   absl::Status Close(const v1::CloseStreamRequest& request);
   void Stats(v1::GetStatsResponse* response);

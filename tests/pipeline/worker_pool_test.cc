@@ -92,9 +92,14 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
       6, std::chrono::milliseconds(300),
       [&](uint64_t i, uint32_t, TaskControl& control) {
         if (i == 0) {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return release; });
-          stuck_commit_result = control.Commit() ? 1 : 0;
+          // Copied before blocking: once abandoned, this closure is gone (see worker_pool.h).
+          std::mutex* m = &mu;
+          std::condition_variable* c = &cv;
+          bool* go = &release;
+          std::atomic<int>* result = &stuck_commit_result;
+          std::unique_lock<std::mutex> lock(*m);
+          c->wait(lock, [go] { return *go; });
+          *result = control.Commit() ? 1 : 0;
           return;
         }
         if (control.Commit()) committed.fetch_add(1);
@@ -158,7 +163,8 @@ TEST_CASE("WorkerPool: AbandonUncommitted ends the wait for a stuck task at once
   pool.ParallelForWithDeadline(
       1, std::chrono::milliseconds(0),  // no deadline: only shutdown ends it
       [&](uint64_t, uint32_t, TaskControl&) {
-        while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        std::atomic<bool>* go = &stop;  // copied before blocking: see worker_pool.h
+        while (!go->load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       },
       [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
   CHECK(abandoned == std::vector<uint64_t>{0});
