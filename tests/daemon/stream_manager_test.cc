@@ -396,7 +396,10 @@ TEST_CASE("StreamManager: the reaper closes an idle stream and returns its memor
           r.set_ring_sequence(next.batch().ring_sequence());
           releases.push_back(r);
         }
-        return h.manager->open_streams() == 1;
+        // The effects themselves, not a proxy: the stream leaves the table before it is stopped,
+        // and its segment and memory go only when it is.
+        return h.manager->open_streams() == 1 && !SegmentExists(idle.segment_name()) &&
+               h.budget->reserved() == one;
       },
       std::chrono::seconds(8)));
   CHECK_FALSE(SegmentExists(idle.segment_name()));
