@@ -106,6 +106,8 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           const image::DecodeLimits limits = request.limits ? *request.limits : default_limits_;
           const image::TransformSpec transform = request.transform;
           DecodeMemory* const memory = options_.memory;
+          SampleObserver* const sample_observer = observer;
+          const Dataset* const sample_dataset = &dataset;
           uint64_t drawn = 0;
           uint64_t libjpeg_cap = 0;  // given to the decoder once committed
           bool committed = false;
@@ -120,7 +122,8 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             if (drawn > 0) memory->Release(drawn);
             drawn = 0;
           };
-          if (observer != nullptr) observer->BeforeRead(dataset, index);
+          control.Checkpoint();  // from here: only locals until the commit (see above)
+          if (sample_observer != nullptr) sample_observer->BeforeRead(*sample_dataset, index);
           if (control.Abandoned()) return;
           absl::StatusOr<image::SampleFile> file = image::SampleFile::Open(path, limits.max_file_bytes);
           if (control.Abandoned()) return;

@@ -29,7 +29,17 @@ using Clock = std::chrono::steady_clock;
 // holds a generation (bumped by every EndWait), so exactly one of "the task finished" and "the
 // caller gave up on it" happens, and a caller that read the start time of an earlier running
 // phase cannot abandon a later one.
-enum Phase : uint64_t { kRunning = 0, kWaiting = 1, kCommitted = 2, kAbandoned = 3, kDone = 4 };
+// kStarting: the task has not yet said (Checkpoint) that it copied what it needs from its caller;
+// until then it is never abandoned, so that everything it read happens-before the caller moves on
+// (the caller's compare-exchange acquires what the task's Checkpoint released).
+enum Phase : uint64_t {
+  kRunning = 0,
+  kWaiting = 1,
+  kCommitted = 2,
+  kAbandoned = 3,
+  kDone = 4,
+  kStarting = 5,
+};
 constexpr uint64_t kPhaseMask = 0xff;
 constexpr uint64_t kGeneration = 0x100;
 
@@ -50,25 +60,32 @@ constexpr std::chrono::milliseconds kCheckInterval{100};
 }  // namespace
 
 struct TaskControl::State {
-  std::atomic<uint64_t> word{kRunning};  // phase | generation
+  std::atomic<uint64_t> word{kStarting};  // phase | generation
   std::atomic<int64_t> start_ns{0};      // when the deadline started counting
   std::atomic<uint64_t> drawn{0};        // see TaskControl::SetDrawn
   uint64_t index = 0;
   uint32_t worker_id = 0;
 
-  // kRunning -> `to` for the current generation; false if the task is in another phase.
-  bool FromRunning(Phase to) {
+  // kStarting or kRunning -> `to` for the current generation; false in any other phase.
+  bool FromActive(Phase to) {
     uint64_t w = word.load();
-    while (PhaseOf(w) == kRunning) {
+    while (PhaseOf(w) == kRunning || PhaseOf(w) == kStarting) {
       if (word.compare_exchange_weak(w, WithPhase(w, to))) return true;
     }
     return false;
   }
 };
 
-bool TaskControl::Commit() { return state_->FromRunning(kCommitted); }
+bool TaskControl::Commit() { return state_->FromActive(kCommitted); }
 
-bool TaskControl::BeginWait() { return state_->FromRunning(kWaiting); }
+bool TaskControl::BeginWait() { return state_->FromActive(kWaiting); }
+
+void TaskControl::Checkpoint() {
+  uint64_t w = state_->word.load();
+  while (PhaseOf(w) == kStarting &&
+         !state_->word.compare_exchange_weak(w, WithPhase(w, kRunning))) {
+  }
+}
 
 void TaskControl::EndWait() {
   state_->start_ns.store(NowNs());

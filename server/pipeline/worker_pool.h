@@ -26,6 +26,10 @@ class TaskControl {
  public:
   struct State;
   explicit TaskControl(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // The task has copied everything it needs from its caller (its captures) into its own locals:
+  // only from here on may it be abandoned. A task that never calls it is waited for like a
+  // committed one.
+  void Checkpoint();
   // The task is about to write the caller's data. False when it was abandoned: it must then
   // return at once, touching nothing of the caller's (its captures may be gone).
   bool Commit();

@@ -97,6 +97,7 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
           std::condition_variable* c = &cv;
           bool* go = &release;
           std::atomic<int>* result = &stuck_commit_result;
+          control.Checkpoint();
           std::unique_lock<std::mutex> lock(*m);
           c->wait(lock, [go] { return *go; });
           *result = control.Commit() ? 1 : 0;
@@ -162,8 +163,9 @@ TEST_CASE("WorkerPool: AbandonUncommitted ends the wait for a stuck task at once
   const auto start = std::chrono::steady_clock::now();
   pool.ParallelForWithDeadline(
       1, std::chrono::milliseconds(0),  // no deadline: only shutdown ends it
-      [&](uint64_t, uint32_t, TaskControl&) {
+      [&](uint64_t, uint32_t, TaskControl& control) {
         std::atomic<bool>* go = &stop;  // copied before blocking: see worker_pool.h
+        control.Checkpoint();
         while (!go->load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       },
       [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
