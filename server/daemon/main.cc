@@ -10,7 +10,11 @@
 int main(int argc, char** argv) {
   ringloader::server::DaemonOptions options;
   bool supervise = false;
-  CLI::App app{"ringloaderd: decodes and batches training images into shared memory"};
+  CLI::App app{
+      "ringloaderd: decodes and batches training images into shared memory.\n"
+      "SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config (log_level and new [[datasets]]\n"
+      "apply at once, other changes are logged as needing a restart). Clients hold a session for\n"
+      "their life: a dead trainer's streams are closed at once. See config/ringloaderd.toml."};
   app.add_option("--config", options.config_path, "TOML config file")->required();
   app.add_option("--listen", options.listen_override, "unix:PATH or HOST:PORT (overrides config)");
   app.add_flag("--supervise", supervise, "run the daemon as a child and restart it when it dies");
