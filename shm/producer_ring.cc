@@ -245,15 +245,6 @@ absl::Status ProducerRing::Release(uint32_t slot, uint64_t ring_sequence) {
                                     SlotState::kFree, " (double release?)");
 }
 
-SlotState ProducerRing::ForceFree(uint32_t slot) {
-  Impl& r = *impl_;
-  if (!r.CheckIndex(slot).ok()) return SlotState::kFree;
-  const uint32_t old =
-      r.state(slot).exchange(static_cast<uint32_t>(SlotState::kFree), std::memory_order_acq_rel);
-  internal::FutexWakeAll(r.state(slot));
-  return static_cast<SlotState>(old);
-}
-
 SlotInfo ProducerRing::Slot(uint32_t slot) const {
   return internal::ReadSlotInfo(impl_->slots[slot]);
 }

@@ -101,9 +101,6 @@ class ProducerRing {
   // LEASED -> FREE, only if the slot holds `ring_sequence` (a double release or a stale handle is
   // FailedPrecondition and changes nothing).
   absl::Status Release(uint32_t slot, uint64_t ring_sequence);
-  // Any state -> FREE (reclaiming a dead client's leases). Returns the state it was in (kFree for
-  // an out-of-range slot).
-  SlotState ForceFree(uint32_t slot);
 
   SlotInfo Slot(uint32_t slot) const;
   // Stores now (ms since the epoch) into the header's heartbeat word.

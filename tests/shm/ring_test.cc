@@ -180,16 +180,6 @@ TEST_CASE("SlotRing: sequence numbers only grow, per slot and as published", "[s
   CHECK(ring->Publish(0, last[0] + 100, 10).ok());
 }
 
-TEST_CASE("SlotRing: ForceFree reclaims a lease and old handles stay refused", "[shm]") {
-  auto ring = MakeRing(2);
-  FillAndPublish(*ring, 0, 1);
-  REQUIRE(ring->Lease(0, 1).ok());
-  CHECK(ring->ForceFree(0) == SlotState::kLeased);
-  CHECK(ring->Slot(0).state == SlotState::kFree);
-  CHECK(absl::IsFailedPrecondition(ring->Release(0, 1)));
-  CHECK(ring->ForceFree(1) == SlotState::kFree);
-}
-
 TEST_CASE("ConsumerRing: Verify catches a payload changed after publication", "[shm]") {
   auto ring = MakeRing(1);
   FillAndPublish(*ring, 0, 77, 4096);
