@@ -1,4 +1,5 @@
 // Batch: views into a mapped ring slot, built from a handle that is checked field by field.
+#include <algorithm>
 #include <limits>
 
 #include "absl/status/status.h"
@@ -73,11 +74,12 @@ absl::StatusOr<TensorView> MakeView(absl::string_view name, const v1::TensorView
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
-    const v1::BatchHandle& handle, const StreamOptions& options,
-    std::shared_ptr<const shm::ConsumerRing> ring) {
-  if (handle.slot() >= ring->slot_count()) {
-    return Bad("slot", absl::StrCat(handle.slot(), " >= slot_count ", ring->slot_count()));
+absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle& handle,
+                                                           const StreamOptions& options,
+                                                           uint32_t slot_count,
+                                                           std::span<const uint8_t> payload) {
+  if (handle.slot() >= slot_count) {
+    return Bad("slot", absl::StrCat(handle.slot(), " >= slot_count ", slot_count));
   }
   const uint64_t n = handle.sample_count();
   if (n == 0 || n > options.batch_size) {
@@ -92,8 +94,6 @@ absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
   const std::vector<uint64_t> image_shape = options.layout == Layout::kNCHW
                                                 ? std::vector<uint64_t>{n, 3, s, s}
                                                 : std::vector<uint64_t>{n, s, s, 3};
-  const std::span<const uint8_t> payload = ring->Payload(handle.slot());
-
   auto impl = std::make_unique<Batch::Impl>();
   auto images = MakeView("images", handle.images(), options.dtype, image_shape, payload);
   if (!images.ok()) return images.status();
@@ -110,9 +110,11 @@ absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
                     handle.position().cursor()};
   impl->next = {handle.next().epoch(), handle.next().sequence(), handle.next().cursor()};
   impl->last_in_epoch = handle.last_in_epoch();
-  impl->lease = {handle.stream_id(), handle.incarnation(), handle.slot(), handle.ring_sequence()};
+  impl->incarnation = handle.incarnation();
+  impl->used_bytes = std::max({handle.images().offset() + handle.images().bytes(),
+                               handle.labels().offset() + handle.labels().bytes(),
+                               handle.indices().offset() + handle.indices().bytes()});
   impl->relative_paths.assign(handle.relative_paths().begin(), handle.relative_paths().end());
-  impl->ring = std::move(ring);
   return impl;
 }
 
@@ -138,7 +140,7 @@ uint32_t Batch::size() const { return impl().size; }
 const Position& Batch::position() const { return impl().position; }
 const Position& Batch::next() const { return impl().next; }
 bool Batch::last_in_epoch() const { return impl().last_in_epoch; }
-uint64_t Batch::incarnation() const { return impl().lease.incarnation; }
+uint64_t Batch::incarnation() const { return impl().incarnation; }
 const uint8_t* Batch::sample_image(uint32_t i) const {
   if (i >= impl().size) return nullptr;
   return impl().images.data<uint8_t>() + i * impl().sample_image_bytes;

@@ -18,6 +18,16 @@
 // readable (their segment stays mapped until released). Only when the daemon stays unreachable past
 // StreamOptions::reconnect_deadline does Next() throw (ErrorCode::kUnavailable, saying so).
 //
+// Holding batches: a Batch keeps its ring slot until destroyed, and any number may be kept for any
+// time without stopping the stream. The daemon fills whichever slots are free; when this process
+// holds all but two slots (all but one of a 2-slot ring), Next() first copies its oldest held
+// batch out of the ring into private memory at the same addresses (every pointer into it stays
+// valid, the bytes do not change) and gives the slot back. A copy costs one memcpy of the batch
+// and the batch's size in this process's memory until it is destroyed; Stream::copies() and the
+// daemon's stats count them. A trainer that lets each batch go before taking the next but one
+// never copies. Copy-outs happen inside Next(): another thread writing to a held batch (with
+// writable_batches) while Next() runs may lose that write.
+//
 // Leases: a Client holds one session with the daemon (a call kept open by a background thread for
 // the Client's life, started with the first Open). When the process exits or is killed, the daemon
 // sees the connection drop and closes its streams at once, so a restarted trainer finds its memory
@@ -153,6 +163,12 @@ struct StreamOptions {
   std::chrono::milliseconds reconnect_deadline = std::chrono::seconds(60);
   // Verify each batch's checksum against the slot descriptor (costs one pass over the bytes).
   bool verify_checksums = false;
+  // Batches are writable: each slot is mapped copy-on-write, so a write lands in pages private
+  // to this process (never in the ring, never seen by other readers) and is dropped when the
+  // batch is released; the slot's next batch reads the daemon's bytes again. Costs page faults
+  // on every batch's first reads and writes (bench/ring_bench prints how much); off: batches are
+  // read-only and a write faults (SIGSEGV), with no per-batch cost.
+  bool writable_batches = false;
   // The dataset's fingerprint (Stream::dataset_fingerprint()) when the position in `start` was
   // saved; 0 = do not check. Kept in State(). If the daemon's dataset now differs (files added,
   // removed or renamed), Open() fails with kFailedPrecondition "dataset ... changed": resuming
@@ -166,7 +182,8 @@ struct StreamOptions {
 
 class Stream;
 
-// One batch, in place in the read-only mapped ring. Releases its slot when destroyed.
+// One batch, in place in the read-only mapped ring (or copied out of it: see "Holding batches").
+// Releases its slot when destroyed.
 // Move-only. Stays readable even if the daemon dies, until destroyed. A moved-from Batch reads
 // as an empty one (size 0, empty views, sample_image() null).
 class Batch {
@@ -213,6 +230,8 @@ class Stream {
   const StreamOptions& options() const;
   // Daemon reconnects this stream has survived.
   uint64_t reconnects() const;
+  // Held batches copied out of the ring so far (see "Holding batches" at the top of this file).
+  uint64_t copies() const;
   // The fingerprint of the dataset this stream reads (see StreamOptions::dataset_fingerprint).
   uint64_t dataset_fingerprint() const;
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "client/client.h"
+#include "client/held_batches.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "shm/ring.h"
 
@@ -90,53 +92,28 @@ class Connection {
   bool stopping_ ABSL_GUARDED_BY(session_mu_) = false;
 };
 
-// A handle a destroyed Batch gives back. Names the lease exactly (stream, incarnation, slot,
-// ring_sequence), so releases of an old stream or incarnation are recognised and dropped.
-struct PendingRelease {
-  uint64_t stream_id = 0;
-  uint64_t incarnation = 0;
-  uint32_t slot = 0;
-  uint64_t ring_sequence = 0;
-};
-
-// Releases queued by Batch destructors (any thread), drained by Stream::Next() (one thread).
-class ReleaseQueue {
- public:
-  void Push(const PendingRelease& release) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(release);
-  }
-  std::vector<PendingRelease> Drain() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(pending_, {});
-  }
-
- private:
-  std::mutex mu_;  // std::, not absl::: see Connection::mu_
-  std::vector<PendingRelease> pending_ ABSL_GUARDED_BY(mu_);
-};
-
 struct Batch::Impl {
   ~Impl() {
-    if (releases) releases->Push(lease);
+    if (held) held->BatchDestroyed();
   }
-  std::shared_ptr<const shm::ConsumerRing> ring;  // keeps the slot's memory mapped
-  std::shared_ptr<ReleaseQueue> releases;
-  PendingRelease lease;
+  std::shared_ptr<HeldBatch> held;  // its slot (or its copy); null until delivered
   TensorView images, labels, indices;
   uint32_t size = 0;
   uint64_t sample_image_bytes = 0;
+  uint64_t used_bytes = 0;  // of the slot: the end of the last tensor
+  uint64_t incarnation = 0;
   Position position, next;
   bool last_in_epoch = false;
   std::vector<std::string> relative_paths;  // empty, or one per sample
 };
 
-// Checks a handle against the mapped ring and the stream's options and builds the Batch's views.
-// Never trusts the wire: every offset, shape and byte count must agree and lie inside the slot.
-// InvalidArgument/Internal naming the bad field otherwise.
-absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(
-    const v1::BatchHandle& handle, const StreamOptions& options,
-    std::shared_ptr<const shm::ConsumerRing> ring);
+// Checks a handle against the ring's geometry and the stream's options and builds the Batch's
+// views into `payload` (the slot's mapping). Never trusts the wire: every offset, shape and byte
+// count must agree and lie inside the slot. Internal naming the bad field otherwise.
+absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle& handle,
+                                                           const StreamOptions& options,
+                                                           uint32_t slot_count,
+                                                           std::span<const uint8_t> payload);
 
 // Client::Open's body: validates, opens (retrying until options.reconnect_deadline), throws Error.
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,

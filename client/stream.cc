@@ -1,6 +1,7 @@
 // Stream: opening, pulling batches, and surviving the daemon's death (see client.h).
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <random>
 #include <thread>
@@ -117,6 +118,9 @@ struct Stream::Impl {
     }
     missing_segments = 0;
     ring = *std::move(mapped);
+    views = std::make_shared<SlotViews>(ring, options.writable_batches
+                                                  ? shm::SlotAccess::kCopyOnWrite
+                                                  : shm::SlotAccess::kReadOnly);
     return grpc::Status::OK;
   }
 
@@ -175,6 +179,7 @@ struct Stream::Impl {
     if (!open) return;
     open = false;
     ring.reset();  // our own mapping, in the child too
+    views.reset();
     if (connection->InForkedChild()) return;
     v1::CloseStreamRequest request;
     request.set_stream_id(stream_id);
@@ -217,12 +222,14 @@ struct Stream::Impl {
       request.set_incarnation(incarnation);
       request.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(1, wait.count())));
       request.set_stream_token(token);
+      CopyOutHeldBatches();
       for (const PendingRelease& r : releases->Drain()) {
         // Handles of an earlier stream or incarnation died with it: never send them.
         if (r.stream_id != stream_id || r.incarnation != incarnation) continue;
         v1::Release* release = request.add_releases();
         release->set_slot(r.slot);
         release->set_ring_sequence(r.ring_sequence);
+        release->set_copied_out(r.copied_out);
       }
       grpc::ClientContext context;
       const auto call_started = Clock::now();
@@ -257,6 +264,33 @@ struct Stream::Impl {
     return std::nullopt;
   }
 
+  // Keeps at most MaxHeldInRing() of this stream's delivered batches in the ring, copying the
+  // oldest of the others out (see client/held_batches.h). Their releases go with the next request.
+  void CopyOutHeldBatches() {
+    std::vector<std::shared_ptr<HeldBatch>> in_ring;
+    for (auto it = held.begin(); it != held.end();) {
+      std::shared_ptr<HeldBatch> h = it->lock();
+      // Batches of an earlier stream or incarnation hold no slot of this ring.
+      if (!h || !h->in_ring() || h->lease().stream_id != stream_id ||
+          h->lease().incarnation != incarnation) {
+        it = held.erase(it);
+        continue;
+      }
+      in_ring.push_back(std::move(h));
+      ++it;
+    }
+    const size_t keep = MaxHeldInRing(ring->slot_count());
+    for (size_t i = 0; i + keep < in_ring.size(); ++i) {
+      absl::StatusOr<bool> copied = in_ring[i]->CopyOut();
+      if (!copied.ok()) {
+        throw Error(ErrorCode::kResourceExhausted,
+                    absl::StrCat("cannot copy a held batch out of the ring to free its slot (",
+                                 copied.status().message(), "); release batches you keep"));
+      }
+      if (*copied) copies.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
   Batch Deliver(const v1::BatchHandle& handle) {
     if (handle.stream_id() != stream_id || handle.incarnation() != incarnation) {
       throw Error(ErrorCode::kInternal,
@@ -266,11 +300,26 @@ struct Stream::Impl {
     }
     const PendingRelease lease{handle.stream_id(), handle.incarnation(), handle.slot(),
                                handle.ring_sequence()};
-    auto impl = MakeBatchImpl(handle, options, ring);
-    if (!impl.ok()) {
+    // Every refusal below gives the slot straight back.
+    shm::SlotMapping view;
+    auto refuse = [&](ErrorCode code, std::string message) -> Error {
+      if (view.data() != nullptr) views->Give(lease.slot, std::move(view));
       releases->Push(lease);
-      throw Error(ErrorCode::kInternal, std::string(impl.status().message()));
+      return Error(code, std::move(message));
+    };
+    if (handle.slot() >= ring->slot_count()) {
+      throw refuse(ErrorCode::kInternal,
+                   absl::StrCat("daemon sent an invalid batch handle: slot ", handle.slot(),
+                                " >= slot_count ", ring->slot_count()));
     }
+    absl::StatusOr<shm::SlotMapping> taken = views->Take(handle.slot());
+    if (!taken.ok()) {
+      throw refuse(ErrorCode::kResourceExhausted,
+                   absl::StrCat("cannot map a ring slot: ", taken.status().message()));
+    }
+    view = *std::move(taken);
+    auto impl = MakeBatchImpl(handle, options, ring->slot_count(), view.bytes());
+    if (!impl.ok()) throw refuse(ErrorCode::kInternal, std::string(impl.status().message()));
     // Batches come in order with no gap: exactly the position we asked for, or the next epoch's
     // first batch when the rest of this epoch yielded none (a dropped or all-bad tail). Anything
     // else means batches went elsewhere: fail loudly rather than train on a hole.
@@ -278,28 +327,30 @@ struct Stream::Impl {
     const bool expected = at == position || (at.epoch == position.epoch + 1 && at.sequence == 0 &&
                                              at.cursor == 0 && position.sequence > 0);
     if (!expected) {
-      releases->Push(lease);
-      throw Error(ErrorCode::kDataLoss,
-                  absl::StrCat("batch gap: expected epoch ", position.epoch, " sequence ",
-                               position.sequence, " cursor ", position.cursor,
-                               ", the daemon sent epoch ", at.epoch, " sequence ", at.sequence,
-                               " cursor ", at.cursor));
+      throw refuse(ErrorCode::kDataLoss,
+                   absl::StrCat("batch gap: expected epoch ", position.epoch, " sequence ",
+                                position.sequence, " cursor ", position.cursor,
+                                ", the daemon sent epoch ", at.epoch, " sequence ", at.sequence,
+                                " cursor ", at.cursor));
     }
     if (options.verify_checksums) {
-      absl::Status verified = ring->Verify(handle.slot(), handle.ring_sequence());
+      absl::Status verified = ring->Verify(handle.slot(), handle.ring_sequence(), view.bytes());
       if (verified.ok() && ring->Slot(handle.slot()).checksum != handle.payload_checksum()) {
         verified = absl::DataLossError(
             absl::StrCat("slot ", handle.slot(), ": handle checksum ", handle.payload_checksum(),
                          " != descriptor checksum ", ring->Slot(handle.slot()).checksum));
       }
       if (!verified.ok()) {
-        releases->Push(lease);
-        throw Error(ErrorCode::kDataLoss,
-                    absl::StrCat("batch checksum mismatch: ", verified.message()));
+        throw refuse(ErrorCode::kDataLoss,
+                     absl::StrCat("batch checksum mismatch: ", verified.message()));
       }
     }
     position = (*impl)->next;
-    (*impl)->releases = releases;  // from here on the Batch returns its slot when destroyed
+    // From here on the Batch returns its slot when destroyed.
+    auto claim = std::make_shared<HeldBatch>(std::move(view), views, releases, lease,
+                                             (*impl)->used_bytes);
+    held.push_back(claim);
+    (*impl)->held = std::move(claim);
     return Batch(*std::move(impl));
   }
 
@@ -314,7 +365,10 @@ struct Stream::Impl {
   bool open = false;
   bool ended = false;
   std::shared_ptr<const shm::ConsumerRing> ring;
+  std::shared_ptr<SlotViews> views;  // of `ring`
   const std::shared_ptr<ReleaseQueue> releases = std::make_shared<ReleaseQueue>();
+  std::deque<std::weak_ptr<HeldBatch>> held;  // delivered batches of this stream, oldest first
+  std::atomic<uint64_t> copies{0};
   std::atomic<uint64_t> reconnects{0};
   std::atomic<bool> in_next{false};
   Backoff backoff;
@@ -337,6 +391,7 @@ std::string Stream::State() const {
 uint64_t Stream::dataset_fingerprint() const { return impl_->fingerprint; }
 const StreamOptions& Stream::options() const { return impl_->options; }
 uint64_t Stream::reconnects() const { return impl_->reconnects.load(std::memory_order_relaxed); }
+uint64_t Stream::copies() const { return impl_->copies.load(std::memory_order_relaxed); }
 
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
                                    const StreamOptions& options) {

@@ -16,6 +16,7 @@ struct ConsumerRing::Impl {
   const RingHeader* header = nullptr;
   const SlotDescriptor* slots = nullptr;
   const uint8_t* payload = nullptr;
+  uint64_t payload_offset = 0;
   // Copied from the header once validated; the creator never changes them.
   uint32_t slot_count = 0;
   uint64_t slot_bytes = 0;
@@ -106,6 +107,7 @@ absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
   impl->header = header;
   impl->slots = reinterpret_cast<const SlotDescriptor*>(segment->base() + g->slots_offset);
   impl->payload = segment->base() + g->payload_offset;
+  impl->payload_offset = g->payload_offset;
   impl->slot_count = header->slot_count;
   impl->slot_bytes = header->slot_bytes;
   impl->incarnation = header->incarnation;
@@ -133,7 +135,23 @@ SlotInfo ConsumerRing::Slot(uint32_t slot) const {
   return internal::ReadSlotInfo(impl_->slots[slot]);
 }
 
+absl::StatusOr<SlotMapping> ConsumerRing::MapSlot(uint32_t slot, SlotAccess access) const {
+  const Impl& r = *impl_;
+  if (slot >= r.slot_count) {
+    return absl::OutOfRangeError(absl::StrCat("segment ", r.name, ": slot ", slot,
+                                              " out of range (slot_count ", r.slot_count, ")"));
+  }
+  return SlotMapping::Map(r.segment.fd.get(), r.payload_offset + uint64_t{slot} * r.slot_bytes,
+                          r.slot_bytes, access, absl::StrCat("segment ", r.name, " slot ", slot));
+}
+
 absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence) const {
+  if (slot >= impl_->slot_count) return Verify(slot, ring_sequence, {});
+  return Verify(slot, ring_sequence, Payload(slot));
+}
+
+absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence,
+                                  std::span<const uint8_t> payload) const {
   const Impl& r = *impl_;
   if (slot >= r.slot_count) {
     return absl::OutOfRangeError(absl::StrCat("segment ", r.name, ": slot ", slot,
@@ -154,7 +172,11 @@ absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence) const {
     return absl::DataLossError(
         absl::StrCat(where, "payload bytes ", bytes, " exceed slot bytes ", r.slot_bytes));
   }
-  const uint64_t actual = Checksum({r.payload + uint64_t{slot} * r.slot_bytes, bytes});
+  if (bytes > payload.size()) {
+    return absl::DataLossError(absl::StrCat(where, "payload bytes ", bytes, " exceed the ",
+                                            payload.size(), " bytes mapped"));
+  }
+  const uint64_t actual = Checksum(payload.first(bytes));
   // Seqlock-style re-check: if the daemon reclaimed and refilled the slot while we hashed, the
   // checksum would be meaningless. Sequences only grow per slot, so an equal one means no reuse.
 #if defined(__SANITIZE_THREAD__)

@@ -22,7 +22,8 @@
 //
 // Slot indexes: the status-returning methods answer OutOfRange for slot >= slot_count(); the
 // others (Payload, Slot, WaitForState) REQUIRE a valid index.
-// Both sides map with MAP_POPULATE, so no page faults happen on the first write/read of a slot.
+// The producer maps with MAP_POPULATE, so no page faults happen on the first write of a slot;
+// trainers read payloads through per-slot mappings (MapSlot), populated once and reused.
 
 #include <sys/types.h>
 
@@ -36,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "shm/slot_mapping.h"
 
 namespace ringloader::shm {
 
@@ -142,12 +144,20 @@ class ConsumerRing {
   uint64_t heartbeat_ms() const;
 
   // The whole capacity of `slot` (slot_bytes() bytes); the batch is the first
-  // Slot(slot).payload_bytes of it. Writing through it faults (SIGSEGV).
+  // Slot(slot).payload_bytes of it. Writing through it faults (SIGSEGV). Pages are mapped as
+  // they are first read.
   // REQUIRES: slot < slot_count().
   std::span<const uint8_t> Payload(uint32_t slot) const;
+  // A mapping of `slot`'s payload of its own (slot_bytes() bytes), independent of this object's
+  // lifetime: what a trainer's batch views, so that it can be copied out of the ring in place.
+  // OutOfRange for a bad slot; the mmap error otherwise.
+  absl::StatusOr<SlotMapping> MapSlot(uint32_t slot, SlotAccess access) const;
   SlotInfo Slot(uint32_t slot) const;
   // DataLoss if the slot does not hold `ring_sequence` or its payload's checksum does not match.
   absl::Status Verify(uint32_t slot, uint64_t ring_sequence) const;
+  // The same, hashing `payload` (a MapSlot() view of `slot`) instead of this object's mapping.
+  absl::Status Verify(uint32_t slot, uint64_t ring_sequence,
+                      std::span<const uint8_t> payload) const;
   // Futex wait until the slot's state is `state` (true) or `timeout` passes (false). Seeing the
   // state says nothing about which batch: check Slot(slot).ring_sequence afterwards.
   bool WaitForState(uint32_t slot, SlotState state, std::chrono::microseconds timeout) const;

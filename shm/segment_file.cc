@@ -86,10 +86,13 @@ absl::StatusOr<MappedSegment> MapReadOnly(const Object& obj, const std::string& 
   MappedSegment seg;
   seg.file_bytes = static_cast<uint64_t>(st.st_size);
   if (seg.file_bytes < min_bytes) return seg;
+  const int fd = ::fcntl(obj.get_mapping_handle().handle, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("segment ", name, ": dup descriptor"));
+  seg.fd = OwnedFd(fd);
   try {
-    // MAP_POPULATE for the same reason as in PrepareAndMap: no page faults on the first read.
-    seg.region = bip::mapped_region(obj, bip::read_only, 0, static_cast<size_t>(seg.file_bytes),
-                                    nullptr, MAP_POPULATE);
+    // Not populated: trainers read payloads through per-slot mappings (shm/slot_mapping.h), so
+    // populating this one would map every payload page twice.
+    seg.region = bip::mapped_region(obj, bip::read_only, 0, static_cast<size_t>(seg.file_bytes));
   } catch (const bip::interprocess_exception& e) {
     return BoostStatus(e, absl::StrCat("segment ", name, ": mmap read-only"));
   }
@@ -97,6 +100,18 @@ absl::StatusOr<MappedSegment> MapReadOnly(const Object& obj, const std::string& 
 }
 
 }  // namespace
+
+OwnedFd::~OwnedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
 
 std::optional<Geometry> ComputeGeometry(uint32_t slot_count, uint64_t slot_bytes,
                                         uint64_t page_bytes) {

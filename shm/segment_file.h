@@ -5,7 +5,8 @@
 // Boost.Interprocess (shared_memory_object + mapped_region). For any other directory (tests inject
 // a small tmpfs or a temp dir) it is a regular file "<shm_dir><name>" mapped through
 // boost::interprocess::file_mapping + mapped_region. Everything else is the same code.
-// The file descriptor is closed once the mapping exists; the mapping lives on by itself.
+// The producer's file descriptor is closed once the mapping exists; a consumer keeps its
+// (read-only) descriptor to map single slots later (shm/slot_mapping.h).
 
 #include <sys/types.h>
 
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,9 +25,24 @@
 
 namespace ringloader::shm::internal {
 
+// A file descriptor closed on destruction. Movable.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  explicit OwnedFd(int fd) : fd_(fd) {}
+  ~OwnedFd();
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  OwnedFd& operator=(OwnedFd&& other) noexcept;
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
 // A mapped segment; unmapped on destruction. Movable.
 struct MappedSegment {
   boost::interprocess::mapped_region region;
+  OwnedFd fd;  // read-only opens only: a descriptor of the file, to map slots with
   uint64_t file_bytes = 0;  // size of the file when it was mapped (>= mapped bytes)
 
   uint8_t* base() const { return static_cast<uint8_t*>(region.get_address()); }
@@ -45,8 +62,9 @@ absl::StatusOr<MappedSegment> CreateSegment(const std::string& shm_dir, const st
                                             mode_t mode, std::optional<gid_t> group,
                                             uint64_t bytes);
 
-// Opens an existing segment and maps the whole file PROT_READ. A file shorter than `min_bytes`
-// is not mapped: `file_bytes` is set and the region is empty.
+// Opens an existing segment, maps the whole file PROT_READ (not populated: pages are mapped as
+// they are read) and keeps a read-only descriptor (close-on-exec). A file shorter than
+// `min_bytes` is not mapped: `file_bytes` is set and the region is empty.
 absl::StatusOr<MappedSegment> OpenSegmentReadOnly(const std::string& shm_dir,
                                                   const std::string& name, uint64_t min_bytes);
 

@@ -35,6 +35,7 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                          s.incarnation(), Duration(s.uptime_ms()));
   out << absl::StrFormat("%-20s %d\n", "streams open", s.streams_open());
   out << absl::StrFormat("%-20s %d\n", "batches served", s.batches_served());
+  out << absl::StrFormat("%-20s %d\n", "batches copied out", s.batches_copied_out());
   out << absl::StrFormat("%-20s %d\n", "images decoded", s.images_decoded());
   out << absl::StrFormat("%-20s %.1f\n", "images/s", s.images_per_second());
   std::vector<std::string> reasons;
@@ -52,11 +53,11 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
 
   if (s.streams_size() > 0) {
     out << "\nstreams:\n";
-    out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %s\n", "ID", "DATASET",
+    out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %-10s %s\n", "ID", "DATASET",
                            "CLIENT", "RANK", "BATCH", "SLOTS rdy/lsd/fil/tot", "SERVED",
-                           "EPOCH:SEQ", "RING");
+                           "EPOCH:SEQ", "RING", "COPIED");
     for (const v1::StreamStats& st : s.streams()) {
-      out << absl::StrFormat("  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %s\n", st.stream_id(),
+      out << absl::StrFormat("  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %-10s %d\n", st.stream_id(),
                              st.dataset(),
                              st.client_name().empty() ? "-" : wire::EscapeBytes(st.client_name()),
                              absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
@@ -64,7 +65,7 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                                           st.slots_filling(), "/", st.slots_total()),
                              st.batches_served(),
                              absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
-                             Bytes(st.ring_bytes()));
+                             Bytes(st.ring_bytes()), st.batches_copied_out());
     }
   }
   if (s.recent_bad_files_size() > 0) {

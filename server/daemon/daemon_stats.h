@@ -38,6 +38,7 @@ class DaemonStats {
   std::atomic<uint64_t> batches_served{0};
   std::atomic<uint64_t> batches_published{0};
   std::atomic<uint64_t> requests_rejected{0};
+  std::atomic<uint64_t> batches_copied_out{0};  // held batches clients copied out of their rings
 
   // Returns true when this (dataset, sample) was not seen before (the caller logs it then).
   bool RecordBadFile(uint64_t sample_index, BadFileRecord record);

@@ -105,6 +105,7 @@ void Stream::ProducerLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       handle.set_payload_checksum(ring_->Slot(f.slot).checksum);
       handles_[f.slot] = std::move(handle);
+      ready_slots_.push_back(f.slot);
       produce_seq_ = f.seq + 1;
       produce_pos_ = next;
       if (last) {
@@ -123,6 +124,7 @@ void Stream::ProducerLoop() {
   // A filled batch near the end of its epoch is held back until the next one is filled (the
   // look-ahead): only then is it known whether it is the epoch's last. See stream.h.
   std::optional<Filled> held;
+  std::optional<uint32_t> fill_slot;  // the free slot the next batch goes into
   uint64_t fill_seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -141,12 +143,12 @@ void Stream::ProducerLoop() {
       const auto client_waits_for_held = [&] {
         return held && next_busy_ && lease_seq_ == held->seq;
       };
-      while (!stop_ && (ended_ || ring_->Slot(fill_seq % slots_).state != shm::SlotState::kFree) &&
-             !client_waits_for_held()) {
+      while (!stop_ && (ended_ || !FreeSlot()) && !client_waits_for_held()) {
         cv_.wait(lock);
       }
       if (stop_) return;
-      if (client_waits_for_held() && ring_->Slot(fill_seq % slots_).state != shm::SlotState::kFree) {
+      fill_slot = FreeSlot();
+      if (client_waits_for_held() && !fill_slot) {
         lock.unlock();
         publish(*held, false);
         held.reset();
@@ -180,7 +182,7 @@ void Stream::ProducerLoop() {
     }
 
     Filled f;
-    f.slot = static_cast<uint32_t>(fill_seq % slots_);
+    f.slot = *fill_slot;
     f.seq = fill_seq;
     f.pos = pos;
     CheckRing(ring_->BeginFill(f.slot), setup_.id);
@@ -328,11 +330,12 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
     if (stop_) {
       return absl::UnavailableError(absl::StrCat("stream ", setup_.id, " is closing"));
     }
-    if (lease_seq_ < produce_seq_) {
-      const uint32_t slot = static_cast<uint32_t>(lease_seq_ % slots_);
+    if (!ready_slots_.empty()) {
+      const uint32_t slot = ready_slots_.front();
       if (absl::Status s = ring_->Lease(slot, lease_seq_); !s.ok()) {
         return absl::InternalError(absl::StrCat("stream ", setup_.id, ": ", s.message()));
       }
+      ready_slots_.pop_front();
       *out->mutable_batch() = handles_[slot];
       ++lease_seq_;
       ++batches_served_;
@@ -344,12 +347,13 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
       out->set_end_of_stream(true);
       return absl::OkStatus();
     }
-    if (ring_->Slot(static_cast<uint32_t>(produce_seq_ % slots_)).state ==
-        shm::SlotState::kLeased) {
+    if (AllSlotsLeased()) {
+      // Only a client that does not copy held batches out (an old one, or a hand-written one)
+      // gets here: ours never holds every slot.
       return absl::ResourceExhaustedError(absl::StrCat(
           "stream ", setup_.id, ": the client holds all ", slots_,
-          " ring slots; release batches (destroy Batch objects) before asking for more, or open "
-          "the stream with more ring_slots"));
+          " ring slots; release batches before asking for more, or open the stream with more "
+          "ring_slots"));
     }
     // In short steps, so a call its client cancelled (or whose deadline passed) frees its
     // handler at once instead of holding a server thread for the whole wait.
@@ -366,7 +370,26 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
   }
 }
 
-absl::Status Stream::Release(uint32_t slot, uint64_t ring_sequence) {
+std::optional<uint32_t> Stream::FreeSlot() {
+  // Round robin from the slot after the last one filled, so every slot gets used.
+  for (uint32_t i = 0; i < slots_; ++i) {
+    const uint32_t slot = (next_free_hint_ + i) % slots_;
+    if (ring_->Slot(slot).state == shm::SlotState::kFree) {
+      next_free_hint_ = (slot + 1) % slots_;
+      return slot;
+    }
+  }
+  return std::nullopt;
+}
+
+bool Stream::AllSlotsLeased() const {
+  for (uint32_t slot = 0; slot < slots_; ++slot) {
+    if (ring_->Slot(slot).state != shm::SlotState::kLeased) return false;
+  }
+  return true;
+}
+
+absl::Status Stream::Release(uint32_t slot, uint64_t ring_sequence, bool copied_out) {
   Touch();
   if (slot >= slots_) {
     return absl::InvalidArgumentError(absl::StrCat("stream ", setup_.id, ": slot ", slot,
@@ -378,6 +401,10 @@ absl::Status Stream::Release(uint32_t slot, uint64_t ring_sequence) {
     return absl::FailedPreconditionError(absl::StrCat("stream ", setup_.id, ": release of slot ",
                                                       slot, " sequence ", ring_sequence, ": ",
                                                       s.message()));
+  }
+  if (copied_out) {
+    ++batches_copied_out_;
+    deps_.stats->batches_copied_out.fetch_add(1, std::memory_order_relaxed);
   }
   cv_.notify_all();
   return absl::OkStatus();
@@ -406,6 +433,7 @@ void Stream::FillStats(v1::StreamStats* out) const {
   out->set_slots_filling(filling);
   std::lock_guard<std::mutex> lock(mu_);
   out->set_batches_served(batches_served_);
+  out->set_batches_copied_out(batches_copied_out_);
   *out->mutable_position() = produce_pos_;
 }
 

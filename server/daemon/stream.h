@@ -1,9 +1,11 @@
 #pragma once
 // One open stream: its shared-memory ring and the producer thread that fills it.
 //
-// The producer fills slot (ring_sequence % slot_count) for ring_sequence = 0, 1, 2, ... as soon
-// as that slot is FREE, so it decodes ahead exactly as far as the ring allows (backpressure: a
-// slow reader costs its ring and nothing more). Next() leases batches in the same order.
+// The producer fills batches ring_sequence = 0, 1, 2, ... each into whichever slot is FREE
+// (round robin among them), so it decodes ahead exactly as far as the ring allows (backpressure:
+// a slow reader costs its ring and nothing more), and a slot the client holds never makes it
+// wait while another is free. Next() leases batches in sequence order. A client that would hold
+// too many slots copies batches out of the ring (client/held_batches.h) and releases them.
 // Positions advance batch by batch: (epoch, sequence, cursor) -> the handle's `next`.
 //
 // End of epoch: exactly one batch per epoch carries last_in_epoch, and its `next` is the next
@@ -22,9 +24,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,7 +91,8 @@ class Stream {
   absl::Status Next(absl::Duration wait, v1::NextBatchResponse* out,
                     const std::function<bool()>& cancelled = {});
   // LEASED -> FREE for a handle of this stream. FailedPrecondition for a double or stale release.
-  absl::Status Release(uint32_t slot, uint64_t ring_sequence);
+  // `copied_out`: the client keeps the batch in private memory (counted in stats).
+  absl::Status Release(uint32_t slot, uint64_t ring_sequence, bool copied_out = false);
 
   uint64_t id() const { return setup_.id; }
   const std::string& segment_name() const { return ring_->name(); }
@@ -109,6 +114,9 @@ class Stream {
     pipeline::FilledBatch batch;
   };
   void ProducerLoop();
+  // A FREE slot, or nullopt. REQUIRES: mu_ held.
+  std::optional<uint32_t> FreeSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllSlotsLeased() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordSkipped(const pipeline::FilledBatch& filled);
   v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,
                              const v1::Position& next, const pipeline::FilledBatch& filled,
@@ -135,6 +143,9 @@ class Stream {
   uint64_t lease_seq_ ABSL_GUARDED_BY(mu_) = 0;    // ring sequence of the next batch to lease
   v1::Position produce_pos_ ABSL_GUARDED_BY(mu_);  // position of the next batch to fill
   std::vector<v1::BatchHandle> handles_ ABSL_GUARDED_BY(mu_);  // per slot, once published
+  std::deque<uint32_t> ready_slots_ ABSL_GUARDED_BY(mu_);  // published, not leased, in order
+  uint32_t next_free_hint_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t batches_copied_out_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t batches_served_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -388,7 +388,7 @@ absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
   for (const v1::Release& r : request.releases()) {
     // A bad release in a NextBatch call is the client's bug, not a reason to withhold its batch:
     // it changes nothing and is counted. ReleaseBatches reports such errors.
-    if (absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence()); !s.ok()) {
+    if (absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence(), r.copied_out()); !s.ok()) {
       Reject(s).IgnoreError();
     }
   }
@@ -406,7 +406,7 @@ absl::Status StreamManager::Release(const v1::ReleaseBatchesRequest& request) {
   if (!stream.ok()) return Reject(stream.status());
   absl::Status first;
   for (const v1::Release& r : request.releases()) {
-    absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence());
+    absl::Status s = (*stream)->Release(r.slot(), r.ring_sequence(), r.copied_out());
     if (!s.ok() && first.ok()) first = s;
   }
   if (!first.ok()) return Reject(first);
@@ -456,6 +456,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_rss_peak_bytes(PeakRssBytes());
   if (deps_.pool != nullptr) response->set_decode_threads_abandoned(deps_.pool->abandoned());
   response->set_requests_rejected(stats.requests_rejected.load());
+  response->set_batches_copied_out(stats.batches_copied_out.load());
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
     ToProto(e, response->add_quarantined());
   }

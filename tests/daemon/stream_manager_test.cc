@@ -315,6 +315,47 @@ TEST_CASE("StreamManager: a client holding every slot gets RESOURCE_EXHAUSTED",
   CHECK(c.batch().position().sequence() == 2);
 }
 
+TEST_CASE("StreamManager: a held slot never stops the producer: it fills the others as they "
+          "come free, and counts batches the client copied out",
+          "[daemon][streams]") {
+  Harness h;
+  v1::OpenStreamRequest r = Request(4);
+  r.mutable_spec()->set_ring_slots(4);
+  v1::OpenStreamResponse open = h.MustOpen(r);
+  v1::NextBatchResponse kept;
+  REQUIRE(h.NextBatch(open, &kept).ok());  // held for the whole test
+  // Six more batches, each released before the next: the ring cycles through the 3 other slots
+  // (with slots taken in sequence order, batch 4 would wait for the held slot 0 for ever).
+  for (uint64_t seq = 1; seq <= 6; ++seq) {
+    v1::NextBatchResponse b;
+    REQUIRE(h.NextBatch(open, &b).ok());
+    CHECK(b.batch().position().sequence() == seq);
+    CHECK(b.batch().slot() != kept.batch().slot());
+    REQUIRE(h.Release(open, b.batch().slot(), b.batch().ring_sequence()).ok());
+  }
+  // ...and all three are filled ahead while the client still holds the first.
+  auto ready = [&] {
+    v1::GetStatsResponse stats;
+    h.manager->Stats(&stats);
+    return stats.streams(0).slots_ready();
+  };
+  REQUIRE(testing::WaitFor([&] { return ready() == 3; }, std::chrono::seconds(10)));
+  // A copy-out release frees the slot and is counted.
+  v1::ReleaseBatchesRequest release;
+  release.set_stream_id(open.stream_id());
+  release.set_incarnation(open.incarnation());
+  release.set_stream_token(open.stream_token());
+  v1::Release* rel = release.add_releases();
+  rel->set_slot(kept.batch().slot());
+  rel->set_ring_sequence(kept.batch().ring_sequence());
+  rel->set_copied_out(true);
+  REQUIRE(h.manager->Release(release).ok());
+  v1::GetStatsResponse stats;
+  h.manager->Stats(&stats);
+  CHECK(stats.batches_copied_out() == 1);
+  CHECK(stats.streams(0).batches_copied_out() == 1);
+}
+
 TEST_CASE("StreamManager: memory_limit refuses a ring that does not fit, with the numbers",
           "[daemon][streams][limits]") {
   Harness h([](DaemonConfig& c) { c.server.memory_limit_bytes = 4ull << 20; });

@@ -1,8 +1,12 @@
-// Issue 16: a trainer's habits through the real client and daemon: pauses, deadlines and
-// cancellation, mistaken sizes.
+// Issue 16: a trainer's habits through the real client and daemon: batches it keeps, pauses,
+// deadlines and cancellation, mistaken sizes.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -14,6 +18,7 @@
 namespace ringloader::testing {
 namespace {
 
+using client::Batch;
 using client::Client;
 using client::Error;
 using client::ErrorCode;
@@ -27,6 +32,157 @@ StreamOptions Small() {
   o.image_size = 32;
   o.shuffle = false;
   return o;
+}
+
+// Everything a batch holds, hashed: images, labels and indices.
+size_t HashOf(const Batch& b) {
+  auto bytes = [](const client::TensorView& t) {
+    return std::string_view(static_cast<const char*>(t.raw()), t.bytes());
+  };
+  std::hash<std::string_view> h;
+  return h(bytes(b.images())) ^ (h(bytes(b.labels())) * 31) ^ (h(bytes(b.indices())) * 131);
+}
+
+uint64_t CopiedOut(const std::string& endpoint) {
+  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(endpoint)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatsResponse stats;
+  REQUIRE(stub->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
+  return stats.batches_copied_out();
+}
+
+// Two epochs of 15 batches in a 4-slot ring, hashed in order; `each` sees every batch and may
+// keep it (move it away).
+std::vector<size_t> ReadTwoEpochs(Client& client, StreamOptions options,
+                                  const std::function<void(std::optional<Batch>&)>& each,
+                                  uint64_t* copies) {
+  options.end_epoch = 2;
+  auto stream = client.Open(options);
+  std::vector<size_t> hashes;
+  while (true) {
+    // A stalled stream fails here instead of hanging the test.
+    std::optional<Batch> batch = stream->Next(std::chrono::seconds(20));
+    if (!batch) break;
+    hashes.push_back(HashOf(*batch));
+    each(batch);
+  }
+  *copies = stream->copies();
+  return hashes;
+}
+
+TEST_CASE("16.1: holding any number of batches never stalls a stream, held batches keep their "
+          "bytes and addresses, and holding nothing copies nothing",
+          "[integration][habits]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  Client client(daemon.endpoint());
+  StreamOptions options = Small();
+  options.ring_slots = 4;
+  uint64_t copies = 0;
+
+  // A trainer that lets each batch go: no copies, anywhere.
+  const std::vector<size_t> reference =
+      ReadTwoEpochs(client, options, [](std::optional<Batch>&) {}, &copies);
+  REQUIRE(reference.size() == 30);
+  CHECK(copies == 0);
+  CHECK(CopiedOut(daemon.endpoint()) == 0);
+
+  SECTION("keeping every batch: all 30 stay valid at their addresses in a 4-slot ring") {
+    struct Kept {
+      Batch batch;
+      const void* images;
+      size_t hash;
+    };
+    std::vector<Kept> kept;
+    const std::vector<size_t> hashes = ReadTwoEpochs(
+        client, options,
+        [&](std::optional<Batch>& b) {
+          const void* at = b->images().raw();
+          const size_t hash = HashOf(*b);
+          kept.push_back({*std::move(b), at, hash});
+        },
+        &copies);
+    CHECK(hashes == reference);
+    REQUIRE(kept.size() == 30);
+    for (const Kept& k : kept) {
+      CHECK(k.batch.images().raw() == k.images);  // the same addresses...
+      CHECK(HashOf(k.batch) == k.hash);            // ...and the same bytes, after 28 copy-outs
+    }
+    CHECK(copies == 28);  // all but the 2 that may stay in the ring
+    CHECK(CopiedOut(daemon.endpoint()) == 28);
+  }
+
+  SECTION("keeping each 2nd batch for 3 steps, and the previous one while asking for the next") {
+    std::vector<std::pair<int, Batch>> recent;  // (step kept, batch)
+    std::optional<Batch> previous;
+    int step = 0;
+    const std::vector<size_t> hashes = ReadTwoEpochs(
+        client, options,
+        [&](std::optional<Batch>& b) {
+          ++step;
+          std::erase_if(recent, [&](const auto& r) { return step - r.first > 3; });
+          for (const auto& r : recent) CHECK(r.second.size() == 8);
+          if (step % 2 == 0) {
+            recent.emplace_back(step, std::move(*b));
+          } else {
+            previous = std::move(b);  // alive during the next Next(), like a Python loop variable
+          }
+        },
+        &copies);
+    CHECK(hashes == reference);
+  }
+
+  SECTION("a 2-slot ring with one batch kept for ever copies it once") {
+    options.ring_slots = 2;
+    const std::vector<size_t> reference2 =
+        ReadTwoEpochs(client, options, [](std::optional<Batch>&) {}, &copies);
+    CHECK(copies == 0);
+    std::optional<Batch> first, previous;
+    const std::vector<size_t> hashes = ReadTwoEpochs(
+        client, options,
+        [&](std::optional<Batch>& b) {
+          if (!first) {
+            first = std::move(b);
+          } else {
+            previous = std::move(b);
+          }
+        },
+        &copies);
+    CHECK(hashes == reference2);
+    CHECK(copies == 1);
+    CHECK(first->position().sequence == 0);
+  }
+}
+
+TEST_CASE("16.1: writable batches can be written in place, and the writes never reach the ring "
+          "or a later batch",
+          "[integration][habits]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  Client client(daemon.endpoint());
+  StreamOptions options = Small();
+  options.ring_slots = 4;
+  uint64_t copies = 0;
+  const std::vector<size_t> reference =
+      ReadTwoEpochs(client, options, [](std::optional<Batch>&) {}, &copies);
+  options.writable_batches = true;
+  std::optional<Batch> kept;
+  const std::vector<size_t> hashes = ReadTwoEpochs(
+      client, options,
+      [&](std::optional<Batch>& b) {
+        auto* images = static_cast<uint8_t*>(const_cast<void*>(b->images().raw()));
+        std::memset(images, 0xff, b->images().bytes());  // what x.mul_(0).add_(255) would do
+        CHECK(images[b->images().bytes() - 1] == 0xff);
+        if (b->position().sequence == 3) kept = std::move(b);  // written, then copied out
+      },
+      &copies);
+  // Hashed before the write: every batch, in every reused slot, is the daemon's bytes.
+  CHECK(hashes == reference);
+  REQUIRE(kept);
+  const auto* images = kept->images().data<uint8_t>();
+  CHECK(images[0] == 0xff);  // the kept batch keeps the trainer's writes
+  CHECK(images[kept->images().bytes() - 1] == 0xff);
 }
 
 TEST_CASE("16.2: a paused trainer keeps its stream past the idle timeout and resumes from the "
