@@ -1,12 +1,9 @@
-// ring_bench: figures for the shared-memory batch ring (shm/). Not a test: it prints, never fails.
+// ring_bench: the daemon's side of the shared-memory batch ring (shm/): payload write bandwidth
+// into a ring slot vs. memcpy into private memory, for 1 MiB and for 38 MiB (one 256 x 224 x 224 x
+// 3 uint8 batch), and the cost of Publish (XXH3-64 checksum). The trainer's side (handoff,
+// copy-on-write, copy-out) is bench/client_bench. Not a test: it prints, never fails.
 //
-//  1. Handoff latency across two processes (fork): the producer publishes a slot, the consumer
-//     process (its own read-only mapping) notices READY and stamps CLOCK_MONOTONIC into a shared
-//     scratch page. Once with a spinning consumer, once with a consumer blocked in FUTEX_WAIT.
-//  2. Payload write bandwidth into a ring slot vs. memcpy into private memory, for 1 MiB and for
-//     38 MiB (one 256 x 224 x 224 x 3 uint8 batch), and the cost of Publish (XXH3-64 checksum).
-//
-// Targets (issue 2): slot write >= 0.9x memcpy; handoff p50 < 20 us.
+// Target (issue 2): slot write >= 0.9x memcpy.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,26 +23,9 @@
 
 namespace {
 
-using ringloader::shm::ConsumerRing;
 using ringloader::shm::ProducerRing;
 using ringloader::shm::RingOptions;
-using ringloader::shm::SlotState;
 using Clock = std::chrono::steady_clock;
-
-constexpr uint32_t kHandoffSlots = 4;
-constexpr int kWarmup = 200;
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-          .count());
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "ring_bench: %s\n", what.c_str());
@@ -60,78 +40,6 @@ std::unique_ptr<ProducerRing> MakeRing(uint32_t slots, uint64_t slot_bytes, uint
   auto ring = ProducerRing::Create(options);
   if (!ring.ok()) Die(std::string(ring.status().message()));
   return std::move(*ring);
-}
-
-// Scratch page shared with the forked consumer (MAP_SHARED | MAP_ANONYMOUS): the consumer can
-// not write the ring, so it reports here.
-struct Scratch {
-  std::atomic<uint64_t> acked;    // consumer: number of batches seen
-  std::atomic<uint64_t> seen_ns;  // consumer: when it saw the last one READY
-};
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
-}
-
-void ConsumerProcess(const std::string& name, bool spin, int batches, Scratch* scratch) {
-  auto ring = ConsumerRing::Open(name);
-  if (!ring.ok()) Die(std::string(ring.status().message()));
-  for (int i = 0; i < batches; ++i) {
-    const uint32_t slot = static_cast<uint32_t>(i) % kHandoffSlots;
-    while (true) {
-      const auto info = (*ring)->Slot(slot);
-      if (info.state == SlotState::kReady && info.ring_sequence == static_cast<uint64_t>(i)) break;
-      if (spin) {
-        CpuRelax();
-      } else {
-        (*ring)->WaitForState(slot, SlotState::kReady, std::chrono::seconds(1));
-      }
-    }
-    scratch->seen_ns.store(NowNs(), std::memory_order_relaxed);
-    scratch->acked.store(static_cast<uint64_t>(i) + 1, std::memory_order_release);
-  }
-}
-
-void Handoff(bool spin, int batches) {
-  auto ring = MakeRing(kHandoffSlots, 4096, spin ? 1 : 2);
-  void* page =
-      mmap(nullptr, sizeof(Scratch), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (page == MAP_FAILED) Die("mmap scratch");
-  auto* scratch = new (page) Scratch{};
-  const pid_t child = fork();
-  if (child < 0) Die("fork");
-  if (child == 0) {
-    ConsumerProcess(ring->name(), spin, batches, scratch);
-    _exit(0);
-  }
-  std::vector<double> us;
-  for (int i = 0; i < batches; ++i) {
-    const uint32_t slot = static_cast<uint32_t>(i) % kHandoffSlots;
-    if (!ring->BeginFill(slot).ok()) Die("BeginFill");
-    std::memset(ring->Payload(slot).data(), i & 0xff, 64);
-    // Give a futex consumer time to fall asleep, so the wake-up is part of what we measure.
-    if (!spin) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    const uint64_t t0 = NowNs();
-    if (!ring->Publish(slot, static_cast<uint64_t>(i), 64).ok()) Die("Publish");
-    while (scratch->acked.load(std::memory_order_acquire) < static_cast<uint64_t>(i) + 1) {
-      CpuRelax();
-    }
-    if (i >= kWarmup) {
-      us.push_back(static_cast<double>(scratch->seen_ns.load(std::memory_order_relaxed) - t0) /
-                   1000.0);
-    }
-    if (!ring->Lease(slot, static_cast<uint64_t>(i)).ok()) Die("Lease");
-    if (!ring->Release(slot, static_cast<uint64_t>(i)).ok()) Die("Release");
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  munmap(page, sizeof(Scratch));
-  const double p50 = Percentile(us, 0.50);
-  const double p99 = Percentile(us, 0.99);
-  std::printf("  %-18s p50 %7.2f us   p99 %7.2f us   (%zu batches)   target p50 < 20 us: %s\n",
-              spin ? "spinning consumer" : "futex consumer", p50, p99, us.size(),
-              p50 < 20.0 ? "met" : "MISSED");
 }
 
 // Best-of-`reps` seconds for copying `src` into `dst`.
@@ -193,10 +101,7 @@ void Bandwidth(const char* label, uint64_t bytes, int reps) {
 
 int main() {
   const auto start = Clock::now();
-  std::printf("ring_bench: shm ring in /dev/shm, producer and consumer in two processes (fork)\n");
-  std::printf("handoff latency, publish -> consumer process sees READY:\n");
-  Handoff(/*spin=*/true, 20000);
-  Handoff(/*spin=*/false, 3000);
+  std::printf("ring_bench: the daemon writing a shm ring slot in /dev/shm\n");
   std::printf("payload write bandwidth, ring slot vs memcpy into private memory (best of runs):\n");
   Bandwidth("1 MiB", 1ull << 20, 200);
   Bandwidth("38 MiB", 256ull * 224 * 224 * 3, 8);

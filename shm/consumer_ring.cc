@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "shm/futex.h"
 #include "shm/ring.h"
 #include "shm/ring_layout.h"
 #include "shm/segment_file.h"
@@ -123,10 +122,6 @@ const std::string& ConsumerRing::name() const { return impl_->name; }
 uint32_t ConsumerRing::slot_count() const { return impl_->slot_count; }
 uint64_t ConsumerRing::slot_bytes() const { return impl_->slot_bytes; }
 uint64_t ConsumerRing::incarnation() const { return impl_->incarnation; }
-uint64_t ConsumerRing::heartbeat_ms() const {
-  return impl_->header->heartbeat_ms.load(std::memory_order_acquire);
-}
-
 std::span<const uint8_t> ConsumerRing::Payload(uint32_t slot) const {
   return {impl_->payload + uint64_t{slot} * impl_->slot_bytes, impl_->slot_bytes};
 }
@@ -200,20 +195,6 @@ absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence,
                                             " (", bytes, " bytes)"));
   }
   return absl::OkStatus();
-}
-
-bool ConsumerRing::WaitForState(uint32_t slot, SlotState state,
-                                std::chrono::microseconds timeout) const {
-  const std::atomic<uint32_t>& word = impl_->slots[slot].state;
-  const auto want = static_cast<uint32_t>(state);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const uint32_t now_state = word.load(std::memory_order_acquire);
-    if (now_state == want) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) return false;
-    internal::FutexWait(word, now_state, deadline - now);
-  }
 }
 
 }  // namespace ringloader::shm

@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "shm/futex.h"
 #include "shm/ring.h"
 #include "shm/ring_layout.h"
 #include "shm/segment_file.h"
@@ -58,7 +57,6 @@ struct ProducerRing::Impl {
       return WrongState(slot, op, from, expected,
                         expected == static_cast<uint32_t>(SlotState::kFree) ? hint_if_free : "");
     }
-    internal::FutexWakeAll(state(slot));
     return absl::OkStatus();
   }
 
@@ -168,7 +166,6 @@ absl::StatusOr<std::unique_ptr<ProducerRing>> ProducerRing::Create(const RingOpt
   header->creation_time_ms = NowMs();
   header->slots_offset = geometry->slots_offset;
   header->payload_offset = geometry->payload_offset;
-  header->heartbeat_ms.store(header->creation_time_ms, std::memory_order_relaxed);
   // Publishes everything above to consumers that acquire-load a non-zero magic.
   header->magic.store(kRingMagic, std::memory_order_release);
 
@@ -247,10 +244,6 @@ absl::Status ProducerRing::Release(uint32_t slot, uint64_t ring_sequence) {
 
 SlotInfo ProducerRing::Slot(uint32_t slot) const {
   return internal::ReadSlotInfo(impl_->slots[slot]);
-}
-
-void ProducerRing::Heartbeat() {
-  impl_->header->heartbeat_ms.store(NowMs(), std::memory_order_release);
 }
 
 absl::Status ProducerRing::Unlink() {

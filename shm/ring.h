@@ -11,17 +11,17 @@
 // its state to READY; a reader that acquire-loads READY (and the same ring_sequence) sees them.
 //
 // No mutex, condition variable or allocator lives in the segment: no process can ever block on a
-// lock that a dead process holds. Waiting for a state is a futex on the slot's state word.
+// lock that a dead process holds. Trainers never wait on the ring itself: they wait in the
+// daemon's NextBatch call, which hands them a published slot.
 //
 // Thread-safety: ProducerRing state transitions are lock-free atomics and may be called from any
 // thread of the producer process, but each slot has one filler at a time (the daemon's design),
 // and Lease/Release of one slot are serialised by the caller (the daemon's lease table): Lease
 // checks ring_sequence and then swaps the state, so two racing Leases of the same slot could
 // otherwise pass the check for different batches. ConsumerRing is read-only and thread-safe.
-// Every state change wakes futex waiters on that slot (FUTEX_WAKE, shared, not _PRIVATE).
 //
 // Slot indexes: the status-returning methods answer OutOfRange for slot >= slot_count(); the
-// others (Payload, Slot, WaitForState) REQUIRE a valid index.
+// others (Payload, Slot) REQUIRE a valid index.
 // The producer maps with MAP_POPULATE, so no page faults happen on the first write of a slot;
 // trainers read payloads through per-slot mappings (MapSlot), populated once and reused.
 
@@ -90,7 +90,7 @@ class ProducerRing {
   // FREE -> FILLING. FailedPrecondition (naming the state found) otherwise.
   absl::Status BeginFill(uint32_t slot);
   // FILLING -> READY: stores ring_sequence, payload_bytes, the payload checksum, then the state
-  // with release, and wakes futex waiters. InvalidArgument if payload_bytes > slot_bytes() or
+  // with release. InvalidArgument if payload_bytes > slot_bytes() or
   // ring_sequence is UINT64_MAX (reserved). FailedPrecondition if ring_sequence is not greater
   // than the one this slot held before: per slot, sequences only grow, so a stale handle
   // (slot, ring_sequence) can never match a later batch. The daemon should therefore take the
@@ -105,8 +105,6 @@ class ProducerRing {
   absl::Status Release(uint32_t slot, uint64_t ring_sequence);
 
   SlotInfo Slot(uint32_t slot) const;
-  // Stores now (ms since the epoch) into the header's heartbeat word.
-  void Heartbeat();
 
   // Removes the name; existing mappings (the daemon's and consumers') stay valid. Idempotent:
   // OK if this ring already removed it.
@@ -141,7 +139,6 @@ class ConsumerRing {
   uint32_t slot_count() const;
   uint64_t slot_bytes() const;
   uint64_t incarnation() const;
-  uint64_t heartbeat_ms() const;
 
   // The whole capacity of `slot` (slot_bytes() bytes); the batch is the first
   // Slot(slot).payload_bytes of it. Writing through it faults (SIGSEGV). Pages are mapped as
@@ -158,9 +155,6 @@ class ConsumerRing {
   // The same, hashing `payload` (a MapSlot() view of `slot`) instead of this object's mapping.
   absl::Status Verify(uint32_t slot, uint64_t ring_sequence,
                       std::span<const uint8_t> payload) const;
-  // Futex wait until the slot's state is `state` (true) or `timeout` passes (false). Seeing the
-  // state says nothing about which batch: check Slot(slot).ring_sequence afterwards.
-  bool WaitForState(uint32_t slot, SlotState state, std::chrono::microseconds timeout) const;
 
  private:
   ConsumerRing() = default;

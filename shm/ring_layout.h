@@ -13,9 +13,9 @@
 //    +40  creation_time_ms  u64  ms since the Unix epoch
 //    +48  slots_offset      u64  = 128; offsets from the segment base, never pointers
 //    +56  payload_offset    u64  page-aligned
-//    +64  heartbeat_ms      u64  atomic; daemon only; alone on its cache line (+72..127 zero)
+//    +64  reserved          u64 x 8, zero (version 1 had a heartbeat here that nobody read)
 //  slots_offset ------------ SlotDescriptor x slot_count (64 B each, one cache line) ------------
-//    +0   state             u32  atomic SlotState; the futex word
+//    +0   state             u32  atomic SlotState
 //    +4   reserved          u32  zero
 //    +8   ring_sequence     u64  atomic
 //    +16  payload_bytes     u64  atomic
@@ -44,7 +44,7 @@
 namespace ringloader::shm {
 
 inline constexpr uint32_t kRingMagic = 0x47524C52;  // bytes "RLRG" in little-endian memory order
-inline constexpr uint32_t kRingLayoutVersion = 1;   // bump on ANY change in this file
+inline constexpr uint32_t kRingLayoutVersion = 2;   // bump on ANY change in this file
 inline constexpr uint64_t kCacheLineBytes = 64;
 
 struct alignas(64) RingHeader {
@@ -59,15 +59,13 @@ struct alignas(64) RingHeader {
   uint64_t creation_time_ms;
   uint64_t slots_offset;
   uint64_t payload_offset;
-  // Written by the daemon only (ProducerRing::Heartbeat), read by trainers: on its own cache line
-  // so heartbeats never invalidate the line of the read-mostly fields above.
-  alignas(64) std::atomic<uint64_t> heartbeat_ms;
-  uint64_t reserved[7];
+  // Zero. (Liveness is the incarnation's flock, see IncarnationLock, not a word in the ring.)
+  uint64_t reserved[8];
 };
 
 struct alignas(64) SlotDescriptor {
-  // Written by the daemon only (ProducerRing transitions), release on every change; the futex word
-  // trainers wait on. Holds a SlotState value.
+  // Written by the daemon only (ProducerRing transitions), release on every change. Holds a
+  // SlotState value.
   std::atomic<uint32_t> state;
   uint32_t reserved0;
   // Written by the daemon only, relaxed, while the slot is FILLING (published by `state`).
@@ -80,13 +78,13 @@ struct alignas(64) SlotDescriptor {
 };
 
 // Shared between processes: the atomics must be plain memory words, not a lock in some other
-// process's address space, and the futex syscall needs the state to be exactly one aligned u32.
+// process's address space.
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "u64 atomics are shared across processes");
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "u32 atomics are shared across processes");
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4,
-              "the state word is the futex word: exactly one aligned u32");
+              "the state word is exactly one aligned u32");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8,
               "atomics must have the size of the word they replace");
 // Standard layout: offsetof is well-defined and the bytes mean the same in every process/compiler.
@@ -99,7 +97,7 @@ static_assert(std::is_trivially_destructible_v<SlotDescriptor>, "never destroyed
 // sharing between slots that different threads fill).
 static_assert(sizeof(RingHeader) == 2 * kCacheLineBytes, "header is two cache lines");
 static_assert(alignof(RingHeader) == kCacheLineBytes, "header starts a cache line");
-static_assert(offsetof(RingHeader, heartbeat_ms) == kCacheLineBytes, "heartbeat owns line 1");
+static_assert(offsetof(RingHeader, reserved) == kCacheLineBytes, "line 1 is reserved");
 static_assert(sizeof(SlotDescriptor) == kCacheLineBytes, "one descriptor per cache line");
 static_assert(alignof(SlotDescriptor) == kCacheLineBytes, "descriptors start cache lines");
 static_assert(sizeof(pid_t) == sizeof(int32_t), "creator_pid is stored as i32");
@@ -128,7 +126,6 @@ constexpr uint64_t ComputeLayoutHash() {
       offsetof(RingHeader, creation_time_ms),
       offsetof(RingHeader, slots_offset),
       offsetof(RingHeader, payload_offset),
-      offsetof(RingHeader, heartbeat_ms),
       offsetof(RingHeader, reserved),
       sizeof(SlotDescriptor),
       alignof(SlotDescriptor),

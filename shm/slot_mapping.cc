@@ -27,6 +27,7 @@ absl::StatusOr<SlotMapping> SlotMapping::Map(int fd, uint64_t offset, uint64_t b
   m.size_ = bytes;
   m.access_ = access;
   m.what_ = std::move(what);
+  if (cow) m.Prefault();
   return m;
 }
 
@@ -46,6 +47,14 @@ SlotMapping& SlotMapping::operator=(SlotMapping&& other) noexcept {
   return *this;
 }
 
+void SlotMapping::Prefault() {
+  // Maps the ring's pages readable in one call (Linux >= 5.14), instead of a fault per page on
+  // the batch's first read; writes still copy. Best effort: older kernels fault as they read.
+#ifdef MADV_POPULATE_READ
+  (void)::madvise(data_, size_, MADV_POPULATE_READ);
+#endif
+}
+
 void SlotMapping::Unmap() {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;
@@ -55,7 +64,9 @@ void SlotMapping::Unmap() {
 absl::Status SlotMapping::CopyOut(uint64_t used_bytes) {
   if (data_ == nullptr || copied_out_) return absl::OkStatus();
   used_bytes = std::min(used_bytes, size_);
-  void* copy = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Populated in one call: much cheaper than a page fault per page during the copy.
+  void* copy = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (copy == MAP_FAILED) {
     return internal::ErrnoStatus(errno, absl::StrCat(what_, ": copy out: mmap ", size_,
                                                      " private bytes"));
@@ -81,6 +92,7 @@ absl::Status SlotMapping::DropPrivatePages() {
   if (::madvise(data_, size_, MADV_DONTNEED) != 0) {
     return internal::ErrnoStatus(errno, absl::StrCat(what_, ": madvise(MADV_DONTNEED)"));
   }
+  Prefault();
   return absl::OkStatus();
 }
 

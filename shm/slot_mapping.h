@@ -52,6 +52,7 @@ class SlotMapping {
 
  private:
   void Unmap();
+  void Prefault();
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   SlotAccess access_ = SlotAccess::kReadOnly;

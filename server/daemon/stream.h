@@ -103,7 +103,6 @@ class Stream {
   std::chrono::steady_clock::time_point last_activity() const;
   void Touch();
   void FillStats(v1::StreamStats* out) const;
-  void Heartbeat() { ring_->Heartbeat(); }
 
  private:
   // A filled, not yet published batch.

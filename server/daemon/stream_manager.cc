@@ -507,7 +507,6 @@ void StreamManager::ReaperLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = streams_.begin(); it != streams_.end();) {
-        it->second->Heartbeat();
         // A stream of a live session is never idle: its client is connected (see the top of
         // stream_manager.h).
         const std::string& session = it->second->setup().session_id;

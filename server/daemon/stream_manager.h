@@ -87,7 +87,7 @@ class StreamManager {
   bool WaitUnlessShutDown(std::chrono::milliseconds timeout);
   size_t open_sessions() const;
 
-  // Starts the background loop that reaps idle streams, beats ring heartbeats and samples rates.
+  // Starts the background loop that reaps idle streams and samples rates.
   void StartReaper();
   // Stops the reaper and every stream; unlinks their segments. Idempotent.
   void Shutdown();

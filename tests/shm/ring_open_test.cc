@@ -63,7 +63,7 @@ TEST_CASE("ConsumerRing::Open rejects a corrupt header, naming the check and the
     PwriteAt<uint32_t>(path, offsetof(RingHeader, layout_version), 7);
     CHECK(absl::IsFailedPrecondition(open()));
     CHECK(Message(open()) ==
-          absl::StrCat("segment ", options.name, ": layout version 7, expected 1"));
+          absl::StrCat("segment ", options.name, ": layout version 7, expected 2"));
   }
   SECTION("wrong layout hash") {
     PwriteAt<uint64_t>(path, offsetof(RingHeader, layout_hash), 0x1234);

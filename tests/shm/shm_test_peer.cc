@@ -5,7 +5,7 @@
 //     first_seq + i, publishes it, leases the odd slots, then creates <ready_file> and sleeps
 //     until killed (the segment is deliberately not unlinked: tests SIGKILL this process).
 //   shm_test_peer consume <shm_dir> <name> <slots> <first_seq> <timeout_ms>
-//     Opens the ring read-only (retrying until it exists), waits on each slot's futex for READY,
+//     Opens the ring read-only (retrying until it exists), polls each slot until READY,
 //     then verifies ring_sequence, payload_bytes, checksum and pattern. Exit 0 iff all match.
 #include <unistd.h>
 
@@ -86,8 +86,12 @@ int Consume(char** argv) {
     const uint64_t seq = first_seq + slot;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (!(*ring)->WaitForState(slot, SlotState::kReady, left)) {
-      return Fail("slot " + std::to_string(slot) + " never became READY");
+    // Polls (the trainer's real path waits in the daemon's NextBatch, not on the ring).
+    while ((*ring)->Slot(slot).state != SlotState::kReady) {
+      if (left.count() <= 0 || std::chrono::steady_clock::now() >= deadline) {
+        return Fail("slot " + std::to_string(slot) + " never became READY");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     if (auto s = (*ring)->Verify(slot, seq); !s.ok()) return Fail(std::string(s.message()));
     const uint64_t bytes = (*ring)->Slot(slot).payload_bytes;
