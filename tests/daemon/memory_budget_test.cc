@@ -68,21 +68,49 @@ TEST_CASE("Reservation: moves carry the bytes, assignment gives the old ones bac
   CHECK(budget.reserved() == 0);
 }
 
-TEST_CASE("MemoryBudget: concurrent reserve and return balance out", "[daemon][memory]") {
-  MemoryBudget budget(1 << 20);
+TEST_CASE("MemoryBudget: concurrent reservations past the limit are refused, never granted",
+          "[daemon][memory]") {
+  // Four threads each try to hold up to 12 reservations of ~1,000 bytes under a 10,000-byte
+  // limit: more than fits even for one thread alone (so refusals happen however the threads are
+  // scheduled), nearly five times what fits for all. What the threads hold (counted by
+  // themselves, not by the budget) must never pass the limit.
+  constexpr uint64_t kLimit = 10'000;
+  MemoryBudget budget(kLimit);
+  std::atomic<uint64_t> held{0}, peak{0};
+  std::atomic<int> granted{0}, refused{0};
   std::vector<std::thread> threads;
   // Catch2 assertions are not thread-safe: the workers count, the main thread checks.
-  std::atomic<int> over_limit{0};
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
-      for (int i = 0; i < 2000; ++i) {
-        absl::StatusOr<Reservation> r = budget.Reserve(1000 + i % 7, "t");
-        if (r.ok() && budget.reserved() > budget.limit()) ++over_limit;
+    threads.emplace_back([&, t] {
+      std::vector<Reservation> mine;
+      for (int i = 0; i < 3000; ++i) {
+        if (mine.size() == 12 || (i + t) % 5 == 0) {
+          if (!mine.empty()) {
+            held -= mine.back().bytes();
+            mine.pop_back();
+          }
+          continue;
+        }
+        const uint64_t bytes = 1000 + (i % 7);
+        absl::StatusOr<Reservation> r = budget.Reserve(bytes, "t", std::chrono::milliseconds(0));
+        if (!r.ok()) {
+          ++refused;
+          continue;
+        }
+        ++granted;
+        const uint64_t now = held += bytes;
+        uint64_t p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        mine.push_back(*std::move(r));
       }
+      for (Reservation& r : mine) held -= r.bytes();
     });
   }
   for (auto& t : threads) t.join();
-  CHECK(over_limit.load() == 0);
+  CHECK(peak.load() <= kLimit);
+  CHECK(refused.load() > 0);  // the limit really was in the way
+  CHECK(granted.load() > 0);
   CHECK(budget.reserved() == 0);
 }
 

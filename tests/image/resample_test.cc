@@ -121,7 +121,8 @@ TEST_CASE("ResampleRowH/V: scalar, SSE2 and SSSE3 kernels give identical bytes",
       if (used == level) outs.push_back(vout);
     }
     SetResampleIsaForTesting(2);
-    REQUIRE(!outs.empty());
+    // Scalar and SSE2 exist on every x86-64: at least two kernels are really compared.
+    REQUIRE(outs.size() >= 2);
     for (size_t i = 1; i < outs.size(); ++i) CHECK(outs[i] == outs[0]);
   }
 }

@@ -171,8 +171,19 @@ TEST_CASE("SampleDecoder: float32 outputs are the normalised uint8 output, in HW
     }
   }
   CHECK(mismatches == 0);
-  // A plain value check: pixel 0 red channel of mid-grey would be (0.5 - 0.485) / 0.229.
-  CHECK(std::abs((128.0f / 255.0f - 0.485f) / 0.229f - 0.0740f) < 1e-3f);
+  // Values, not only agreement between outputs: a flat grey 128 image comes out as ImageNet's
+  // normalisation of 128/255 per channel, (0.50196 - mean) / std, worked out by hand.
+  const std::vector<uint8_t> grey(static_cast<size_t>(w) * h * 3, 128);
+  const std::vector<uint8_t> flat = Decode(dec, EncodeJpeg(grey, w, h, 95, TJSAMP_444), fhwc, rng);
+  std::vector<float> px(size * size * 3);
+  std::memcpy(px.data(), flat.data(), flat.size());
+  const float expected[3] = {0.0740f, 0.2052f, 0.4265f};
+  for (uint32_t i : {0u, size * size / 2, size * size - 1}) {
+    for (int c = 0; c < 3; ++c) {
+      INFO("pixel " << i << " channel " << c);
+      CHECK(std::abs(px[i * 3 + c] - expected[c]) < 0.01f);  // < 0.6 grey levels
+    }
+  }
 }
 
 TEST_CASE("SampleDecoder: crop decoding matches a full decode for every subsampling",
