@@ -148,6 +148,7 @@ void Stream::ProducerLoop() {
       }
       if (stop_) return;
       fill_slot = FreeSlot();
+      if (fill_slot) next_free_hint_ = (*fill_slot + 1) % slots_;
       if (client_waits_for_held() && !fill_slot) {
         lock.unlock();
         publish(*held, false);
@@ -370,14 +371,11 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
   }
 }
 
-std::optional<uint32_t> Stream::FreeSlot() {
+std::optional<uint32_t> Stream::FreeSlot() const {
   // Round robin from the slot after the last one filled, so every slot gets used.
   for (uint32_t i = 0; i < slots_; ++i) {
     const uint32_t slot = (next_free_hint_ + i) % slots_;
-    if (ring_->Slot(slot).state == shm::SlotState::kFree) {
-      next_free_hint_ = (slot + 1) % slots_;
-      return slot;
-    }
+    if (ring_->Slot(slot).state == shm::SlotState::kFree) return slot;
   }
   return std::nullopt;
 }

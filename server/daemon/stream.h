@@ -114,7 +114,7 @@ class Stream {
   };
   void ProducerLoop();
   // A FREE slot, or nullopt. REQUIRES: mu_ held.
-  std::optional<uint32_t> FreeSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<uint32_t> FreeSlot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllSlotsLeased() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordSkipped(const pipeline::FilledBatch& filled);
   v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,
