@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<ConsumerRing>> ConsumerRing::Open(
   absl::StatusOr<internal::MappedSegment> segment =
       internal::OpenSegmentReadOnly(shm_dir, std::string(name), sizeof(RingHeader));
   if (!segment.ok()) return segment.status();
-  const std::string where = absl::StrCat("segment ", internal::Sv(name), ": ");
+  const std::string where = absl::StrCat("segment ", base::Sv(name), ": ");
   const uint64_t file_bytes = segment->file_bytes;
   if (file_bytes == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -158,7 +158,7 @@ absl::Status ConsumerRing::Verify(uint32_t slot, uint64_t ring_sequence,
   const uint64_t held = d.ring_sequence.load(std::memory_order_relaxed);
   if (!HoldsBatch(state) || held != ring_sequence) {
     return absl::DataLossError(absl::StrCat(
-        where, "holds ", internal::Sv(SlotStateName(static_cast<SlotState>(state))),
+        where, "holds ", base::Sv(SlotStateName(static_cast<SlotState>(state))),
         " ring_sequence ", held, ", expected READY or LEASED ring_sequence ", ring_sequence));
   }
   const uint64_t bytes = d.payload_bytes.load(std::memory_order_relaxed);

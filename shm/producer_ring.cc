@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <limits>
 #include <new>
 #include <utility>
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "shm/ring.h"
 #include "shm/ring_layout.h"
+#include "shm/base/clock.h"
 #include "shm/segment_file.h"
 
 namespace ringloader::shm {
@@ -42,8 +42,8 @@ struct ProducerRing::Impl {
   absl::Status WrongState(uint32_t slot, const char* op, SlotState need, uint32_t found,
                           const char* hint = "") const {
     return absl::FailedPreconditionError(absl::StrCat(
-        "ring ", name, ": slot ", slot, ": ", op, " needs ", internal::Sv(SlotStateName(need)),
-        ", found ", internal::Sv(SlotStateName(static_cast<SlotState>(found))), hint));
+        "ring ", name, ": slot ", slot, ": ", op, " needs ", base::Sv(SlotStateName(need)),
+        ", found ", base::Sv(SlotStateName(static_cast<SlotState>(found))), hint));
   }
 
   // from -> to with acq_rel, then wakes waiters. FailedPrecondition naming the state found.
@@ -80,12 +80,6 @@ struct ProducerRing::Impl {
 };
 
 namespace {
-
-uint64_t NowMs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
 
 // Free bytes an unprivileged process may allocate in `dir`.
 absl::StatusOr<uint64_t> FreeBytes(const std::string& dir) {
@@ -131,8 +125,8 @@ absl::StatusOr<std::unique_ptr<ProducerRing>> ProducerRing::Create(const RingOpt
   if (!free_bytes.ok()) return free_bytes.status();
   if (geometry->segment_bytes > *free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "ring ", name, " of ", internal::FormatBytes(geometry->segment_bytes),
-        " does not fit: ", options.shm_dir, " has ", internal::FormatBytes(*free_bytes),
+        "ring ", name, " of ", base::FormatBytes(geometry->segment_bytes),
+        " does not fit: ", options.shm_dir, " has ", base::FormatBytes(*free_bytes),
         " free; raise the size of ", options.shm_dir,
         " (e.g. docker --shm-size) or lower ring_slots / batch_size / image_size"));
   }
@@ -163,7 +157,7 @@ absl::StatusOr<std::unique_ptr<ProducerRing>> ProducerRing::Create(const RingOpt
   header->creator_pid = static_cast<int32_t>(::getpid());
   header->slot_bytes = slot_bytes;
   header->incarnation = options.incarnation;
-  header->creation_time_ms = NowMs();
+  header->creation_time_ms = base::WallNowMs();
   header->slots_offset = geometry->slots_offset;
   header->payload_offset = geometry->payload_offset;
   // Publishes everything above to consumers that acquire-load a non-zero magic.

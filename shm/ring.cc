@@ -57,7 +57,7 @@ std::optional<ParsedName> ParseName(std::string_view entry) {
 }
 
 std::string DirJoin(const std::string& dir, std::string_view name) {
-  return internal::SegmentPath(dir, absl::StrCat("/", internal::Sv(name)));
+  return internal::SegmentPath(dir, absl::StrCat("/", base::Sv(name)));
 }
 
 enum class Liveness { kAlive, kDead, kUnknown };
@@ -67,7 +67,7 @@ enum class Liveness { kAlive, kDead, kUnknown };
 // dies and in whatever pid namespace it runs. kUnknown when there is no lock file.
 // On kDead, `*held` is the open, locked file (so no other cleaner races us); the caller closes it.
 Liveness LivenessOf(const std::string& shm_dir, const std::string& owner, int* held) {
-  const std::string path = DirJoin(shm_dir, absl::StrCat(owner, internal::Sv(kLockSuffix)));
+  const std::string path = DirJoin(shm_dir, absl::StrCat(owner, base::Sv(kLockSuffix)));
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return errno == ENOENT ? Liveness::kUnknown : Liveness::kAlive;
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -88,8 +88,8 @@ struct IncarnationLock::Impl {
 absl::StatusOr<std::unique_ptr<IncarnationLock>> IncarnationLock::Acquire(
     const std::string& shm_dir, pid_t daemon_pid, uint64_t incarnation) {
   auto impl = std::make_unique<Impl>();
-  impl->path = DirJoin(shm_dir, absl::StrCat(internal::Sv(kNamePrefix), daemon_pid, ".",
-                                             absl::Hex(incarnation), internal::Sv(kLockSuffix)));
+  impl->path = DirJoin(shm_dir, absl::StrCat(base::Sv(kNamePrefix), daemon_pid, ".",
+                                             absl::Hex(incarnation), base::Sv(kLockSuffix)));
   // Locked under a name no cleaner parses, then renamed into place: a cleaner never sees the
   // lock file unlocked, so it never takes a starting daemon for a dead one.
   const std::string temp = impl->path + ".new";
@@ -129,7 +129,7 @@ std::string_view SlotStateName(SlotState state) {
 }
 
 std::string SegmentName(pid_t daemon_pid, uint64_t incarnation, uint64_t stream_id) {
-  return absl::StrCat("/", internal::Sv(kNamePrefix), daemon_pid, ".", absl::Hex(incarnation), ".",
+  return absl::StrCat("/", base::Sv(kNamePrefix), daemon_pid, ".", absl::Hex(incarnation), ".",
                       stream_id);
 }
 
@@ -179,7 +179,7 @@ absl::StatusOr<int> RemoveStaleSegments(const std::string& shm_dir) {
     }
     if (held >= 0) {
       // Unlinked while we hold it, so a cleaner that opened it before cannot mistake a new file.
-      if (failed.ok()) ::unlink(DirJoin(shm_dir, absl::StrCat(owner, internal::Sv(kLockSuffix))).c_str());
+      if (failed.ok()) ::unlink(DirJoin(shm_dir, absl::StrCat(owner, base::Sv(kLockSuffix))).c_str());
       ::close(held);
     }
     if (!failed.ok()) return failed;

@@ -53,7 +53,7 @@ absl::StatusOr<MappedSegment> PrepareAndMap(const Object& obj, const std::string
   const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
     absl::Status s = ErrnoStatus(
-        err, absl::StrCat("segment ", name, ": posix_fallocate(", FormatBytes(bytes), ")"));
+        err, absl::StrCat("segment ", name, ": posix_fallocate(", base::FormatBytes(bytes), ")"));
     if (err == ENOSPC) {
       return absl::ResourceExhaustedError(
           absl::StrCat(s.message(),
@@ -164,20 +164,6 @@ SlotInfo ReadSlotInfo(const SlotDescriptor& d) {
   info.payload_bytes = d.payload_bytes.load(std::memory_order_relaxed);
   info.checksum = d.checksum.load(std::memory_order_relaxed);
   return info;
-}
-
-std::string FormatBytes(uint64_t bytes) {
-  constexpr uint64_t kMiB = 1ULL << 20;
-  constexpr uint64_t kGiB = 1ULL << 30;
-  char buf[64];
-  if (bytes >= kGiB) {
-    if (bytes % kGiB == 0) return absl::StrCat(bytes / kGiB, " GiB");
-    std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(bytes) / kGiB);
-    return buf;
-  }
-  if (bytes % kMiB == 0) return absl::StrCat(bytes / kMiB, " MiB");
-  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / kMiB);
-  return buf;
 }
 
 absl::Status ValidateSegmentName(const std::string& name) {

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "shm/base/text.h"
 #include "shm/ring.h"
 #include "shm/ring_layout.h"
 
@@ -85,12 +86,6 @@ uint64_t PageBytes();
 
 // A status for a failed call: code from errno, message "<what>: <strerror>".
 absl::Status ErrnoStatus(int err, absl::string_view what);
-
-// Debian's abseil has its own absl::string_view (not std::string_view), which absl::StrCat needs.
-inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-// "512 MiB", "1.5 MiB", "3.2 GiB" (for error messages).
-std::string FormatBytes(uint64_t bytes);
 
 // An acquire-load snapshot of one slot descriptor (shared by producer and consumer views).
 SlotInfo ReadSlotInfo(const SlotDescriptor& descriptor);

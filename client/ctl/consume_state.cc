@@ -71,25 +71,6 @@ absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
   return state;
 }
 
-absl::Status SaveFileAtomically(const std::string& path, absl::string_view contents) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  }
-  const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
-  const int saved_errno = errno;
-  if (std::fclose(f) != 0 || !written) {
-    return absl::InternalError(
-        absl::StrCat("cannot write ", tmp, ": ", std::strerror(written ? errno : saved_errno)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

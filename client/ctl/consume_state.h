@@ -34,8 +34,6 @@ std::string FormatConsumeState(const std::string& stream_state, uint64_t samples
 // InvalidArgument naming the bad line or field.
 absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text);
 
-// Writes `contents` to path + ".tmp", then renames it over `path`.
-absl::Status SaveFileAtomically(const std::string& path, absl::string_view contents);
 // The file's contents, std::nullopt if it does not exist, an error if it cannot be read.
 absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path);
 

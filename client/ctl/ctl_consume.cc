@@ -14,6 +14,7 @@
 #include "client/ctl/consume_state.h"
 #include "client/ctl/ctl.h"
 #include "client/ctl/samples_out.h"
+#include "shm/base/atomic_file.h"
 
 namespace ringloader::ctl {
 namespace {
@@ -154,7 +155,7 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
     }
     if (!o.state_file.empty()) {
       // After the samples are flushed: a state never covers lines that are not in the file.
-      absl::Status s = SaveFileAtomically(
+      absl::Status s = base::WriteFileAtomically(
           o.state_file,
           FormatConsumeState(stream->State(), samples ? samples->bytes() : 0, o.samples_out));
       if (!s.ok()) return s;

@@ -9,21 +9,10 @@
 #include "client/ctl/rpc.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/ringloader.grpc.pb.h"
+#include "shm/base/text.h"
 
 namespace ringloader::ctl {
 namespace {
-
-std::string Bytes(uint64_t bytes) {
-  if (bytes == 0) return "0";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%d B", bytes) : absl::StrFormat("%.1f %s", v, units[u]);
-}
 
 std::string Duration(uint64_t ms) {
   const uint64_t s = ms / 1000;
@@ -45,10 +34,10 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   out << absl::StrFormat("%-20s %d%s\n", "decode errors", s.decode_errors(),
                          reasons.empty() ? "" : "  (" + absl::StrJoin(reasons, ", ") + ")");
   out << absl::StrFormat("%-20s %d\n", "requests rejected", s.requests_rejected());
-  out << absl::StrFormat("%-20s %s\n", "rss", Bytes(s.rss_bytes()));
+  out << absl::StrFormat("%-20s %s\n", "rss", base::FormatBytes(s.rss_bytes()));
   out << absl::StrFormat("%-20s %s reserved of %s\n", "memory limit",
-                         Bytes(s.memory_reserved_bytes()),
-                         s.memory_limit_bytes() == 0 ? "unlimited" : Bytes(s.memory_limit_bytes()));
+                         base::FormatBytes(s.memory_reserved_bytes()),
+                         s.memory_limit_bytes() == 0 ? "unlimited" : base::FormatBytes(s.memory_limit_bytes()));
   out << absl::StrFormat("%-20s %d\n", "quarantined", s.quarantined_size());
 
   if (s.streams_size() > 0) {
@@ -65,7 +54,7 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                                           st.slots_filling(), "/", st.slots_total()),
                              st.batches_served(),
                              absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
-                             Bytes(st.ring_bytes()), st.batches_copied_out());
+                             base::FormatBytes(st.ring_bytes()), st.batches_copied_out());
     }
   }
   if (s.recent_bad_files_size() > 0) {

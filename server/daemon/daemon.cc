@@ -40,6 +40,7 @@
 #include "shm/ring.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
+#include "shm/base/text.h"
 
 namespace ringloader::server {
 namespace {
@@ -241,7 +242,7 @@ absl::Status StartUp(DaemonState& d) {
   if (server.memory_limit_bytes > available) {
     SPDLOG_WARN("server.memory_limit {} is more than {} ({}): the OOM killer, not the budget, "
                 "would stop this daemon; lower memory_limit",
-                FormatBytes(server.memory_limit_bytes), available_what, FormatBytes(available));
+                base::FormatBytes(server.memory_limit_bytes), available_what, base::FormatBytes(available));
   }
   d.budget = std::make_unique<MemoryBudget>(server.memory_limit_bytes);
   if (absl::Status s = OpenDatasets(d); !s.ok()) return s;
@@ -434,7 +435,7 @@ int RunDaemon(const DaemonOptions& options) {
   SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
               "memory_limit={}",
               d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
-              FormatBytes(d.config.server.memory_limit_bytes));
+              base::FormatBytes(d.config.server.memory_limit_bytes));
 
   int sig = 0;
   while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) Reload(d);

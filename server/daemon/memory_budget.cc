@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shm/base/text.h"
 
 namespace ringloader::server {
 
@@ -42,15 +43,15 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
   std::unique_lock<std::mutex> lock(mu_);
   if (bytes > limit_ || fixed_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
-        FormatBytes(limit_ - fixed_), " free (", FormatBytes(fixed_), " reserved)"));
+        what, " needs ", base::FormatBytes(bytes), "; memory_limit ", base::FormatBytes(limit_), " has ",
+        base::FormatBytes(limit_ - fixed_), " free (", base::FormatBytes(fixed_), " reserved)"));
   }
   if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait) ||
       fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, " needs ", FormatBytes(bytes), "; memory_limit ", FormatBytes(limit_), " has ",
-        FormatBytes(limit_ - fixed_ - std::min(decoding_, limit_ - fixed_)),
-        " free while decodes in flight hold ", FormatBytes(decoding_), ": try again"));
+        what, " needs ", base::FormatBytes(bytes), "; memory_limit ", base::FormatBytes(limit_), " has ",
+        base::FormatBytes(limit_ - fixed_ - std::min(decoding_, limit_ - fixed_)),
+        " free while decodes in flight hold ", base::FormatBytes(decoding_), ": try again"));
   }
   fixed_ += bytes;
   peak_ = std::max(peak_, fixed_ + decoding_);
@@ -61,15 +62,15 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   if (bytes > limit_ || fixed_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "decoding it needs ", FormatBytes(bytes), " (file and work space from its header), more "
-        "than memory_limit ", FormatBytes(limit_), " leaves beside rings and indexes (",
-        FormatBytes(fixed_), ")"));
+        "decoding it needs ", base::FormatBytes(bytes), " (file and work space from its header), more "
+        "than memory_limit ", base::FormatBytes(limit_), " leaves beside rings and indexes (",
+        base::FormatBytes(fixed_), ")"));
   }
   WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
   if (fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "decoding it needs ", FormatBytes(bytes), ", more than memory_limit ", FormatBytes(limit_),
-        " leaves beside rings and indexes (", FormatBytes(fixed_), ")"));
+        "decoding it needs ", base::FormatBytes(bytes), ", more than memory_limit ", base::FormatBytes(limit_),
+        " leaves beside rings and indexes (", base::FormatBytes(fixed_), ")"));
   }
   decoding_ += bytes;
   peak_ = std::max(peak_, fixed_ + decoding_);
@@ -101,18 +102,6 @@ uint64_t MemoryBudget::peak_reserved() const {
 uint64_t MemoryBudget::decoding() const {
   std::lock_guard<std::mutex> lock(mu_);
   return decoding_;
-}
-
-std::string FormatBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
 }
 
 }  // namespace ringloader::server

@@ -78,7 +78,4 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// "1.5 GiB", "640 KiB", "12 B": for messages.
-std::string FormatBytes(uint64_t bytes);
-
 }  // namespace ringloader::server

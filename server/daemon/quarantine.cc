@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "shm/base/atomic_file.h"
 
 namespace ringloader::server {
 
@@ -98,19 +99,12 @@ absl::StatusOr<uint64_t> Quarantine::Clear(const std::string& dataset) {
 }
 
 absl::Status Quarantine::SaveLocked() {
-  std::string tmp = path_ + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat(tmp, ": ", std::strerror(errno)));
-  }
+  std::string text;
   for (const auto& [key, e] : entries_) {
-    std::fprintf(f, "%s\t%llu\t%u\t%s\n", e.dataset.c_str(),
-                 static_cast<unsigned long long>(e.sample_index), e.strikes, e.path.c_str());
+    absl::StrAppend(&text, e.dataset, "\t", e.sample_index, "\t", e.strikes, "\t", e.path, "\n");
   }
-  bool ok = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat(path_, ": cannot save: ", std::strerror(errno)));
+  if (absl::Status s = base::WriteFileAtomically(path_, text); !s.ok()) {
+    return absl::InternalError(absl::StrCat("cannot save the quarantine: ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -7,15 +7,10 @@
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
+#include "shm/base/clock.h"
 
 namespace ringloader::server {
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // A ring transition that can only fail if this class broke its own invariant: stop loudly.
 void CheckRing(const absl::Status& status, uint64_t stream_id) {
@@ -44,7 +39,7 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
       reservation_(std::move(reservation)),
       deps_(deps),
       slots_(ring_->slot_count()),
-      last_activity_ns_(NowNs()) {
+      last_activity_ns_(base::SteadyNowNs()) {
   std::lock_guard<std::mutex> lock(mu_);
   produce_pos_ = setup_.start;
   handles_.resize(slots_);
@@ -69,7 +64,7 @@ std::chrono::steady_clock::time_point Stream::last_activity() const {
       std::chrono::nanoseconds(last_activity_ns_.load(std::memory_order_relaxed)));
 }
 
-void Stream::Touch() { last_activity_ns_.store(NowNs(), std::memory_order_relaxed); }
+void Stream::Touch() { last_activity_ns_.store(base::SteadyNowNs(), std::memory_order_relaxed); }
 
 void Stream::ProducerLoop() {
   const v1::StreamSpec& spec = setup_.spec;

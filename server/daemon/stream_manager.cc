@@ -15,6 +15,7 @@
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
+#include "shm/base/text.h"
 
 namespace ringloader::server {
 namespace {
@@ -213,7 +214,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   absl::StatusOr<Reservation> reservation = deps_.budget->Reserve(
       ring_bytes + shard_size * 4,
       absl::StrCat("a stream of dataset \"", spec.dataset(), "\" (ring of ", spec.ring_slots(),
-                   " slots x ", FormatBytes(slot_bytes), ")"));
+                   " slots x ", base::FormatBytes(slot_bytes), ")"));
   if (!reservation.ok()) return Reject(reservation.status());
 
   // Streams being opened count against the limits too, so concurrent opens cannot exceed them.

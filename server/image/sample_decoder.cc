@@ -1,143 +1,49 @@
 #include "server/image/sample_decoder.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
-#include <array>
-#include <cerrno>
-#include <csetjmp>
-#include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <utility>
 
-// jpeglib.h needs size_t and FILE declared first.
-#include <jerror.h>
-#include <jpeglib.h>
-
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "server/image/jpeg_decompressor.h"
 #include "server/image/resample.h"
+#include "shm/base/text.h"
+
+// One sample goes header -> plan -> decode -> transform:
+//   header     ReadHeader: the JPEG header, checked against DecodeLimits before any allocation;
+//   plan       PlanSource: the source box (train crop or eval resize), the flip, the DCT scale;
+//   decode     DecodeRows: only the rows and columns the filter reads, each resampled
+//              horizontally as it arrives (CMYK converted first);
+//   transform  WriteSample: the vertical pass, then dtype and layout, into the batch.
+// libjpeg's jumps stay inside JpegDecompressor; everything here is ordinary C++.
 
 namespace ringloader::image {
 namespace {
 
 constexpr char kReasonPayload[] = "ringloader.reason";
-constexpr uint32_t kMaxImageSize = 16384;              // output side bound (a caller's mistake)
-constexpr uint64_t kMaxFileBytes = uint64_t{1} << 30;  // ReadFileBytes refuses bigger files
-constexpr int32_t kBatchRows = 16;  // scanlines per jpeg_read_scanlines call (one iMCU row)
+constexpr uint32_t kMaxImageSize = 16384;  // output side bound (a caller's mistake)
+constexpr int32_t kBatchRows = 16;         // scanlines per ReadScanlines (one iMCU row)
 
-// Error manager: libjpeg calls error_exit on fatal errors and emit_message(-1) on warnings;
-// both longjmp back to the guarded call in State::Guarded. jpeg_error_mgr must stay first.
-struct JpegError {
-  jpeg_error_mgr pub;
-  std::jmp_buf jump;
-  bool warnings_are_errors;
-  const char* reason;
-  int msg_code;
-  char message[JMSG_LENGTH_MAX];
-};
+using base::Sv;
 
-struct JpegProgress {
-  jpeg_progress_mgr pub;  // must stay first
-  JpegError* err;
-  uint32_t max_scans;
-  int64_t deadline_ns;  // steady_clock; INT64_MAX = none
-};
-
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+absl::Status DataError(std::string_view path, std::string_view reason, std::string_view detail) {
+  return WithReason(absl::DataLossError(absl::StrCat(Sv(path), ": ", Sv(reason), ": ", Sv(detail))),
+                    reason);
 }
 
-const char* ReasonForCode(int code) {
-  switch (code) {
-    case JERR_NO_SOI:
-      return "not_jpeg";
-    case JERR_INPUT_EMPTY:
-      return "empty";
-    case JERR_INPUT_EOF:
-      return "truncated";
-    case JERR_IMAGE_TOO_BIG:
-    case JERR_OUT_OF_MEMORY:
-      return "too_large";
-    case JERR_ARITH_NOTIMPL:
-    case JERR_BAD_PRECISION:
-    case JERR_CCIR601_NOTIMPL:
-    case JERR_CONVERSION_NOTIMPL:
-    case JERR_FRACT_SAMPLE_NOTIMPL:
-    case JERR_NOT_COMPILED:
-    case JERR_SOF_UNSUPPORTED:
-    case JERR_BAD_J_COLORSPACE:
-      return "unsupported";
-    // API misuse or library limits on crop/skip (see IsApiRefusal): not the data's fault.
-    case JERR_BAD_STATE:
-    case JERR_BAD_CROP_SPEC:
-    case JERR_NOTIMPL:
-    case JERR_WIDTH_OVERFLOW:
-    case JERR_BAD_BUFFER_MODE:
-    case JERR_BAD_LIB_VERSION:
-    case JERR_BAD_STRUCT_SIZE:
-    case JERR_BAD_POOL_ID:
-    case JERR_BAD_VIRTUAL_ACCESS:
-    case JERR_VIRTUAL_BUG:
-      return "other";
-    default:
-      return "corrupt";
-  }
+absl::Status JpegError(std::string_view path, const JpegFailure& failure) {
+  return DataError(path, failure.reason, failure.message);
 }
 
-// Errors that mean "libjpeg refused this partial-decode request", after which a full decode is
-// worth a try.
-bool IsApiRefusal(int code) {
-  return code == JERR_BAD_STATE || code == JERR_BAD_CROP_SPEC || code == JERR_NOTIMPL ||
-         code == JERR_WIDTH_OVERFLOW || code == JERR_BAD_BUFFER_MODE;
-}
-
-[[noreturn]] void OnJpegError(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
-  err->msg_code = err->pub.msg_code;
-  err->reason = ReasonForCode(err->pub.msg_code);
-  (*err->pub.format_message)(cinfo, err->message);
-  std::longjmp(err->jump, 1);
-}
-
-void OnJpegMessage(j_common_ptr cinfo, int level) {
-  if (level >= 0) return;  // trace messages
-  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
-  ++err->pub.num_warnings;
-  if (!err->warnings_are_errors) return;
-  err->msg_code = err->pub.msg_code;
-  err->reason = err->pub.msg_code == JWRN_JPEG_EOF ? "truncated" : "corrupt";
-  (*err->pub.format_message)(cinfo, err->message);
-  std::longjmp(err->jump, 1);
-}
-
-void OnJpegProgress(j_common_ptr cinfo) {
-  if (!cinfo->is_decompressor) return;
-  auto* progress = reinterpret_cast<JpegProgress*>(cinfo->progress);
-  const auto* dinfo = reinterpret_cast<j_decompress_ptr>(cinfo);
-  if (progress->deadline_ns != INT64_MAX && SteadyNowNs() > progress->deadline_ns) {
-    JpegError* err = progress->err;
-    err->msg_code = 0;
-    err->reason = "deadline_exceeded";
-    std::snprintf(err->message, sizeof(err->message),
-                  "decoding took longer than server.decode_deadline_ms; abandoned");
-    std::longjmp(err->jump, 1);
-  }
-  if (dinfo->input_scan_number > static_cast<int>(progress->max_scans)) {
-    JpegError* err = progress->err;
-    err->msg_code = 0;
-    err->reason = "too_many_scans";
-    std::snprintf(err->message, sizeof(err->message),
-                  "Progressive JPEG image has more than %u scans", progress->max_scans);
-    std::longjmp(err->jump, 1);
-  }
+absl::Status OutOfMemory(std::string_view path, std::string_view reason) {
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Sv(path), ": out of memory")),
+                    reason);
 }
 
 inline uint8_t Div255(uint32_t x) {
@@ -157,27 +63,6 @@ void CmykToRgb(const uint8_t* src, int32_t pixels, bool adobe_inverted, uint8_t*
   }
 }
 
-// True if the bytes [begin, end) contain an EOI marker (FF D9). Searches from the end, where a
-// complete file has it. Entropy-coded data never contains FF D9 (FF is stuffed as FF 00).
-bool ContainsEoi(const uint8_t* begin, const uint8_t* end) {
-  const uint8_t* limit = end;  // search for FF in [begin, limit - 1)
-  while (limit - begin >= 2) {
-    const void* hit = memrchr(begin, 0xFF, static_cast<size_t>(limit - 1 - begin));
-    if (hit == nullptr) return false;
-    const auto* ff = static_cast<const uint8_t*>(hit);
-    if (ff[1] == 0xD9) return true;
-    limit = ff + 1;
-  }
-  return false;
-}
-
-// Debian's abseil is built in its own-types mode: absl::string_view is not std::string_view.
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-absl::Status DataError(std::string_view path, std::string_view reason, std::string_view detail) {
-  return WithReason(absl::DataLossError(absl::StrCat(Av(path), ": ", Av(reason), ": ", Av(detail))),
-                    reason);
-}
 
 int32_t FloorDiv(double v, int32_t d) { return static_cast<int32_t>(std::floor(v / d)); }
 int32_t CeilDiv(double v, int32_t d) { return static_cast<int32_t>(std::ceil(v / d)); }
@@ -200,18 +85,16 @@ std::string_view ErrorReason(const absl::Status& status) {
 }
 
 absl::Status WithReason(absl::Status status, std::string_view reason) {
-  if (!status.ok()) status.SetPayload(kReasonPayload, absl::Cord(Av(reason)));
+  if (!status.ok()) status.SetPayload(kReasonPayload, absl::Cord(Sv(reason)));
   return status;
 }
 
-struct SampleDecoder::State {
-  jpeg_decompress_struct cinfo;
-  JpegError err;
-  JpegProgress progress;
+namespace {
 
-  // Scratch, reused across samples (sizes bounded by max_pixels and image_size).
-  std::vector<uint8_t> row;      // one scanline as libjpeg writes it (3 or 4 components)
-  std::vector<uint8_t> rgb_row;  // the scanline converted from CMYK
+// The decoder's own buffers, reused across samples (sizes bounded by max_pixels and image_size).
+struct Scratch {
+  std::vector<uint8_t> row;      // kBatchRows scanlines as libjpeg writes them (3 or 4 components)
+  std::vector<uint8_t> rgb_row;  // one scanline converted from CMYK
   std::vector<uint8_t> hrows;    // horizontal pass output, one row per needed source row
   std::vector<uint8_t> out_row;
   std::vector<int32_t> acc;
@@ -221,61 +104,11 @@ struct SampleDecoder::State {
   std::array<float, 3> lut_mean{}, lut_std{};
   bool lut_valid = false;
 
-  State(const DecodeLimits& limits) {
-    std::memset(&cinfo, 0, sizeof(cinfo));
-    std::memset(&err, 0, sizeof(err));
-    std::memset(&progress, 0, sizeof(progress));
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = OnJpegError;
-    err.pub.emit_message = OnJpegMessage;
-    err.warnings_are_errors = limits.warnings_are_errors;
-    progress.pub.progress_monitor = OnJpegProgress;
-    progress.err = &err;
-    progress.max_scans = limits.max_scans;
-    progress.deadline_ns = INT64_MAX;
-    Recreate();
-  }
-  ~State() {
-    if (created) jpeg_destroy_decompress(&cinfo);
-  }
 
-  // A new decompressor for every file. libjpeg keeps quantization and Huffman tables (DQT/DHT)
-  // across images in one decompressor (for abbreviated datastreams), so a file that lacks a
-  // table would otherwise decode with the previous file's table on a warm decoder but fail (or
-  // use the standard Huffman tables) on a fresh one: a sample's bytes would depend on which
-  // file the worker thread decoded before (found by tests/fuzz). Costs a few small allocations.
-  void Recreate() {
-    if (created) jpeg_destroy_decompress(&cinfo);
-    created = false;
-    // jpeg_create_decompress only fails on out-of-memory or a library mismatch; it calls
-    // error_exit, so it is guarded like everything else.
-    if (setjmp(err.jump) == 0) {
-      jpeg_create_decompress(&cinfo);
-      cinfo.progress = &progress.pub;
-      created = true;
-    }
-  }
-
-  // Runs `fn` (libjpeg calls only: no objects with destructors may live in its frames, since
-  // an error longjmps out of them). Returns false on a libjpeg error (details in `err`), after
-  // which the decompressor has been reset with jpeg_abort_decompress.
-  template <typename Fn>
-  bool Guarded(Fn&& fn) {
-    err.reason = "other";
-    err.msg_code = 0;
-    err.message[0] = '\0';
-    err.pub.num_warnings = 0;
-    if (setjmp(err.jump) != 0) {
-      jpeg_abort_decompress(&cinfo);
-      return false;
-    }
-    fn();
-    return true;
-  }
-
-  absl::Status Error(std::string_view path) {
+  // A failed decode: gives back what the image grew, then libjpeg's failure as the sample's error.
+  absl::Status Fail(const JpegDecompressor& jpeg, std::string_view path) {
     ReleaseBigScratch();
-    return DataError(path, err.reason, err.message);
+    return JpegError(path, jpeg.failure());
   }
 
   // Scratch is reused across samples, but what one huge image grew is given back, so a decode
@@ -295,50 +128,34 @@ struct SampleDecoder::State {
     std::vector<float>().swap(float_row);
   }
 
-  bool created = false;
 };
 
-SampleDecoder::SampleDecoder(DecodeLimits limits)
-    : state_(std::make_unique<State>(limits)), limits_(limits) {}
+}  // namespace
 
-void SampleDecoder::set_limits(const DecodeLimits& limits) {
-  limits_ = limits;
-  state_->err.warnings_are_errors = limits.warnings_are_errors;
-  state_->progress.max_scans = limits.max_scans;
-}
-
-SampleDecoder::~SampleDecoder() = default;
-
-void SampleDecoder::set_deadline(std::chrono::steady_clock::time_point deadline) {
-  state_->progress.deadline_ns =
-      deadline == std::chrono::steady_clock::time_point::max()
-          ? INT64_MAX
-          : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch())
-                .count();
-}
+struct SampleDecoder::State {
+  explicit State(const DecodeLimits& limits)
+      : jpeg(limits.warnings_are_errors, limits.max_scans) {}
+  JpegDecompressor jpeg;
+  Scratch scratch;
+};
 
 namespace {
 
-// Reads the header of `jpeg` into `cinfo` and checks it against the limits. On success the
-// decompressor is in the header-read state; on failure it has been reset.
-template <typename StateT>
-absl::Status ReadHeaderInto(StateT& st, const DecodeLimits& limits, std::span<const uint8_t> jpeg,
-                            std::string_view path, ImageInfo& info) {
-  if (jpeg.empty()) return DataError(path, "empty", "file is empty (0 bytes)");
-  st.Recreate();  // nothing of the previous file may leak into this one
-  if (!st.created) return DataError(path, "other", "libjpeg decompressor could not be created");
-  jpeg_decompress_struct& cinfo = st.cinfo;
-  const bool ok = st.Guarded([&] {
-    jpeg_mem_src(&cinfo, jpeg.data(), static_cast<unsigned long>(jpeg.size()));
-    jpeg_read_header(&cinfo, TRUE);
-  });
-  if (!ok) return st.Error(path);
-  info.width = static_cast<int32_t>(cinfo.image_width);
-  info.height = static_cast<int32_t>(cinfo.image_height);
-  info.components = cinfo.num_components;
-  info.progressive = cinfo.progressive_mode != 0;
+// ---- header ----
+
+// Reads the header of `jpeg` and checks it against the limits. On success the decompressor is
+// ready to decode; on failure it has been reset.
+absl::Status ReadHeader(JpegDecompressor& jpeg, const DecodeLimits& limits,
+                        std::span<const uint8_t> bytes, std::string_view path, ImageInfo& info) {
+  if (bytes.empty()) return DataError(path, "empty", "file is empty (0 bytes)");
+  if (!jpeg.ReadHeader(bytes)) return JpegError(path, jpeg.failure());
+  const jpeg_decompress_struct& h = jpeg.info();
+  info.width = static_cast<int32_t>(h.image_width);
+  info.height = static_cast<int32_t>(h.image_height);
+  info.components = h.num_components;
+  info.progressive = h.progressive_mode != 0;
   absl::Status status;
-  const uint64_t pixels = uint64_t{cinfo.image_width} * cinfo.image_height;
+  const uint64_t pixels = uint64_t{h.image_width} * h.image_height;
   if (info.width <= 0 || info.height <= 0) {
     status = DataError(path, "corrupt",
                        absl::StrCat("image has zero size ", info.width, "x", info.height));
@@ -346,22 +163,24 @@ absl::Status ReadHeaderInto(StateT& st, const DecodeLimits& limits, std::span<co
     status = DataError(path, "too_large",
                        absl::StrCat("image is ", info.width, "x", info.height, " = ", pixels,
                                     " pixels, above max_pixels ", limits.max_pixels));
-  } else if (cinfo.data_precision != 8) {
+  } else if (h.data_precision != 8) {
     status = DataError(path, "unsupported",
-                       absl::StrCat(cinfo.data_precision, "-bit JPEG data is not supported"));
-  } else if (cinfo.num_components != 1 && cinfo.num_components != 3 && cinfo.num_components != 4) {
+                       absl::StrCat(h.data_precision, "-bit JPEG data is not supported"));
+  } else if (h.num_components != 1 && h.num_components != 3 && h.num_components != 4) {
     status = DataError(path, "unsupported",
-                       absl::StrCat(cinfo.num_components, "-component JPEGs are not supported"));
+                       absl::StrCat(h.num_components, "-component JPEGs are not supported"));
   }
-  if (!status.ok()) jpeg_abort_decompress(&cinfo);
+  if (!status.ok()) jpeg.Abort();
   return status;
 }
 
-// Output colour space for the file's colour space; 4-component files come out as CMYK and are
-// converted by CmykToRgb.
-void SetOutColor(jpeg_decompress_struct& cinfo) {
-  const bool four = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-  cinfo.out_color_space = four ? JCS_CMYK : JCS_RGB;
+// 4-component files (CMYK, YCCK) come out of libjpeg as CMYK and are converted by CmykToRgb;
+// everything else as RGB. Returns whether the output is CMYK.
+bool SetOutColor(JpegDecompressor& jpeg) {
+  const J_COLOR_SPACE in = jpeg.info().jpeg_color_space;
+  const bool four = in == JCS_CMYK || in == JCS_YCCK;
+  jpeg.set_out_color_space(four ? JCS_CMYK : JCS_RGB);
+  return four;
 }
 
 // libjpeg's allocations besides the coefficient buffers: per-row sample and upsampling buffers
@@ -382,35 +201,93 @@ DecodePlan PlanFor(uint64_t width, uint64_t height, uint64_t components, uint64_
   return plan;
 }
 
+// ---- plan ----
+
+// Which source pixels make the sample, before any pixel is decoded.
+struct SourcePlan {
+  CropRect box;                   // the source box the output resamples (fractional pixels)
+  int32_t x0 = 0, y0 = 0;         // the window the filter may read: [x0, x1) x [y0, y1)
+  int32_t x1 = 0, y1 = 0;
+  bool flip = false;
+  int32_t denom = 1;              // DCT scaling 1/denom
+};
+
+SourcePlan PlanSource(const ImageInfo& info, const TransformSpec& spec, SampleRng& rng) {
+  SourcePlan plan;
+  plan.x1 = info.width;
+  plan.y1 = info.height;
+  if (spec.augment == Augment::kTrain) {
+    // torchvision crops, then resizes: the filter sees only the crop.
+    const CropBox box = DrawTrainCrop(info.width, info.height, rng);
+    plan.box = CropRect{static_cast<double>(box.x), static_cast<double>(box.y),
+                        static_cast<double>(box.width), static_cast<double>(box.height)};
+    plan.x0 = box.x;
+    plan.y0 = box.y;
+    plan.x1 = box.x + box.width;
+    plan.y1 = box.y + box.height;
+    plan.flip = box.flip;
+  } else {
+    // torchvision resizes the whole image, then crops: the filter may read outside the box.
+    plan.box = EvalCropExact(info.width, info.height, spec.image_size);
+  }
+  // The largest power-of-two DCT reduction that keeps the scaled box >= the output in both axes.
+  const auto size = static_cast<int32_t>(spec.image_size);
+  while (!spec.exact_resize && plan.denom < 8 && plan.box.width / (plan.denom * 2) >= size &&
+         plan.box.height / (plan.denom * 2) >= size) {
+    plan.denom *= 2;
+  }
+  return plan;
+}
+
 }  // namespace
+
+SampleDecoder::SampleDecoder(DecodeLimits limits)
+    : state_(std::make_unique<State>(limits)), limits_(limits) {}
+
+void SampleDecoder::set_limits(const DecodeLimits& limits) {
+  limits_ = limits;
+  state_->jpeg.set_warnings_are_errors(limits.warnings_are_errors);
+  state_->jpeg.set_max_scans(limits.max_scans);
+}
+
+SampleDecoder::~SampleDecoder() = default;
+
+void SampleDecoder::set_deadline(std::chrono::steady_clock::time_point deadline) {
+  state_->jpeg.set_deadline_ns(
+      deadline == std::chrono::steady_clock::time_point::max()
+          ? INT64_MAX
+          : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch())
+                .count());
+}
 
 absl::StatusOr<DecodePlan> SampleDecoder::PlanFromHeader(std::span<const uint8_t> head,
                                                          std::string_view path,
                                                          const DecodeLimits& limits,
-                                                         const TransformSpec& spec) {
+                                                         const TransformSpec& spec) try {
   // A header cut off by the end of `head` must say "truncated" (the caller's cue), whatever the
   // dataset's warnings setting.
-  DecodeLimits strict = limits;
-  strict.warnings_are_errors = true;
-  auto state = std::make_unique<State>(strict);
+  JpegDecompressor jpeg(/*warnings_are_errors=*/true, limits.max_scans);
   ImageInfo info;
-  absl::Status status = ReadHeaderInto(*state, strict, head, path, info);
-  if (!status.ok()) return status;
-  jpeg_decompress_struct& cinfo = state->cinfo;
+  if (absl::Status s = ReadHeader(jpeg, limits, head, path, info); !s.ok()) return s;
+  bool multiple_scans = false;
+  if (!jpeg.HasMultipleScans(&multiple_scans)) return JpegError(path, jpeg.failure());
+  const jpeg_decompress_struct& h = jpeg.info();
   uint64_t coef_bytes = 0;
-  if (cinfo.progressive_mode || jpeg_has_multiple_scans(&cinfo)) {
+  if (h.progressive_mode || multiple_scans) {
     // Whole-image coefficient arrays (jdcoefct.c): one 64-coefficient block of 2-byte values per
     // 8x8 block of each component, rounded up to the sampling factors.
-    for (int c = 0; c < cinfo.num_components; ++c) {
-      const jpeg_component_info& comp = cinfo.comp_info[c];
+    for (int c = 0; c < h.num_components; ++c) {
+      const jpeg_component_info& comp = h.comp_info[c];
       const auto round_up = [](uint64_t v, uint64_t m) { return (v + m - 1) / m * m; };
       coef_bytes += round_up(comp.width_in_blocks, comp.h_samp_factor) *
                     round_up(comp.height_in_blocks, comp.v_samp_factor) * sizeof(JBLOCK);
     }
   }
-  jpeg_abort_decompress(&cinfo);
+  jpeg.Abort();
   return PlanFor(static_cast<uint64_t>(info.width), static_cast<uint64_t>(info.height),
                  static_cast<uint64_t>(info.components), coef_bytes, spec.image_size);
+} catch (const std::bad_alloc&) {
+  return OutOfMemory(path, "other");
 }
 
 DecodePlan SampleDecoder::WorstCasePlan(const DecodeLimits& limits, const TransformSpec& spec) {
@@ -421,191 +298,134 @@ DecodePlan SampleDecoder::WorstCasePlan(const DecodeLimits& limits, const Transf
 absl::StatusOr<ImageInfo> SampleDecoder::ReadInfo(std::span<const uint8_t> jpeg,
                                                   std::string_view path) {
   ImageInfo info;
-  absl::Status status = ReadHeaderInto(*state_, limits_, jpeg, path, info);
-  if (!status.ok()) return status;
-  jpeg_abort_decompress(&state_->cinfo);
+  if (absl::Status s = ReadHeader(state_->jpeg, limits_, jpeg, path, info); !s.ok()) return s;
+  state_->jpeg.Abort();
   return info;
 }
 
-absl::StatusOr<std::vector<uint8_t>> SampleDecoder::DecodeRgb(std::span<const uint8_t> jpeg,
+absl::StatusOr<std::vector<uint8_t>> SampleDecoder::DecodeRgb(std::span<const uint8_t> bytes,
                                                               std::string_view path,
                                                               ImageInfo* info_out) try {
-  State& st = *state_;
+  JpegDecompressor& jpeg = state_->jpeg;
+  Scratch& st = state_->scratch;
   ImageInfo info;
-  absl::Status status = ReadHeaderInto(st, limits_, jpeg, path, info);
-  if (!status.ok()) return status;
+  if (absl::Status s = ReadHeader(jpeg, limits_, bytes, path, info); !s.ok()) return s;
   if (info_out != nullptr) *info_out = info;
-  jpeg_decompress_struct& cinfo = st.cinfo;
-  SetOutColor(cinfo);
-  const size_t width = cinfo.image_width;
-  std::vector<uint8_t> rgb(width * cinfo.image_height * 3);
+  const bool cmyk = SetOutColor(jpeg);
+  const size_t width = static_cast<size_t>(info.width);
+  std::vector<uint8_t> rgb(width * static_cast<size_t>(info.height) * 3);
   st.row.resize(width * 4);
-  const bool cmyk = cinfo.out_color_space == JCS_CMYK;
-  const bool ok = st.Guarded([&] {
-    jpeg_start_decompress(&cinfo);
-    while (cinfo.output_scanline < cinfo.output_height) {
-      uint8_t* dst = rgb.data() + size_t{cinfo.output_scanline} * width * 3;
-      JSAMPROW row = cmyk ? st.row.data() : dst;
-      jpeg_read_scanlines(&cinfo, &row, 1);
-      if (cmyk) CmykToRgb(st.row.data(), static_cast<int32_t>(width), cinfo.saw_Adobe_marker, dst);
+  JDIMENSION xoff = 0, xwidth = static_cast<JDIMENSION>(width);
+  if (!jpeg.Start(&xoff, &xwidth, 0)) return st.Fail(jpeg, path);
+  while (jpeg.info().output_scanline < jpeg.info().output_height) {
+    uint8_t* dst = rgb.data() + size_t{jpeg.info().output_scanline} * width * 3;
+    JSAMPROW row = cmyk ? st.row.data() : dst;
+    JDIMENSION got = 0;
+    if (!jpeg.ReadScanlines(&row, 1, &got)) return st.Fail(jpeg, path);
+    if (cmyk && got == 1) {
+      CmykToRgb(st.row.data(), static_cast<int32_t>(width), jpeg.info().saw_Adobe_marker, dst);
     }
-    jpeg_finish_decompress(&cinfo);
-  });
-  if (!ok) return st.Error(path);
+  }
+  if (!jpeg.Finish()) return st.Fail(jpeg, path);
   return rgb;
 } catch (const std::bad_alloc&) {
-  jpeg_abort_decompress(&state_->cinfo);
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")),
-                    "other");
+  state_->jpeg.Abort();
+  return OutOfMemory(path, "other");
 }
 
-absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::string_view path,
-                                       const TransformSpec& spec, SampleRng& rng,
-                                       std::span<uint8_t> out) try {
-  if (spec.image_size == 0 || spec.image_size > kMaxImageSize) {
-    return WithReason(
-        absl::InvalidArgumentError(absl::StrCat(Av(path), ": image_size must be in [1, ",
-                                                kMaxImageSize, "], got ", spec.image_size)),
-        "other");
-  }
-  if (out.size() != spec.SampleBytes()) {
-    return WithReason(
-        absl::InvalidArgumentError(absl::StrCat(Av(path), ": output span has ", out.size(),
-                                                " bytes, the sample needs ", spec.SampleBytes())),
-        "other");
-  }
-  State& st = *state_;
-  jpeg_decompress_struct& cinfo = st.cinfo;
-  ImageInfo info;
-  absl::Status status = ReadHeaderInto(st, limits_, jpeg, path, info);
-  if (!status.ok()) return status;
-  cinfo.mem->max_memory_to_use = static_cast<long>(memory_cap_);
+namespace {
 
-  // The source box (fractional source pixels), the window the filter may read, and the flip.
-  CropRect crop;
-  int32_t clamp_x0 = 0, clamp_y0 = 0, clamp_x1 = info.width, clamp_y1 = info.height;
-  bool flip = false;
-  if (spec.augment == Augment::kTrain) {
-    const CropBox box = DrawTrainCrop(info.width, info.height, rng);
-    crop = CropRect{static_cast<double>(box.x), static_cast<double>(box.y),
-                    static_cast<double>(box.width), static_cast<double>(box.height)};
-    // torchvision crops, then resizes: the filter sees only the crop.
-    clamp_x0 = box.x;
-    clamp_y0 = box.y;
-    clamp_x1 = box.x + box.width;
-    clamp_y1 = box.y + box.height;
-    flip = box.flip;
-  } else {
-    // torchvision resizes the whole image, then crops: the filter may read outside the box.
-    crop = EvalCropExact(info.width, info.height, spec.image_size);
-  }
+// ---- decode ----
 
-  // Largest power-of-two DCT reduction that keeps the scaled crop >= the output in both axes.
-  const auto size = static_cast<int32_t>(spec.image_size);
-  int32_t denom = 1;
-  while (!spec.exact_resize && denom < 8 && crop.width / (denom * 2) >= size &&
-         crop.height / (denom * 2) >= size) {
-    denom *= 2;
-  }
-
-  SetOutColor(cinfo);
-  const bool cmyk = cinfo.out_color_space == JCS_CMYK;
+// Decodes, at 1/plan.denom, the rows and columns the filters read (all of them when `partial` is
+// off), resampling each row horizontally into st.hrows as it arrives. Sets *refused when libjpeg
+// refused the partial decode (crop or skip), after which a full decode is worth a try.
+absl::Status DecodeRows(JpegDecompressor& jpeg, Scratch& st, const SourcePlan& plan,
+                        int32_t size, bool partial, std::string_view path, DecodeStats& stats,
+                        bool* refused) {
+  const bool cmyk = SetOutColor(jpeg);
+  if (!jpeg.CalcOutputDimensions(static_cast<unsigned>(plan.denom))) return st.Fail(jpeg, path);
+  const auto sw = static_cast<int32_t>(jpeg.info().output_width);
+  const auto sh = static_cast<int32_t>(jpeg.info().output_height);
+  // The window in scaled coordinates: scaled pixel j covers source pixels [j*d, (j+1)*d).
+  const int32_t d = plan.denom;
+  const int32_t cx0 = std::clamp(FloorDiv(plan.x0, d), 0, sw - 1);
+  const int32_t cx1 = std::clamp(CeilDiv(plan.x1, d), cx0 + 1, sw);
+  const int32_t cy0 = std::clamp(FloorDiv(plan.y0, d), 0, sh - 1);
+  const int32_t cy1 = std::clamp(CeilDiv(plan.y1, d), cy0 + 1, sh);
+  BuildTaps(plan.box.x / d, plan.box.width / d, size, cx0, cx1, plan.flip, st.htaps);
+  BuildTaps(plan.box.y / d, plan.box.height / d, size, cy0, cy1, false, st.vtaps);
+  const int32_t need_x0 = partial ? st.htaps.in_begin : 0;
+  const int32_t need_x1 = partial ? st.htaps.in_end : sw;
+  const int32_t need_y0 = partial ? st.vtaps.in_begin : 0;
+  const int32_t need_y1 = partial ? st.vtaps.in_end : sh;
+  const int32_t hrow_bytes = size * 3;
   const int comps = cmyk ? 4 : 3;
-  bool partial = true;  // crop columns / skip rows / stop early; off after a libjpeg refusal
-  DecodeStats stats;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (attempt == 1) {  // libjpeg refused the partial decode: read the header again, decode all
-      status = ReadHeaderInto(st, limits_, jpeg, path, info);
-      if (!status.ok()) return status;
-      cinfo.mem->max_memory_to_use = static_cast<long>(memory_cap_);
-      SetOutColor(cinfo);
-      partial = false;
-      stats.full_decode_fallback = true;
-    }
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = static_cast<unsigned int>(denom);
-    if (!st.Guarded([&] { jpeg_calc_output_dimensions(&cinfo); })) return st.Error(path);
-    const auto sw = static_cast<int32_t>(cinfo.output_width);
-    const auto sh = static_cast<int32_t>(cinfo.output_height);
-    // The crop in scaled coordinates: scaled pixel j covers source pixels [j*d, (j+1)*d).
-    const int32_t cx0 = std::clamp(FloorDiv(clamp_x0, denom), 0, sw - 1);
-    const int32_t cx1 = std::clamp(CeilDiv(clamp_x1, denom), cx0 + 1, sw);
-    const int32_t cy0 = std::clamp(FloorDiv(clamp_y0, denom), 0, sh - 1);
-    const int32_t cy1 = std::clamp(CeilDiv(clamp_y1, denom), cy0 + 1, sh);
-    BuildTaps(crop.x / denom, crop.width / denom, size, cx0, cx1, flip, st.htaps);
-    BuildTaps(crop.y / denom, crop.height / denom, size, cy0, cy1, false, st.vtaps);
-    const int32_t need_x0 = partial ? st.htaps.in_begin : 0;
-    const int32_t need_x1 = partial ? st.htaps.in_end : sw;
-    const int32_t need_y0 = partial ? st.vtaps.in_begin : 0;
-    const int32_t need_y1 = partial ? st.vtaps.in_end : sh;
-    const int32_t hrow_bytes = size * 3;
-    const int32_t vrows = st.vtaps.in_end - st.vtaps.in_begin;
-    // Allocate before the guarded region (libjpeg errors longjmp; allocations must not throw
-    // inside it).
-    const size_t row_stride = static_cast<size_t>(sw) * comps + kRowSlack;
-    st.row.resize(row_stride * kBatchRows);
-    if (cmyk) st.rgb_row.resize(static_cast<size_t>(sw) * 3 + kRowSlack);
-    st.hrows.resize(static_cast<size_t>(vrows) * hrow_bytes + kRowSlack);
+  const size_t row_stride = static_cast<size_t>(sw) * comps + kRowSlack;
+  st.row.resize(row_stride * kBatchRows);
+  if (cmyk) st.rgb_row.resize(static_cast<size_t>(sw) * 3 + kRowSlack);
+  st.hrows.resize(static_cast<size_t>(st.vtaps.in_end - st.vtaps.in_begin) * hrow_bytes +
+                  kRowSlack);
 
-    JDIMENSION xoff = static_cast<JDIMENSION>(need_x0);
-    JDIMENSION xwidth = static_cast<JDIMENSION>(need_x1 - need_x0);
-    bool eoi_missing = false;
-    const bool ok = st.Guarded([&] {
-      jpeg_start_decompress(&cinfo);
-      if (xwidth < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &xwidth);
-      if (need_y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(need_y0));
-      const int32_t row_x0 = static_cast<int32_t>(xoff);
-      std::array<JSAMPROW, kBatchRows> rows;
-      for (int32_t r = 0; r < kBatchRows; ++r) rows[r] = st.row.data() + r * row_stride;
-      while (cinfo.output_scanline < static_cast<JDIMENSION>(need_y1)) {
-        const auto y0 = static_cast<int32_t>(cinfo.output_scanline);
-        const auto want = static_cast<JDIMENSION>(std::min(kBatchRows, need_y1 - y0));
-        const auto got = static_cast<int32_t>(jpeg_read_scanlines(&cinfo, rows.data(), want));
-        for (int32_t r = 0; r < got; ++r) {
-          const int32_t y = y0 + r;
-          if (y < st.vtaps.in_begin || y >= st.vtaps.in_end) continue;  // full-decode fallback
-          const uint8_t* rgb = rows[r];
-          if (cmyk) {
-            CmykToRgb(rows[r], static_cast<int32_t>(xwidth), cinfo.saw_Adobe_marker,
-                      st.rgb_row.data());
-            rgb = st.rgb_row.data();
-          }
-          ResampleRowH(rgb, row_x0, st.htaps,
-                       st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
-        }
-      }
-      if (cinfo.output_scanline < cinfo.output_height) {
-        // Stopped early. A single-scan file's remaining data is unread: a cut file (no EOI
-        // marker after the data read so far) is still "truncated", whatever the crop.
-        // (The entropy decoder may already have read the EOI marker: unread_marker.)
-        if (st.err.warnings_are_errors && !jpeg_input_complete(&cinfo) &&
-            cinfo.unread_marker != 0xD9) {
-          const size_t left = cinfo.src->bytes_in_buffer;
-          eoi_missing = !ContainsEoi(jpeg.data() + (jpeg.size() - left), jpeg.data() + jpeg.size());
-        }
-        jpeg_abort_decompress(&cinfo);
-      } else {
-        jpeg_finish_decompress(&cinfo);
-      }
-    });
-    if (!ok) {
-      if (attempt == 0 && IsApiRefusal(st.err.msg_code)) continue;
-      return st.Error(path);
+  JDIMENSION xoff = static_cast<JDIMENSION>(need_x0);
+  JDIMENSION xwidth = static_cast<JDIMENSION>(need_x1 - need_x0);
+  if (!jpeg.Start(&xoff, &xwidth, static_cast<JDIMENSION>(need_y0))) {
+    *refused = partial && jpeg.failure().IsApiRefusal();
+    return st.Fail(jpeg, path);
+  }
+  const auto row_x0 = static_cast<int32_t>(xoff);
+  std::array<JSAMPROW, kBatchRows> rows;
+  for (int32_t r = 0; r < kBatchRows; ++r) rows[r] = st.row.data() + r * row_stride;
+  while (jpeg.info().output_scanline < static_cast<JDIMENSION>(need_y1)) {
+    const auto y0 = static_cast<int32_t>(jpeg.info().output_scanline);
+    JDIMENSION got = 0;
+    if (!jpeg.ReadScanlines(rows.data(), static_cast<JDIMENSION>(std::min(kBatchRows, need_y1 - y0)),
+                            &got)) {
+      *refused = partial && jpeg.failure().IsApiRefusal();
+      return st.Fail(jpeg, path);
     }
+    for (int32_t r = 0; r < static_cast<int32_t>(got); ++r) {
+      const int32_t y = y0 + r;
+      if (y < st.vtaps.in_begin || y >= st.vtaps.in_end) continue;  // full-decode fallback
+      const uint8_t* rgb = rows[r];
+      if (cmyk) {
+        CmykToRgb(rows[r], static_cast<int32_t>(xwidth), jpeg.info().saw_Adobe_marker,
+                  st.rgb_row.data());
+        rgb = st.rgb_row.data();
+      }
+      ResampleRowH(rgb, row_x0, st.htaps,
+                   st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
+    }
+  }
+  if (jpeg.info().output_scanline < jpeg.info().output_height) {
+    // Stopped early. A single-scan file's remaining data is unread: a cut file is still
+    // "truncated", whatever the crop.
+    bool eoi_missing = false;
+    if (jpeg.warnings_are_errors() && !jpeg.FindEoi(&eoi_missing)) return st.Fail(jpeg, path);
+    jpeg.Abort();
     if (eoi_missing) {
       return DataError(path, "truncated", "Premature end of JPEG file (no EOI marker)");
     }
-    stats.scale_denom = denom;
-    stats.scaled_width = sw;
-    stats.scaled_height = sh;
-    stats.decoded_x = static_cast<int32_t>(xoff);
-    stats.decoded_width = static_cast<int32_t>(xwidth);
-    stats.decoded_y = need_y0;
-    stats.decoded_rows = need_y1 - need_y0;
-    break;
+  } else if (!jpeg.Finish()) {
+    *refused = partial && jpeg.failure().IsApiRefusal();
+    return st.Fail(jpeg, path);
   }
+  stats.scale_denom = d;
+  stats.scaled_width = sw;
+  stats.scaled_height = sh;
+  stats.decoded_x = static_cast<int32_t>(xoff);
+  stats.decoded_width = static_cast<int32_t>(xwidth);
+  stats.decoded_y = need_y0;
+  stats.decoded_rows = need_y1 - need_y0;
+  return absl::OkStatus();
+}
 
-  // Vertical pass straight into the output (via one row for layouts other than uint8 HWC).
+// ---- transform ----
+
+// The vertical pass from st.hrows straight into `out` (through one row for any output other than
+// uint8 HWC, which StoreRow converts and places).
+void WriteSample(Scratch& st, const TransformSpec& spec, std::span<uint8_t> out) {
+  const auto size = static_cast<int32_t>(spec.image_size);
   const int32_t hrow_bytes = size * 3;
   st.acc.resize(static_cast<size_t>(hrow_bytes));
   st.out_row.resize(static_cast<size_t>(hrow_bytes));
@@ -624,111 +444,49 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> jpeg, std::strin
     ResampleRowV(st.hrows.data(), hrow_bytes, st.vtaps, y, st.acc.data(), dst);
     if (!direct) StoreRow(dst, y, spec, st.lut, st.float_row.data(), out);
   }
-  last_decode_ = stats;
-  st.ReleaseBigScratch();
-  return absl::OkStatus();
-} catch (const std::bad_alloc&) {
-  jpeg_abort_decompress(&state_->cinfo);
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path), ": out of memory")),
-                    "other");
-}
-
-namespace {
-
-absl::Status ReadError(const std::string& path, int err) {
-  const std::string text = absl::StrCat(path, ": read_error: ", std::strerror(err));
-  absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
-                   : err == EACCES ? absl::PermissionDeniedError(text)
-                                   : absl::DataLossError(text);
-  return WithReason(std::move(s), "read_error");
 }
 
 }  // namespace
 
-absl::StatusOr<SampleFile> SampleFile::Open(const std::string& path, uint64_t max_bytes) {
-  const uint64_t limit = std::min(max_bytes, kMaxFileBytes);
-  // O_NONBLOCK: opening a FIFO must not wait for a writer. It changes nothing for regular files.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ReadError(path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ReadError(path, err);
+absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> bytes, std::string_view path,
+                                       const TransformSpec& spec, SampleRng& rng,
+                                       std::span<uint8_t> out) try {
+  if (spec.image_size == 0 || spec.image_size > kMaxImageSize) {
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(Sv(path), ": image_size must be in [1, ",
+                                                kMaxImageSize, "], got ", spec.image_size)),
+        "other");
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                       : S_ISDIR(st.st_mode)  ? "a directory"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                     : "not a regular file";
-    return DataError(path, "not_regular_file",
-                     absl::StrCat("is ", kind, ", not a regular file: refused unread"));
+  if (out.size() != spec.SampleBytes()) {
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(Sv(path), ": output span has ", out.size(),
+                                                " bytes, the sample needs ", spec.SampleBytes())),
+        "other");
   }
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    ::close(fd);
-    return DataError(path, "too_large",
-                     absl::StrCat("file has ", st.st_size, " bytes, above max_file_bytes ", limit));
+  JpegDecompressor& jpeg = state_->jpeg;
+  Scratch& st = state_->scratch;
+  ImageInfo info;
+  if (absl::Status s = ReadHeader(jpeg, limits_, bytes, path, info); !s.ok()) return s;
+  jpeg.set_memory_cap(memory_cap_);
+  const SourcePlan plan = PlanSource(info, spec, rng);
+  const auto size = static_cast<int32_t>(spec.image_size);
+  DecodeStats stats;
+  bool refused = false;
+  absl::Status status = DecodeRows(jpeg, st, plan, size, /*partial=*/true, path, stats, &refused);
+  if (refused) {  // libjpeg refused the partial decode: read the header again, decode it all
+    if (absl::Status s = ReadHeader(jpeg, limits_, bytes, path, info); !s.ok()) return s;
+    jpeg.set_memory_cap(memory_cap_);
+    status = DecodeRows(jpeg, st, plan, size, /*partial=*/false, path, stats, &refused);
+    stats.full_decode_fallback = true;
   }
-  if (st.st_size == 0) {
-    ::close(fd);
-    return DataError(path, "empty", "file is empty (0 bytes)");
-  }
-  return SampleFile(path, fd, static_cast<uint64_t>(st.st_size), limit);
-}
-
-SampleFile::SampleFile(SampleFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
-      size_(other.size_),
-      max_bytes_(other.max_bytes_) {}
-
-SampleFile::~SampleFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadHead(uint64_t max) {
-  return ReadRange(std::min(max, size_));
-}
-
-absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadAll() { return ReadRange(UINT64_MAX); }
-
-absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
-  const bool whole = max == UINT64_MAX;
-  // One byte more than the file had, to see its end in the same read without growing the buffer
-  // (growing would double its capacity: memory the accounting did not draw).
-  std::vector<uint8_t> bytes(static_cast<size_t>(whole ? size_ + 1 : max));
-  size_t got = 0;
-  while (true) {
-    if (got == bytes.size()) {
-      if (!whole) break;
-      bytes.resize(got + 65536);  // the file grew since Open (rare)
-    }
-    const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ReadError(path_, errno);
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-    if (got > max_bytes_) {
-      return DataError(path_, "too_large",
-                       absl::StrCat("file is above max_file_bytes ", max_bytes_, " bytes"));
-    }
-  }
-  bytes.resize(got);
-  if (bytes.empty()) return DataError(path_, "empty", "file is empty (0 bytes)");
-  return bytes;
+  if (!status.ok()) return status;
+  WriteSample(st, spec, out);
+  last_decode_ = stats;
+  st.ReleaseBigScratch();
+  return absl::OkStatus();
 } catch (const std::bad_alloc&) {
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(Av(path_), ": out of memory")),
-                    "read_error");
-}
-
-absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
-  absl::StatusOr<SampleFile> file = SampleFile::Open(path, max_bytes);
-  if (!file.ok()) return file.status();
-  return file->ReadAll();
+  state_->jpeg.Abort();
+  return OutOfMemory(path, "other");
 }
 
 }  // namespace ringloader::image

@@ -15,6 +15,7 @@
 #include "server/pipeline/index_cache.h"
 #include "server/pipeline/manifest.h"
 #include "server/pipeline/sample_list.h"
+#include "shm/base/clock.h"
 
 namespace ringloader::pipeline {
 namespace {
@@ -23,12 +24,6 @@ namespace {
 // granularity could miss a file added in the same tick yet match the key later ("racy git").
 // So the cache is only written when every key mtime is at least this old.
 constexpr int64_t kRacyWindowNs = 2'000'000'000;
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Prefixed(const DatasetSpec& spec, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("dataset '", spec.name, "': ", status.message()));
@@ -46,7 +41,7 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
     return *std::move(cached);
   }
   absl::StatusOr<SampleList> list = ListImageFolder(spec.root);
-  if (list.ok() && list->size() > 0 && newest_mtime_ns < NowNs() - kRacyWindowNs) {
+  if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
     // Best effort: without a cache the next Open walks again. (Libraries do not log.)
     (void)SaveIndexCache(cache_path, *key, *list);
   }

@@ -1,10 +1,7 @@
 #include "server/pipeline/index_cache.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shm/base/atomic_file.h"
 
 namespace ringloader::pipeline {
 namespace {
@@ -69,8 +67,6 @@ class Reader {
   size_t pos_ = 0;
   bool ok_ = true;
 };
-
-std::atomic<uint64_t> g_temp_counter{0};
 
 }  // namespace
 
@@ -141,31 +137,8 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
   std::filesystem::create_directories(target.parent_path(), ec);
   if (ec)
     return absl::UnavailableError(absl::StrCat(target.parent_path().string(), ": ", ec.message()));
-  const std::string temp =
-      absl::StrCat(path, ".tmp.", ::getpid(), ".", g_temp_counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat(temp, ": ", std::strerror(errno)));
-  int err = 0;  // first errno seen
-  for (const std::string* part : {&header, &payload}) {
-    size_t done = 0;
-    while (err == 0 && done < part->size()) {
-      const ssize_t n = ::write(fd, part->data() + done, part->size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0)
-        err = errno;
-      else if (n == 0)
-        err = EIO;
-      else
-        done += static_cast<size_t>(n);
-    }
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err == 0 && ::rename(temp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(temp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat(path, ": cannot write index cache: ", std::strerror(err)));
+  if (absl::Status s = base::WriteFileAtomically(path, {header, payload}); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot write index cache: ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "shm/base/clock.h"
 
 // std::mutex rather than absl::Mutex on purpose: Debian's prebuilt abseil is not compiled with
 // -fsanitize=thread, so TSan cannot see absl::Mutex's happens-before edges and reports false
@@ -49,11 +50,6 @@ uint64_t WithPhase(uint64_t word, Phase phase) { return (word & ~kPhaseMask) | p
 // At most this many threads are ever left stuck; past it, late tasks are waited for instead.
 constexpr uint64_t kMaxAbandoned = 1024;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-
 // How often a caller with deadline tasks looks at them even when nothing finished.
 constexpr std::chrono::milliseconds kCheckInterval{100};
 
@@ -88,7 +84,7 @@ void TaskControl::Checkpoint() {
 }
 
 void TaskControl::EndWait() {
-  state_->start_ns.store(NowNs());
+  state_->start_ns.store(base::SteadyNowNs());
   state_->word.store(WithPhase(state_->word.load() + kGeneration, kRunning));
 }
 
@@ -143,7 +139,7 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       auto state = std::make_shared<TaskControl::State>();
       state->index = i;
       state->worker_id = worker_id;
-      state->start_ns.store(NowNs());
+      state->start_ns.store(base::SteadyNowNs());
       job->running.push_back(state);
       const auto* fn = job->fn_control;
       lock.unlock();
@@ -237,7 +233,7 @@ void WorkerPool::ParallelForWithDeadline(
   impl_->work_available.notify_all();
   while (job.remaining > 0) {
     const bool abandon_all = impl_->abandon_uncommitted.load();
-    const int64_t now = NowNs();
+    const int64_t now = base::SteadyNowNs();
     for (auto it = job.running.begin(); it != job.running.end();) {
       TaskControl::State& task = **it;
       // The word first, then the start time: a later EndWait changes the word's generation, so

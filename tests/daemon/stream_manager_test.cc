@@ -364,7 +364,7 @@ TEST_CASE("StreamManager: memory_limit refuses a ring that does not fit, with th
   v1::OpenStreamResponse response;
   ExpectStatus(h.manager->Open(big, &response), absl::StatusCode::kResourceExhausted,
                "a stream of dataset \"synth\" (ring of 4 slots x 3.0 MiB) needs 12.1 MiB; "
-               "memory_limit 4.0 MiB has 4.0 MiB free (0 B reserved)");
+               "memory_limit 4 MiB has 4 MiB free (0 B reserved)");
   // Two small streams fit; the third does not; closing one makes room.
   v1::OpenStreamRequest small = Request(8);
   small.mutable_spec()->set_image_size(128);  // 384 KiB a slot, ~1.6 MiB a stream
@@ -372,7 +372,7 @@ TEST_CASE("StreamManager: memory_limit refuses a ring that does not fit, with th
   v1::OpenStreamResponse s2 = h.MustOpen(small);
   const uint64_t two = h.budget->reserved();
   ExpectStatus(h.manager->Open(small, &response), absl::StatusCode::kResourceExhausted,
-               "memory_limit 4.0 MiB");
+               "memory_limit 4 MiB");
   CHECK(h.budget->reserved() == two);
   REQUIRE(h.Close(s1.stream_id()).ok());
   v1::OpenStreamResponse s3 = h.MustOpen(small);

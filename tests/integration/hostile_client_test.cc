@@ -813,7 +813,7 @@ TEST_CASE("memory_limit: a stream whose ring does not fit is RESOURCE_EXHAUSTED 
   grpc::Status s = raw.Open(OpenRequest(huge), &response);
   ExpectError(s, StatusCode::RESOURCE_EXHAUSTED, "a stream of dataset \"synth\" (ring of 4 slots x ");
   CHECK_THAT(s.error_message(), Catch::Contains("GiB) needs ") &&
-                                    Catch::Contains("; memory_limit 200.0 MiB has ") &&
+                                    Catch::Contains("; memory_limit 200 MiB has ") &&
                                     Catch::Contains(" free (") && Catch::Contains(" reserved)"));
 
   // A stream taking ~60% of what is free fits once, not twice; closing it makes room again.
@@ -830,7 +830,7 @@ TEST_CASE("memory_limit: a stream whose ring does not fit is RESOURCE_EXHAUSTED 
   v1::OpenStreamResponse second;
   s = raw.Open(OpenRequest(big), &second);
   ExpectError(s, StatusCode::RESOURCE_EXHAUSTED, "needs ");
-  CHECK_THAT(s.error_message(), Catch::Contains("memory_limit 200.0 MiB"));
+  CHECK_THAT(s.error_message(), Catch::Contains("memory_limit 200 MiB"));
   CHECK(FixedBytes(raw.Stats()) == baseline + one_stream);  // a refusal costs nothing
 
   REQUIRE(raw.Close(first.stream_id(), first.incarnation()).ok());
