@@ -137,6 +137,15 @@ const TensorView& Batch::images() const { return impl().images; }
 const TensorView& Batch::labels() const { return impl().labels; }
 const TensorView& Batch::indices() const { return impl().indices; }
 uint32_t Batch::size() const { return impl().size; }
+
+void Batch::Detach() {
+  if (!impl_ || !impl_->held) return;
+  absl::StatusOr<bool> copied = impl_->held->CopyOut();
+  if (!copied.ok()) {
+    throw Error(ErrorCode::kResourceExhausted,
+                absl::StrCat("cannot copy the batch out of the ring: ", copied.status().message()));
+  }
+}
 const Position& Batch::position() const { return impl().position; }
 const Position& Batch::next() const { return impl().next; }
 bool Batch::last_in_epoch() const { return impl().last_in_epoch; }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/channel.h"
 #include "client/internal.h"
+#include "grpcpp/client_context.h"
+#include "proto/health.grpc.pb.h"
 
 namespace ringloader::client {
 namespace {
@@ -79,6 +81,27 @@ std::string DefaultEndpoint() {
   const char* env = std::getenv("RINGLOADER_ENDPOINT");
   if (env != nullptr && *env != '\0') return env;
   return "unix:/run/ringloader/ringloader.sock";
+}
+
+std::string HealthStatus(const std::string& endpoint, std::chrono::milliseconds timeout) {
+  absl::StatusOr<std::string> target = GrpcTarget(endpoint);
+  if (!target.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(*target));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  grpc::health::v1::HealthCheckRequest request;  // service "" = the daemon as a whole
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (status.ok()) {
+    return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  }
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    throw Error(ErrorCode::kUnavailable,
+                absl::StrCat("no daemon answers at ", endpoint, ": ", DiagnoseNoConnection(endpoint)));
+  }
+  throw Error(ErrorCode::kInternal,
+              absl::StrCat("health check of ", endpoint, " failed: ", status.error_message()));
 }
 
 void FillSpec(const StreamOptions& o, v1::StreamSpec& spec) {

@@ -205,6 +205,12 @@ class Batch {
   uint64_t sample_image_bytes() const;
   // Dataset-relative path of sample i (i < size()); empty if the daemon did not send paths.
   std::string_view relative_path(uint32_t i) const;
+  // Moves the batch out of the ring now: into private memory at the same addresses (every
+  // pointer into it stays valid, the bytes do not change), its slot given back with the next
+  // Next(). For a batch kept long; Next() does it by itself when held batches would leave the
+  // daemon no slot (see "Holding batches"). Does nothing when it is already out or moved from.
+  // Throws kResourceExhausted when the copy cannot be allocated.
+  void Detach();
 
   struct Impl;
   explicit Batch(std::unique_ptr<Impl> impl);
@@ -230,10 +236,16 @@ class Stream {
   const StreamOptions& options() const;
   // Daemon reconnects this stream has survived.
   uint64_t reconnects() const;
-  // Held batches copied out of the ring so far (see "Holding batches" at the top of this file).
+  // Held batches copied out of the ring so far, by Next() (see "Holding batches" at the top of
+  // this file) or by Batch::Detach().
   uint64_t copies() const;
   // The fingerprint of the dataset this stream reads (see StreamOptions::dataset_fingerprint).
   uint64_t dataset_fingerprint() const;
+  // Samples in the dataset, in one epoch of this rank's shard, and batches in one such epoch
+  // (exact unless samples are skipped; then an upper bound), as the daemon said at open.
+  uint64_t dataset_size() const;
+  uint64_t samples_per_epoch() const;
+  uint64_t batches_per_epoch() const;
 
   struct Impl;
   explicit Stream(std::unique_ptr<Impl> impl);
@@ -265,6 +277,11 @@ class Client {
 
 // $RINGLOADER_ENDPOINT (when set and non-empty), else "unix:/run/ringloader/ringloader.sock".
 std::string DefaultEndpoint();
+
+// The daemon's standard health status (grpc.health.v1) at `endpoint`: "SERVING" once it serves,
+// "NOT_SERVING" while it starts or stops. Throws Error: kUnavailable, with why (no socket, no
+// permission, ...), when nothing answers within `timeout`.
+std::string HealthStatus(const std::string& endpoint, std::chrono::milliseconds timeout);
 
 // Checks options before anything is sent; throws Error(kInvalidArgument) naming the option and
 // the rule, e.g. "StreamOptions.rank: must be < world_size (got rank 4, world_size 4)".

@@ -5,6 +5,7 @@
 namespace ringloader::client {
 
 void ReleaseQueue::Push(const PendingRelease& release) {
+  if (release.copied_out) copied_out_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
   pending_.push_back(release);
 }

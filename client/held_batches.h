@@ -10,6 +10,7 @@
 //
 // Thread-safety: thread-safe (a Batch may be destroyed on any thread).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -38,8 +39,11 @@ class ReleaseQueue {
  public:
   void Push(const PendingRelease& release);
   std::vector<PendingRelease> Drain();
+  // Batches copied out of the ring so far (by the Stream or by Batch::Detach).
+  uint64_t copied_out() const { return copied_out_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<uint64_t> copied_out_{0};
   std::mutex mu_;  // std::, not absl::: TSan cannot see into Debian's uninstrumented abseil
   std::vector<PendingRelease> pending_ ABSL_GUARDED_BY(mu_);
 };

@@ -94,6 +94,9 @@ struct Stream::Impl {
     incarnation = response.incarnation();
     token = response.stream_token();
     fingerprint = response.dataset_fingerprint();
+    dataset_size = response.dataset_size();
+    samples_per_epoch = response.samples_per_epoch();
+    batches_per_epoch = response.batches_per_epoch();
     open = true;
     auto mapped =
         connection->MapSegment(response.segment_name(), response.incarnation(), response.shm_dir());
@@ -287,7 +290,6 @@ struct Stream::Impl {
                     absl::StrCat("cannot copy a held batch out of the ring to free its slot (",
                                  copied.status().message(), "); release batches you keep"));
       }
-      if (*copied) copies.fetch_add(1, std::memory_order_relaxed);
     }
   }
 
@@ -368,7 +370,7 @@ struct Stream::Impl {
   std::shared_ptr<SlotViews> views;  // of `ring`
   const std::shared_ptr<ReleaseQueue> releases = std::make_shared<ReleaseQueue>();
   std::deque<std::weak_ptr<HeldBatch>> held;  // delivered batches of this stream, oldest first
-  std::atomic<uint64_t> copies{0};
+  uint64_t dataset_size = 0, samples_per_epoch = 0, batches_per_epoch = 0;  // of the last open
   std::atomic<uint64_t> reconnects{0};
   std::atomic<bool> in_next{false};
   Backoff backoff;
@@ -389,9 +391,12 @@ std::string Stream::State() const {
   return FormatState(options, impl_->position);
 }
 uint64_t Stream::dataset_fingerprint() const { return impl_->fingerprint; }
+uint64_t Stream::dataset_size() const { return impl_->dataset_size; }
+uint64_t Stream::samples_per_epoch() const { return impl_->samples_per_epoch; }
+uint64_t Stream::batches_per_epoch() const { return impl_->batches_per_epoch; }
 const StreamOptions& Stream::options() const { return impl_->options; }
 uint64_t Stream::reconnects() const { return impl_->reconnects.load(std::memory_order_relaxed); }
-uint64_t Stream::copies() const { return impl_->copies.load(std::memory_order_relaxed); }
+uint64_t Stream::copies() const { return impl_->releases->copied_out(); }
 
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
                                    const StreamOptions& options) {

@@ -1,4 +1,9 @@
 // ringloaderd: parse flags, then run the daemon (or its supervisor).
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -10,6 +15,7 @@
 int main(int argc, char** argv) {
   ringloader::server::DaemonOptions options;
   bool supervise = false;
+  pid_t parent_pid = 0;
   CLI::App app{
       "ringloaderd: decodes and batches training images into shared memory.\n"
       "SIGTERM/SIGINT stop it cleanly; SIGHUP re-reads the config (log_level and new [[datasets]]\n"
@@ -18,8 +24,20 @@ int main(int argc, char** argv) {
   app.add_option("--config", options.config_path, "TOML config file")->required();
   app.add_option("--listen", options.listen_override, "unix:PATH or HOST:PORT (overrides config)");
   app.add_flag("--supervise", supervise, "run the daemon as a child and restart it when it dies");
+  app.add_option("--parent-pid", parent_pid,
+                 "stop (as on SIGTERM) when process PID, which started this one, exits")
+      ->check(CLI::PositiveNumber);
   app.set_version_flag("--version", "ringloaderd 0.1.0");
   CLI11_PARSE(app, argc, argv);
+  if (parent_pid != 0) {
+    // A private daemon (the Python package's rl.Daemon) must not outlive its notebook, even one
+    // that is SIGKILLed. The check after prctl covers a parent that died before it.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent_pid) {
+      std::fprintf(stderr, "ringloaderd: parent process %d is gone; not starting\n",
+                   static_cast<int>(parent_pid));
+      return 1;
+    }
+  }
   if (!supervise) return ringloader::server::RunDaemon(options);
 
   ringloader::server::SupervisorOptions supervisor;

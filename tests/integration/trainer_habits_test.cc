@@ -113,6 +113,26 @@ TEST_CASE("16.1: holding any number of batches never stalls a stream, held batch
     CHECK(CopiedOut(daemon.endpoint()) == 28);
   }
 
+  SECTION("Batch::Detach moves a kept batch out at once: same bytes and address, slot given back") {
+    std::vector<std::pair<Batch, size_t>> kept;
+    const std::vector<size_t> hashes = ReadTwoEpochs(
+        client, options,
+        [&](std::optional<Batch>& b) {
+          const void* at = b->images().raw();
+          const size_t hash = HashOf(*b);
+          b->Detach();
+          b->Detach();  // a second time does nothing
+          CHECK(b->images().raw() == at);
+          kept.emplace_back(*std::move(b), hash);
+        },
+        &copies);
+    CHECK(hashes == reference);
+    REQUIRE(kept.size() == 30);
+    for (const auto& [batch, hash] : kept) CHECK(HashOf(batch) == hash);
+    CHECK(copies == 30);  // every one by Detach, none left for Next() to copy
+    CHECK(CopiedOut(daemon.endpoint()) == 30);
+  }
+
   SECTION("keeping each 2nd batch for 3 steps, and the previous one while asking for the next") {
     std::vector<std::pair<int, Batch>> recent;  // (step kept, batch)
     std::optional<Batch> previous;
@@ -153,6 +173,27 @@ TEST_CASE("16.1: holding any number of batches never stalls a stream, held batch
     CHECK(copies == 1);
     CHECK(first->position().sequence == 0);
   }
+}
+
+TEST_CASE("Stream says its epoch's size; HealthStatus says SERVING, or why nothing answers",
+          "[integration][habits]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  CHECK(client::HealthStatus(daemon.endpoint(), std::chrono::seconds(5)) == "SERVING");
+  const std::string nowhere = "unix:" + daemon.dir() + "/nobody.sock";
+  CHECK_THROWS_MATCHES(client::HealthStatus(nowhere, std::chrono::milliseconds(300)), Error,
+                       Catch::Predicate<Error>([&](const Error& e) {
+                         return e.code() == ErrorCode::kUnavailable &&
+                                std::string(e.what()).find("nobody.sock") != std::string::npos;
+                       }));
+  Client client(daemon.endpoint());
+  StreamOptions options = Small();
+  options.world_size = 2;
+  options.rank = 1;
+  auto stream = client.Open(options);
+  CHECK(stream->dataset_size() == 120);
+  CHECK(stream->samples_per_epoch() == 60);
+  CHECK(stream->batches_per_epoch() == 8);  // 7 full batches and one of 4
 }
 
 TEST_CASE("16.1: writable batches can be written in place, and the writes never reach the ring "

@@ -1,0 +1,367 @@
+// _ringloader: the C++ client (client/client.h) as a Python extension. The `ringloader` package
+// wraps it; this layer only converts: dicts to StreamOptions, Batch views to numpy arrays whose
+// memory is the ring slot itself, client::Error to ringloader.errors classes. Reconnects, exact
+// resume, copy-outs and fork safety all stay in the C++ client.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+
+namespace py = pybind11;
+
+namespace ringloader::python {
+namespace {
+
+using client::Batch;
+using client::DType;
+using client::Error;
+using client::ErrorCode;
+using client::Position;
+using client::StreamOptions;
+using client::TensorView;
+
+// How long one wait inside Stream.next() lasts before Python's signal handlers get a turn:
+// Ctrl-C in a notebook is answered within this (plus one RPC).
+constexpr std::chrono::milliseconds kSignalPoll{200};
+
+[[noreturn]] void Fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
+
+// ---- options ----
+
+template <typename T>
+T Take(py::dict& d, const char* key, T fallback) {
+  if (!d.contains(key)) return fallback;
+  py::object value = d[key];
+  PyDict_DelItemString(d.ptr(), key);
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    Fail(ErrorCode::kInvalidArgument,
+         std::string(key) + ": has the wrong type (" +
+             std::string(py::str(value.get_type().attr("__name__"))) + ")");
+  }
+}
+
+template <typename E>
+E TakeEnum(py::dict& d, const char* key, E fallback,
+           std::initializer_list<std::pair<const char*, E>> names) {
+  if (!d.contains(key)) return fallback;
+  const std::string text = Take<std::string>(d, key, "");
+  std::string allowed;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    allowed += (allowed.empty() ? "'" : ", '") + std::string(name) + "'";
+  }
+  Fail(ErrorCode::kInvalidArgument,
+       std::string(key) + ": must be one of " + allowed + ", got '" + text + "'");
+}
+
+Position PositionOf(const py::dict& d) {
+  Position p;
+  p.epoch = d["epoch"].cast<uint64_t>();
+  p.sequence = d["sequence"].cast<uint64_t>();
+  p.cursor = d["cursor"].cast<uint64_t>();
+  return p;
+}
+
+py::dict DictOf(const Position& p) {
+  py::dict d;
+  d["epoch"] = p.epoch;
+  d["sequence"] = p.sequence;
+  d["cursor"] = p.cursor;
+  return d;
+}
+
+// StreamOptions from the keys the Python package uses; an unknown key is an error (a typo must
+// not be ignored).
+StreamOptions OptionsOf(const py::dict& in) {
+  auto d = py::reinterpret_steal<py::dict>(PyDict_Copy(in.ptr()));  // a copy we may consume
+  if (!d) throw py::error_already_set();
+  StreamOptions o;
+  o.dataset = Take<std::string>(d, "dataset", "");
+  o.batch_size = Take<uint32_t>(d, "batch_size", o.batch_size);
+  o.seed = Take<uint64_t>(d, "seed", o.seed);
+  o.rank = Take<uint32_t>(d, "rank", o.rank);
+  o.world_size = Take<uint32_t>(d, "world_size", o.world_size);
+  o.image_size = Take<uint32_t>(d, "image_size", o.image_size);
+  o.augment = TakeEnum(d, "augment", o.augment,
+                       {{"train", client::Augment::kTrain}, {"eval", client::Augment::kEval}});
+  o.dtype = TakeEnum(d, "dtype", o.dtype, {{"uint8", DType::kUint8}, {"float32", DType::kFloat32}});
+  o.layout = TakeEnum(d, "layout", o.layout,
+                      {{"NHWC", client::Layout::kNHWC}, {"NCHW", client::Layout::kNCHW}});
+  o.resize = TakeEnum(d, "resize", o.resize,
+                      {{"fast", client::Resize::kFast}, {"exact", client::Resize::kExact}});
+  o.shuffle = Take<bool>(d, "shuffle", o.shuffle);
+  o.drop_last = Take<bool>(d, "drop_last", o.drop_last);
+  o.end_epoch = Take<uint64_t>(d, "end_epoch", o.end_epoch);
+  o.mean = Take<std::vector<float>>(d, "mean", {});
+  o.std = Take<std::vector<float>>(d, "std", {});
+  o.ring_slots = Take<uint32_t>(d, "ring_slots", o.ring_slots);
+  o.client_name = Take<std::string>(d, "client_name", "");
+  const double deadline_s = Take<double>(d, "reconnect_deadline", 60.0);
+  if (!(deadline_s >= 0 && deadline_s < 1e7)) {
+    Fail(ErrorCode::kInvalidArgument, "reconnect_deadline: must be seconds in [0, 1e7)");
+  }
+  o.reconnect_deadline = std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000));
+  o.verify_checksums = Take<bool>(d, "verify_checksums", o.verify_checksums);
+  o.writable_batches = Take<bool>(d, "writable_batches", o.writable_batches);
+  o.dataset_fingerprint = Take<uint64_t>(d, "dataset_fingerprint", 0);
+  o.restart_epoch_if_dataset_changed = Take<bool>(d, "restart_epoch_if_dataset_changed", false);
+  if (d.contains("start")) {
+    o.start = PositionOf(d["start"].cast<py::dict>());
+    PyDict_DelItemString(d.ptr(), "start");
+  }
+  if (!d.empty()) {
+    Fail(ErrorCode::kInvalidArgument,
+         "unknown stream option '" + std::string(py::str(d.begin()->first)) + "'");
+  }
+  return o;
+}
+
+py::dict DictOf(const StreamOptions& o) {
+  py::dict d;
+  d["dataset"] = o.dataset;
+  d["batch_size"] = o.batch_size;
+  d["seed"] = o.seed;
+  d["rank"] = o.rank;
+  d["world_size"] = o.world_size;
+  d["image_size"] = o.image_size;
+  d["augment"] = o.augment == client::Augment::kEval ? "eval" : "train";
+  d["dtype"] = client::DTypeName(o.dtype);
+  d["layout"] = o.layout == client::Layout::kNCHW ? "NCHW" : "NHWC";
+  d["resize"] = o.resize == client::Resize::kExact ? "exact" : "fast";
+  d["shuffle"] = o.shuffle;
+  d["drop_last"] = o.drop_last;
+  d["end_epoch"] = o.end_epoch;
+  d["mean"] = o.mean;
+  d["std"] = o.std;
+  d["ring_slots"] = o.ring_slots;
+  d["dataset_fingerprint"] = o.dataset_fingerprint;
+  d["start"] = DictOf(o.start);
+  return d;
+}
+
+// ---- batches ----
+
+// The Batch, shared by its Python object and every array viewing it: the slot is released when
+// the last of them goes.
+struct BatchBox {
+  explicit BatchBox(Batch b) : batch(std::move(b)) {}
+  Batch batch;
+};
+
+class PyBatch {
+ public:
+  PyBatch(Batch batch, bool writable)
+      : box_(std::make_shared<BatchBox>(std::move(batch))), writable_(writable) {
+    const Batch& b = box_->batch;
+    size_ = b.size();
+    position_ = b.position();
+    next_ = b.next();
+    last_in_epoch_ = b.last_in_epoch();
+  }
+
+  // A numpy array over one tensor of the slot; its base keeps the batch alive.
+  py::array Array(const std::string& name) const {
+    if (!box_) Fail(ErrorCode::kFailedPrecondition, "the batch was released");
+    const TensorView& t = Tensor(name);
+    py::dtype dtype = t.dtype() == DType::kUint8     ? py::dtype::of<uint8_t>()
+                      : t.dtype() == DType::kFloat32 ? py::dtype::of<float>()
+                                                     : py::dtype::of<int64_t>();
+    auto* owner = new std::shared_ptr<BatchBox>(box_);
+    py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<BatchBox>*>(p); });
+    py::array array(dtype, t.shape(), {}, t.raw(), base);
+    if (!writable_) array.attr("setflags")(py::arg("write") = false);
+    return array;
+  }
+
+  const TensorView& Tensor(const std::string& name) const {
+    const Batch& b = box_->batch;
+    if (name == "images") return b.images();
+    if (name == "labels") return b.labels();
+    if (name == "indices") return b.indices();
+    Fail(ErrorCode::kInvalidArgument, "no tensor '" + name + "' (images, labels, indices)");
+  }
+
+  py::list Paths() const {
+    if (!box_) Fail(ErrorCode::kFailedPrecondition, "the batch was released");
+    py::list paths;
+    for (uint32_t i = 0; i < size_; ++i) {
+      const std::string_view p = box_->batch.relative_path(i);
+      paths.append(py::str(p.data(), p.size()));
+    }
+    return paths;
+  }
+
+  // Gives the slot back now. Arrays still alive keep their bytes: the batch is copied out of the
+  // ring first (at the same addresses), so nothing ever reads a later batch through them.
+  void Release() {
+    if (!box_) return;
+    if (box_.use_count() > 1) box_->batch.Detach();
+    box_.reset();
+  }
+
+  bool released() const { return !box_; }
+  uint32_t size() const { return size_; }
+  py::dict position() const { return DictOf(position_); }
+  py::dict next() const { return DictOf(next_); }
+  bool last_in_epoch() const { return last_in_epoch_; }
+
+ private:
+  std::shared_ptr<BatchBox> box_;  // shared with arrays; null once released
+  const bool writable_;
+  uint32_t size_ = 0;
+  Position position_, next_;
+  bool last_in_epoch_ = false;
+};
+
+// ---- streams ----
+
+class PyStream {
+ public:
+  explicit PyStream(std::unique_ptr<client::Stream> stream) : stream_(std::move(stream)) {}
+
+  // The next batch, or None at the end of the stream. Waits with the GIL released, in slices
+  // of kSignalPoll so Ctrl-C raises KeyboardInterrupt at once; `timeout_s` bounds the whole
+  // wait (rl.DeadlineExceeded; the stream goes on).
+  std::optional<PyBatch> Next(std::optional<double> timeout_s) {
+    client::Stream& stream = Get();
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      std::chrono::milliseconds slice = kSignalPoll;
+      if (timeout_s) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::duration<double>(*timeout_s) - (std::chrono::steady_clock::now() - start));
+        if (left.count() <= 0) {
+          Fail(ErrorCode::kDeadlineExceeded,
+               "no batch within " + py::str(py::float_(*timeout_s)).cast<std::string>() + " s");
+        }
+        slice = std::min(slice, left);
+      }
+      std::optional<Batch> batch;
+      bool waited_out = false;
+      {
+        py::gil_scoped_release unlocked;
+        try {
+          batch = stream.Next(slice);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+          waited_out = true;
+        }
+      }
+      if (!waited_out) {
+        if (!batch) return std::nullopt;
+        return PyBatch(*std::move(batch), stream.options().writable_batches);
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  void Close() { stream_.reset(); }  // closes the stream on the daemon
+  bool closed() const { return !stream_; }
+  py::dict position() { return DictOf(Get().position()); }
+  std::string State() { return Get().State(); }
+  py::dict options() { return DictOf(Get().options()); }
+  uint64_t reconnects() { return Get().reconnects(); }
+  uint64_t copies() { return Get().copies(); }
+  uint64_t dataset_fingerprint() { return Get().dataset_fingerprint(); }
+  uint64_t dataset_size() { return Get().dataset_size(); }
+  uint64_t samples_per_epoch() { return Get().samples_per_epoch(); }
+  uint64_t batches_per_epoch() { return Get().batches_per_epoch(); }
+
+ private:
+  client::Stream& Get() {
+    if (!stream_) Fail(ErrorCode::kFailedPrecondition, "the stream is closed");
+    return *stream_;
+  }
+  std::unique_ptr<client::Stream> stream_;
+};
+
+// ---- errors ----
+
+// client::Error -> the ringloader.errors class for its code, with the library's message.
+void TranslateErrors(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const Error& e) {
+    py::object errors = py::module_::import("ringloader.errors");
+    py::object cls = errors.attr("error_class")(client::ErrorCodeName(e.code()));
+    PyErr_SetObject(cls.ptr(), py::str(e.what()).ptr());
+  }
+}
+
+}  // namespace
+}  // namespace ringloader::python
+
+PYBIND11_MODULE(_ringloader, m) {
+  using namespace ringloader::python;
+  namespace client = ringloader::client;
+  m.doc() = "ringloader's C++ client (use the ringloader package, not this module)";
+  py::register_exception_translator(TranslateErrors);
+
+  py::class_<PyBatch>(m, "Batch")
+      .def("array", &PyBatch::Array, py::arg("name"))
+      .def("paths", &PyBatch::Paths)
+      .def("release", &PyBatch::Release)
+      .def_property_readonly("released", &PyBatch::released)
+      .def_property_readonly("size", &PyBatch::size)
+      .def_property_readonly("position", &PyBatch::position)
+      .def_property_readonly("next", &PyBatch::next)
+      .def_property_readonly("last_in_epoch", &PyBatch::last_in_epoch);
+
+  py::class_<PyStream>(m, "Stream")
+      .def("next", &PyStream::Next, py::arg("timeout") = py::none())
+      .def("close", &PyStream::Close)
+      .def_property_readonly("closed", &PyStream::closed)
+      .def_property_readonly("position", &PyStream::position)
+      .def("state", &PyStream::State)
+      .def_property_readonly("options", &PyStream::options)
+      .def_property_readonly("reconnects", &PyStream::reconnects)
+      .def_property_readonly("copies", &PyStream::copies)
+      .def_property_readonly("dataset_fingerprint", &PyStream::dataset_fingerprint)
+      .def_property_readonly("dataset_size", &PyStream::dataset_size)
+      .def_property_readonly("samples_per_epoch", &PyStream::samples_per_epoch)
+      .def_property_readonly("batches_per_epoch", &PyStream::batches_per_epoch);
+
+  py::class_<client::Client, std::shared_ptr<client::Client>>(m, "Client")
+      .def(py::init<std::string>(), py::arg("endpoint"))
+      .def_property_readonly("endpoint", &client::Client::endpoint)
+      .def(
+          "open",
+          [](client::Client& c, py::dict options) {
+            client::StreamOptions o = OptionsOf(options);
+            std::unique_ptr<client::Stream> stream;
+            {
+              py::gil_scoped_release unlocked;
+              stream = c.Open(o);
+            }
+            return PyStream(std::move(stream));
+          },
+          py::arg("options"), py::keep_alive<0, 1>());
+
+  m.def("default_endpoint", &client::DefaultEndpoint);
+  m.def(
+      "health",
+      [](const std::string& endpoint, double timeout_s) {
+        py::gil_scoped_release unlocked;
+        return client::HealthStatus(
+            endpoint, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      },
+      py::arg("endpoint"), py::arg("timeout") = 2.0);
+  m.def("validate_options", [](py::dict options) { client::ValidateOptions(OptionsOf(options)); });
+  m.def("parse_state", [](const std::string& state) {
+    return DictOf(client::ParseState(state).options);
+  });
+  m.def("format_state", [](py::dict options) {
+    client::StreamOptions o = OptionsOf(options);
+    return client::FormatState(o, o.start);
+  });
+}

@@ -1,0 +1,28 @@
+"""The package is installed for Debian's python3 and found without PYTHONPATH."""
+
+import os
+import subprocess
+import sys
+
+import ringloader as rl
+
+
+def test_imports_from_a_fresh_process_without_pythonpath():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(["/usr/bin/python3", "-c", "import ringloader, sys; print(ringloader.__file__)"],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("/usr/local/lib/python3"), out.stdout
+
+
+def test_daemon_binary_is_found_under_the_install_prefix():
+    prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(rl.__file__))))))
+    assert rl.find_binary("ringloaderd") == os.path.join(prefix, "bin", "ringloaderd")
+
+
+def test_public_names_have_docstrings_and_the_package_is_typed():
+    for name in rl.__all__:
+        assert getattr(rl, name).__doc__, name
+    assert os.path.exists(os.path.join(os.path.dirname(rl.__file__), "py.typed"))
+    assert sys.version_info >= (3, 9)

@@ -1,0 +1,57 @@
+"""PyTorch integration: DataLoader over IterableDataset, and the example training script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ringloader as rl
+import ringloader.torch as rlt
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "python" / "examples" / "train_resnet_step.py"
+
+
+def test_dataloader_over_the_iterable_dataset(daemon):
+    loader = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32, seed=1)
+    data = DataLoader(rlt.IterableDataset(loader), batch_size=None, num_workers=0)
+    batches = list(data)
+    assert len(batches) == len(loader)
+    assert all(isinstance(b["images"], torch.Tensor) for b in batches)
+    assert batches[0]["images"].shape == (8, 32, 32, 3)
+
+
+def test_dataloader_workers_are_refused_with_a_clear_message(daemon):
+    loader = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
+    data = DataLoader(rlt.IterableDataset(loader), batch_size=None, num_workers=1)
+    with pytest.raises(Exception, match="num_workers=0|fork"):
+        next(iter(data))
+    loader.close()
+
+
+def test_loader_follows_the_stateful_protocol(daemon):
+    loader = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
+    assert callable(loader.state_dict) and callable(loader.load_state_dict)
+    json.dumps(loader.state_dict())
+
+
+def test_the_resnet_example_trains_checkpoints_and_resumes(daemon, tmp_path):
+    env = {**os.environ, "RINGLOADER_ENDPOINT": daemon.endpoint}
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dataset", "tiny", "--steps", "3", "--batch-size", "8",
+         "--image-size", "64", "--checkpoint", str(tmp_path / "ckpt.pt")],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "step 3" in run.stdout and "saved" in run.stdout
+    resumed = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dataset", "tiny", "--steps", "2", "--batch-size", "8",
+         "--image-size", "64", "--checkpoint", str(tmp_path / "ckpt.pt")],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at epoch 0 sequence 3" in resumed.stdout
