@@ -27,7 +27,7 @@
 #include "client/channel.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
-#include "server/image/synthetic.h"
+#include "bench/bench_daemon.h"
 
 namespace {
 
@@ -115,30 +115,12 @@ int main(int argc, char** argv) {
   app.add_option("--ringloaderd", daemon_path, "path of the ringloaderd binary");
   CLI11_PARSE(app, argc, argv);
 
-  char tmpl[] = "/tmp/ringloader-client-bench-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  ringloader::image::SyntheticDatasetOptions ds;
-  ds.out_dir = dir + "/data";
-  ds.count = images;
-  if (auto written = ringloader::image::WriteSyntheticDataset(ds); !written.ok()) {
-    std::fprintf(stderr, "%s\n", written.status().ToString().c_str());
-    return 1;
-  }
-  const std::string endpoint = "unix:" + dir + "/rl.sock";
-  {
-    std::ofstream config(dir + "/rl.toml");
-    config << "[server]\nlisten = \"" << endpoint << "\"\nstate_dir = \"" << dir
-           << "/state\"\nmemory_limit = \"2GiB\"\n[[datasets]]\nname = \"bench\"\nformat = \"imagefolder\"\npath = \""
-           << ds.out_dir << "\"\n";
-  }
-  const pid_t daemon = fork();
-  if (daemon == 0) {
-    FILE* f = std::fopen((dir + "/ringloaderd.log").c_str(), "w");
-    dup2(fileno(f), 2);
-    execl(daemon_path.c_str(), daemon_path.c_str(), "--config", (dir + "/rl.toml").c_str(),
-          nullptr);
-    _exit(127);
-  }
+  const ringloader::bench::BenchDaemon bench_daemon = ringloader::bench::StartBenchDaemon(
+      daemon_path, "client-bench", images, "2GiB", /*supervise=*/false);
+  if (bench_daemon.pid < 0) return 1;
+  const std::string& dir = bench_daemon.dir;
+  const std::string& endpoint = bench_daemon.endpoint;
+  const pid_t daemon = bench_daemon.pid;
   int rc = 0;
   try {
     ringloader::Client client(endpoint);

@@ -70,11 +70,11 @@ int32_t CeilDiv(double v, int32_t d) { return static_cast<int32_t>(std::ceil(v /
 }  // namespace
 
 std::string_view ErrorReason(const absl::Status& status) {
-  static constexpr std::array<std::string_view, 13> kKnown = {
+  static constexpr std::array<std::string_view, 14> kKnown = {
       "read_error",       "empty",          "not_jpeg",     "too_large",
       "truncated",        "corrupt",        "unsupported",  "too_many_scans",
       "quarantined",      "not_regular_file", "deadline_exceeded", "io_error",
-      "other"};
+      "crc_mismatch",     "other"};
   const auto payload = status.GetPayload(kReasonPayload);
   if (!payload.has_value()) return "other";
   const std::string text(*payload);

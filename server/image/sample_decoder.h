@@ -45,7 +45,7 @@ struct DecodeLimits {
 // A short machine-readable reason for a failed sample; the Status message carries the details.
 // Reasons: "read_error", "empty", "not_jpeg", "too_large", "truncated", "corrupt",
 // "unsupported", "too_many_scans", "quarantined", "not_regular_file", "deadline_exceeded",
-// "other".
+// "crc_mismatch" (a container's checksum), "other".
 // The reason is attached to failed Statuses as the payload "ringloader.reason".
 std::string_view ErrorReason(const absl::Status& status);
 absl::Status WithReason(absl::Status status, std::string_view reason);

@@ -124,6 +124,8 @@ def test_every_error_class(daemon, tmp_path, tiny_dataset):
     for cls in (rl.Unavailable, rl.NotFound, rl.InvalidArgument, rl.ResourceExhausted,
                 rl.DataLoss, rl.FailedPrecondition, rl.Internal, rl.DeadlineExceeded):
         assert issubclass(cls, rl.Error)
+        # The C++ client's code names (ErrorCodeName) map to these classes.
+        assert rl.errors.error_class(cls.code) is cls
     with pytest.raises(rl.NotFound, match="no-such-dataset"):
         next(iter(rl.Loader("no-such-dataset", endpoint=daemon.endpoint, **OPTS)))
     with pytest.raises(rl.InvalidArgument, match="batch_size"):

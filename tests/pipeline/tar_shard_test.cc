@@ -1,0 +1,133 @@
+// Tar shards: members found by scanning headers, read by offset; WebDataset keys; damage.
+#include "server/pipeline/tar_shard.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "server/image/sample_decoder.h"
+#include "tests/support/test_support.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+using testing::TempDir;
+
+std::string MemberData(const std::string& shard, const TarMember& m) {
+  return testing::ReadFile(shard).substr(m.offset, m.size);
+}
+
+TEST_CASE("a shard written by GNU tar: every member, its bytes, and WebDataset samples",
+          "[tar]") {
+  TempDir dir;
+  const std::string src = dir.Join("src");
+  std::filesystem::create_directories(src + "/train");
+  const std::string long_dir(120, 'd');  // longer than ustar's 100-byte name field
+  std::filesystem::create_directories(src + "/" + long_dir);
+  testing::WriteFile(src + "/train/0001.jpg", "jpeg bytes 1");
+  testing::WriteFile(src + "/train/0001.cls", "3");
+  testing::WriteFile(src + "/train/0001.seg.png", std::string(700, 'p'));  // > one block
+  testing::WriteFile(src + "/train/0002.jpg", "jpeg bytes 2");
+  testing::WriteFile(src + "/train/0002.cls", "1");
+  testing::WriteFile(src + "/" + long_dir + "/0003.jpg", "");
+  const std::string shard = dir.Join("shard.tar");
+  auto r = testing::RunCommand({"/usr/bin/tar", "--format=gnu", "-cf", shard, "-C", src, "--sort=name",
+                                "train", long_dir});
+  REQUIRE(r.exit_code == 0);
+
+  auto scan = ScanTarShard(shard, 1 << 20);
+  REQUIRE(scan.ok());
+  CHECK(scan->stopped.ok());
+  std::vector<std::string> paths;
+  for (const TarMember& m : scan->members) paths.push_back(m.path);
+  // Arguments in the order given, each directory's entries sorted by name.
+  CHECK(paths == std::vector<std::string>{"train/0001.cls", "train/0001.jpg", "train/0001.seg.png",
+                                          "train/0002.cls", "train/0002.jpg",
+                                          long_dir + "/0003.jpg"});
+  CHECK(MemberData(shard, scan->members[1]) == "jpeg bytes 1");
+  CHECK(MemberData(shard, scan->members[2]) == std::string(700, 'p'));
+  CHECK(scan->members[5].size == 0);  // read from a GNU long-name header
+
+  // The same files as a POSIX (pax) archive: long names come from pax headers.
+  const std::string pax = dir.Join("pax.tar");
+  REQUIRE(testing::RunCommand({"/usr/bin/tar", "--format=posix", "-cf", pax, "-C", src,
+                               "--sort=name", "train", long_dir})
+              .exit_code == 0);
+  auto pax_scan = ScanTarShard(pax, 1 << 20);
+  REQUIRE(pax_scan.ok());
+  CHECK(pax_scan->stopped.ok());
+  std::vector<std::string> pax_paths;
+  for (const TarMember& m : pax_scan->members) pax_paths.push_back(m.path);
+  CHECK(pax_paths == paths);
+
+  const std::vector<WebDatasetSample> samples = GroupWebDatasetSamples(scan->members);
+  REQUIRE(samples.size() == 3);
+  CHECK(samples[0].key == "train/0001");
+  CHECK(samples[0].members ==
+        std::vector<std::pair<std::string, uint32_t>>{{"cls", 0}, {"jpg", 1}, {"seg.png", 2}});
+  CHECK(samples[1].key == "train/0002");
+  CHECK(samples[2].key == long_dir + "/0003");
+}
+
+TEST_CASE("AppendTarMember writes what GNU tar reads", "[tar]") {
+  TempDir dir;
+  std::string shard;
+  AppendTarMember("a/0001.jpg", "abc", shard);
+  AppendTarMember("a/0001.cls", std::string(1025, 'z'), shard);
+  AppendTarEnd(shard);
+  testing::WriteFile(dir.Join("w.tar"), shard);
+  auto r = testing::RunCommand({"/usr/bin/tar", "-tvf", dir.Join("w.tar")});
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("a/0001.jpg") && Catch::Contains("1025 "));
+  auto scan = ScanTarShard(dir.Join("w.tar"), 1 << 20);
+  REQUIRE(scan.ok());
+  CHECK(scan->stopped.ok());
+  REQUIRE(scan->members.size() == 2);
+  CHECK(MemberData(dir.Join("w.tar"), scan->members[1]) == std::string(1025, 'z'));
+}
+
+TEST_CASE("damage stops the scan where it is, naming offset and reason", "[tar]") {
+  TempDir dir;
+  std::string shard;
+  AppendTarMember("k/1.jpg", std::string(600, 'a'), shard);  // header 0, data 512..1536
+  AppendTarMember("k/2.jpg", "bb", shard);                   // header at 1536
+  AppendTarEnd(shard);
+  const std::string path = dir.Join("s.tar");
+  SECTION("a header checksum that does not add up") {
+    shard[1536 + 2] ^= 1;  // inside the second member's name
+    testing::WriteFile(path, shard);
+    auto scan = ScanTarShard(path, 1 << 20);
+    REQUIRE(scan.ok());
+    CHECK(scan->members.size() == 1);
+    CHECK(image::ErrorReason(scan->stopped) == "corrupt");
+    CHECK_THAT(std::string(scan->stopped.message()),
+               Catch::Contains(path + ": offset 1536: tar header checksum mismatch"));
+  }
+  SECTION("a last member cut short") {
+    testing::WriteFile(path, shard.substr(0, 1000));
+    auto scan = ScanTarShard(path, 1 << 20);
+    REQUIRE(scan.ok());
+    CHECK(scan->members.empty());
+    CHECK(image::ErrorReason(scan->stopped) == "truncated");
+    CHECK_THAT(std::string(scan->stopped.message()), Catch::Contains("runs past the end"));
+  }
+  SECTION("no end marker") {
+    testing::WriteFile(path, shard.substr(0, 1536 + 1024));
+    auto scan = ScanTarShard(path, 1 << 20);
+    REQUIRE(scan.ok());
+    CHECK(scan->members.size() == 2);
+    CHECK_THAT(std::string(scan->stopped.message()), Catch::Contains("without a tar end marker"));
+  }
+  SECTION("a member above the limit") {
+    testing::WriteFile(path, shard);
+    auto scan = ScanTarShard(path, 100);
+    REQUIRE(scan.ok());
+    CHECK(scan->members.empty());
+    CHECK(image::ErrorReason(scan->stopped) == "too_large");
+  }
+}
+
+}  // namespace
+}  // namespace ringloader::pipeline

@@ -1,0 +1,77 @@
+"""rl.Daemon: a private daemon that never outlives its notebook and survives its decoder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ringloader as rl
+from conftest import TINY_COUNT
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose (its parent was this test's child, now dead too).
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_the_daemon_stops_when_its_python_process_ends(tiny_dataset, how):
+    code = f"""
+import os, signal, sys, time
+import ringloader as rl
+d = rl.Daemon(datasets={{"tiny": {str(tiny_dataset)!r}}})
+print(d.pid, flush=True)
+if {how!r} == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""  # "exit": the interpreter ends normally without stopping it
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(child.stdout.readline())
+    child.wait(timeout=60)
+    deadline = time.monotonic() + 20
+    while alive(pid):
+        assert time.monotonic() < deadline, f"ringloaderd {pid} outlived its Python process"
+        time.sleep(0.05)
+
+
+def test_an_out_of_memory_decoder_leaves_the_loop_going(tiny_dataset):
+    # The notebook runs under an address-space limit its daemon inherits, so the failpoint's
+    # allocations fail inside the daemon (as an OOM kill would end it) instead of filling the host.
+    victim = sorted(p.relative_to(tiny_dataset) for p in tiny_dataset.rglob("*.jpg"))[5]
+    code = f"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import ringloader as rl
+with rl.Daemon(datasets={{"tiny": {str(tiny_dataset)!r}}},
+               failpoints={{"action": "oom", "crash_on_path": {str(victim)!r}}}) as d:
+    loader = rl.Loader("tiny", endpoint=d.endpoint, batch_size=8, image_size=32, output="numpy")
+    seen = [i for b in loader for i in b["indices"].tolist()]
+    print(len(seen), len(set(seen)), "allocating until out of memory" in d.log())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(TINY_COUNT - 1), str(TINY_COUNT - 1), "True"]
+
+
+def test_a_bad_dataset_path_fails_the_start_with_the_daemons_words(tmp_path):
+    with pytest.raises(rl.Error, match="nowhere"):
+        rl.Daemon(datasets={"x": tmp_path / "nowhere"}, startup_timeout=30)
+
+
+def test_server_keys_reach_the_config_and_bad_ones_are_refused(tiny_dataset):
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, ring_slots=3, log_level="debug") as d:
+        with open(d.config_path) as f:
+            config = f.read()
+        assert "ring_slots = 3" in config and 'log_level = "debug"' in config
+    with pytest.raises(rl.Error, match="no_such_key"):
+        rl.Daemon(datasets={"tiny": tiny_dataset}, no_such_key=1, startup_timeout=30)
