@@ -11,40 +11,18 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "server/image/sample_decoder.h"
+#include "server/pipeline/container_file.h"
 
 namespace ringloader::pipeline {
 namespace {
 
+using container::Damaged;
+using container::IoError;
+using container::ReadAt;
+
 constexpr uint64_t kBlock = 512;
 // Longest GNU long name or pax header we read (a corrupt size must not become an allocation).
 constexpr uint64_t kMaxMetaBytes = 64 << 10;
-
-absl::Status Damaged(const std::string& path, uint64_t offset, std::string_view reason,
-                     const std::string& what) {
-  return image::WithReason(
-      absl::DataLossError(absl::StrCat(path, ": offset ", offset, ": ", what)), reason);
-}
-
-absl::Status IoError(const std::string& path, int err) {
-  const std::string text = absl::StrCat(path, ": ", std::strerror(err));
-  absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
-                   : err == EACCES ? absl::PermissionDeniedError(text)
-                                   : absl::UnavailableError(text);
-  return image::WithReason(std::move(s), "read_error");
-}
-
-int64_t ReadAt(int fd, char* buf, uint64_t n, uint64_t offset) {
-  uint64_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -errno;
-    if (r == 0) break;
-    got += static_cast<uint64_t>(r);
-  }
-  return static_cast<int64_t>(got);
-}
 
 // A NUL- or space-terminated octal field; false if it holds anything else.
 bool ParseOctal(const char* field, size_t width, uint64_t* out) {

@@ -8,11 +8,15 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "server/image/sample_decoder.h"
+#include "server/pipeline/container_file.h"
 #include "server/pipeline/crc32c.h"
 
 namespace ringloader::pipeline {
 namespace {
+
+using container::Damaged;
+using container::IoError;
+using container::ReadAt;
 
 constexpr uint64_t kHeaderBytes = 12;  // length + its CRC
 constexpr uint64_t kFooterBytes = 4;   // the data's CRC
@@ -29,33 +33,6 @@ uint32_t LoadU32(const uint8_t* p) {
 
 void StoreU32(uint32_t v, std::string& out) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-absl::Status Damaged(const std::string& path, uint64_t offset, std::string_view reason,
-                     const std::string& what) {
-  return image::WithReason(
-      absl::DataLossError(absl::StrCat(path, ": offset ", offset, ": ", what)), reason);
-}
-
-absl::Status IoError(const std::string& path, int err) {
-  const std::string text = absl::StrCat(path, ": ", std::strerror(err));
-  absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
-                   : err == EACCES ? absl::PermissionDeniedError(text)
-                                   : absl::UnavailableError(text);
-  return image::WithReason(std::move(s), "read_error");
-}
-
-// pread until `n` bytes or the end of the file; the bytes read, or -errno.
-int64_t ReadAt(int fd, uint8_t* buf, uint64_t n, uint64_t offset) {
-  uint64_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -errno;
-    if (r == 0) break;
-    got += static_cast<uint64_t>(r);
-  }
-  return static_cast<int64_t>(got);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+#include "server/pipeline/container_file.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/image/sample_decoder.h"
+
+namespace ringloader::pipeline::container {
+
+int64_t ReadAt(int fd, void* buf, uint64_t n, uint64_t offset) {
+  auto* out = static_cast<char*>(buf);
+  uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0) break;
+    got += static_cast<uint64_t>(r);
+  }
+  return static_cast<int64_t>(got);
+}
+
+absl::Status Damaged(const std::string& path, uint64_t offset, std::string_view reason,
+                     const std::string& what) {
+  return image::WithReason(
+      absl::DataLossError(absl::StrCat(path, ": offset ", offset, ": ", what)), reason);
+}
+
+absl::Status IoError(const std::string& path, int err) {
+  const std::string text = absl::StrCat(path, ": ", std::strerror(err));
+  absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
+                   : err == EACCES ? absl::PermissionDeniedError(text)
+                                   : absl::UnavailableError(text);
+  return image::WithReason(std::move(s), "read_error");
+}
+
+}  // namespace ringloader::pipeline::container

@@ -1,0 +1,23 @@
+#pragma once
+// What the container formats (tar shards, TFRecord files) share: positioned reads and errors
+// that name the file, the offset and a reason (image::ErrorReason). Internal to the pipeline.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace ringloader::pipeline::container {
+
+// pread until `n` bytes or the end of the file: the bytes read, or -errno.
+int64_t ReadAt(int fd, void* buf, uint64_t n, uint64_t offset);
+
+// DataLoss "<path>: offset <offset>: <what>" with `reason` attached.
+absl::Status Damaged(const std::string& path, uint64_t offset, std::string_view reason,
+                     const std::string& what);
+
+// NotFound / PermissionDenied / Unavailable "<path>: <strerror>", reason "read_error".
+absl::Status IoError(const std::string& path, int err);
+
+}  // namespace ringloader::pipeline::container
