@@ -122,6 +122,7 @@ def main() -> None:
             subprocess.run([rl.find_binary("ringloaderctl"), "make-dataset", "--out", root,
                             "--count", str(args.count), "--classes", "10"], check=True,
                            stdout=subprocess.DEVNULL)
+        baseline = pss_kib(os.getpid()) / 1024  # this interpreter with torch imported, idle
         print(f"data {root}, batch {args.batch_size}, {args.image_size} px, {args.cores} cores, "
               f"{args.batches} batches timed (torch {torch.__version__}, "
               f"torchvision {torchvision.__version__})")
@@ -155,6 +156,10 @@ def main() -> None:
     print(f"ratio: {rl_rate / torch_rate:.2f}x images/s at "
           f"{rl_pss.peak_mib() / max(1e-9, torch_pss.peak_mib()):.2f}x peak PSS "
           "(goal: >= 2.0x at <= 0.5x)")
+    # The trainer's interpreter with torch imported is in both sums; what each loader adds:
+    print(f"above the idle trainer ({baseline:.0f} MiB): torch DataLoader "
+          f"{torch_pss.peak_mib() - baseline:.0f} MiB, ringloader {rl_pss.peak_mib() - baseline:.0f}"
+          f" MiB ({(rl_pss.peak_mib() - baseline) / max(1e-9, torch_pss.peak_mib() - baseline):.2f}x)")
 
 
 if __name__ == "__main__":
