@@ -226,8 +226,10 @@ class Stream {
   // The next batch, or std::nullopt after end_epoch. Throws Error (see the top of this file).
   std::optional<Batch> Next();
   // The same, waiting at most `timeout` for the batch: then throws kDeadlineExceeded and the
-  // stream stays usable (the next call returns that batch). Reconnecting to a restarted daemon
-  // is bounded by reconnect_deadline, not by `timeout`.
+  // stream stays usable (the next call returns that batch). Also while reconnecting to a dead
+  // daemon: the call gives up after `timeout` (plus at most one connection attempt's wait) and
+  // the next call goes on reconnecting; kUnavailable still comes once the daemon has been gone
+  // for reconnect_deadline, counted from when it went missing, however the waits were sliced.
   std::optional<Batch> Next(std::chrono::milliseconds timeout);
   // Position of the next batch Next() will return.
   Position position() const;

@@ -148,12 +148,25 @@ struct Stream::Impl {
   // Backs off and reopens at `position` until it works or options.reconnect_deadline has passed
   // since `since` (when the daemon was first found missing): every wait and every attempt is cut
   // to what is left, so the error comes within the deadline plus one backoff step.
-  void Recover(grpc::Status last, Clock::time_point since) {
+  // A caller's `give_up` (Next(timeout)) cuts it short with kDeadlineExceeded: the outage is
+  // remembered and the next Next() goes on recovering, its deadline still counted from `since`.
+  void Recover(grpc::Status last, Clock::time_point since,
+               Clock::time_point give_up = Clock::time_point::max()) {
     CloseQuietly();
+    outage.reset();
     const auto deadline = since + options.reconnect_deadline;
     backoff.Reset();
     while (true) {
       const auto now = Clock::now();
+      if (now >= give_up && now < deadline) {
+        outage = Outage{since, std::move(last)};
+        throw Error(ErrorCode::kDeadlineExceeded,
+                    absl::StrCat("no batch in time: reconnecting to ringloaderd at ",
+                                 connection->endpoint(), " for ",
+                                 absl::StrFormat("%.1f s", std::chrono::duration<double>(
+                                                               now - since).count()),
+                                 " (the stream goes on: call Next() again)"));
+      }
       if (now >= deadline) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since);
         throw Error(ErrorCode::kUnavailable,
@@ -163,10 +176,11 @@ struct Stream::Impl {
                                  Seconds(options.reconnect_deadline),
                                  "): ", DescribeStatus(last)));
       }
-      const auto remaining = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      const auto remaining =
+          std::chrono::duration_cast<std::chrono::microseconds>(std::min(deadline, give_up) - now);
       std::this_thread::sleep_for(std::min(backoff.NextDelay(), remaining));
-      if (Clock::now() >= deadline) continue;
-      grpc::Status status = TryOpen(AttemptTimeout(deadline));
+      if (Clock::now() >= std::min(deadline, give_up)) continue;
+      grpc::Status status = TryOpen(std::min(AttemptTimeout(deadline), AttemptTimeout(give_up)));
       if (status.ok()) return;
       if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
           Recovery::kFail) {
@@ -220,6 +234,12 @@ struct Stream::Impl {
         }
         wait = std::min(wait, left);
       }
+      if (outage) {  // an earlier Next(timeout) gave up while reconnecting: go on with it
+        Outage o = *std::move(outage);
+        Recover(std::move(o.last), o.since, give_up);
+        reconnects.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       v1::NextBatchRequest request;
       request.set_stream_id(stream_id);
       request.set_incarnation(incarnation);
@@ -253,7 +273,7 @@ struct Stream::Impl {
         }
         // The outage began no later than this call: the deadline counts from its start (a call
         // that hung for seconds has used those seconds).
-        Recover(std::move(status), call_started);
+        Recover(std::move(status), call_started, give_up);
         reconnects.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
@@ -374,6 +394,12 @@ struct Stream::Impl {
   std::atomic<uint64_t> reconnects{0};
   std::atomic<bool> in_next{false};
   Backoff backoff;
+  // A reconnect that a Next(timeout) left unfinished: when the daemon went missing, and why.
+  struct Outage {
+    Clock::time_point since;
+    grpc::Status last;
+  };
+  std::optional<Outage> outage;
 };
 
 Stream::Stream(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

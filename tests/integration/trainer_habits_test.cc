@@ -2,6 +2,7 @@
 // deadlines and cancellation, mistaken sizes.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -242,6 +243,67 @@ TEST_CASE("16.2: a paused trainer keeps its stream past the idle timeout and res
   REQUIRE(stream->Next());
   CHECK(Clock::now() - start < std::chrono::milliseconds(200));  // ready in the ring
   CHECK(stream->reconnects() == 0);
+}
+
+TEST_CASE("16.3: Next(timeout) gives up in time while reconnecting to a dead daemon, the next call "
+          "goes on reconnecting, and reconnect_deadline still counts from the outage",
+          "[integration][habits]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  Client client(daemon.endpoint());
+  StreamOptions options = Small();
+  options.reconnect_deadline = std::chrono::seconds(30);
+  auto stream = client.Open(options);
+  REQUIRE(stream->Next(std::chrono::seconds(20)));
+  daemon.process().Kill(SIGKILL);
+  daemon.process().Wait();
+  // Dead: each call gives up after its own timeout (not after reconnect_deadline) and says why.
+  int gave_up = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = Clock::now();
+    try {
+      (void)stream->Next(std::chrono::milliseconds(300));
+      FAIL("a batch from a dead daemon");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kDeadlineExceeded);
+      if (i > 0) CHECK_THAT(std::string(e.what()), Catch::Contains("reconnecting to ringloaderd"));
+      ++gave_up;
+    }
+    CHECK(Clock::now() - start < std::chrono::seconds(5));
+  }
+  CHECK(gave_up == 3);
+  // Back: the next call reconnects and returns exactly the next batch.
+  REQUIRE(daemon.Start());
+  std::optional<Batch> next;
+  for (int i = 0; i < 100 && !next; ++i) {
+    try {
+      next = stream->Next(std::chrono::milliseconds(300));
+    } catch (const Error& e) {
+      REQUIRE(e.code() == ErrorCode::kDeadlineExceeded);
+    }
+  }
+  REQUIRE(next);
+  CHECK(next->position().sequence == 1);
+  CHECK(stream->reconnects() >= 1);
+
+  // Gone for good: sliced waits still end in kUnavailable once reconnect_deadline has passed.
+  StreamOptions short_deadline = Small();
+  short_deadline.reconnect_deadline = std::chrono::seconds(2);
+  auto doomed = client.Open(short_deadline);
+  REQUIRE(doomed->Next(std::chrono::seconds(20)));
+  daemon.process().Kill(SIGKILL);
+  daemon.process().Wait();
+  const auto outage = Clock::now();
+  ErrorCode last = ErrorCode::kDeadlineExceeded;
+  while (last == ErrorCode::kDeadlineExceeded && Clock::now() - outage < std::chrono::seconds(30)) {
+    try {
+      (void)doomed->Next(std::chrono::milliseconds(200));
+    } catch (const Error& e) {
+      last = e.code();
+    }
+  }
+  CHECK(last == ErrorCode::kUnavailable);
+  CHECK(Clock::now() - outage < std::chrono::seconds(10));
 }
 
 TEST_CASE("16.3: Next(timeout) gives up in time and the stream goes on, and cancelled waits free "

@@ -163,3 +163,60 @@ def test_a_decoder_crash_in_a_private_daemon_leaves_the_loop_going(tiny_dataset)
     assert str(victim) not in paths  # quarantined after its crashes
     assert len(seen) == TINY_COUNT - 1 and len(set(seen)) == len(seen)
     assert "segfault" in log
+
+
+@pytest.fixture()
+def daemon_gone(fresh_daemon):
+    """A daemon that dies and stays dead (its supervisor is stopped) until the test ends."""
+    def kill():
+        os.kill(fresh_daemon.pid, signal.SIGSTOP)  # no restart while stopped
+        os.kill(worker_pid(fresh_daemon), signal.SIGKILL)
+    yield fresh_daemon, kill
+    os.kill(fresh_daemon.pid, signal.SIGCONT)
+
+
+def test_ctrl_c_is_answered_at_once_while_reconnecting_to_a_dead_daemon(daemon_gone):
+    daemon, kill = daemon_gone
+    code = """
+import sys, time
+import ringloader as rl
+loader = rl.Loader("tiny", endpoint=sys.argv[1], batch_size=8, image_size=32, output="numpy")
+it = iter(loader)
+next(it)
+print("reading", flush=True)
+sys.stdin.readline()  # the daemon is killed meanwhile
+print("waiting", flush=True)
+try:
+    for _ in it:
+        pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(7)
+"""
+    child = subprocess.Popen([sys.executable, "-c", code, daemon.endpoint], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "reading"
+    kill()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "waiting"
+    time.sleep(1.5)  # inside next(): the next batches are not in the ring, it is reconnecting
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 7, err
+    assert time.monotonic() - sent < 5  # the reconnect_deadline is 60 s
+    print(f"KeyboardInterrupt {time.monotonic() - sent:.2f} s after SIGINT, daemon down")
+
+
+def test_a_daemon_that_stays_dead_raises_unavailable_after_the_reconnect_deadline(daemon_gone):
+    daemon, kill = daemon_gone
+    loader = rl.Loader("tiny", endpoint=daemon.endpoint, reconnect_deadline=2.0, **OPTS)
+    it = iter(loader)
+    next(it)
+    kill()
+    started = time.monotonic()
+    with pytest.raises(rl.Unavailable, match="reconnect_deadline"):
+        for _ in it:
+            pass
+    assert time.monotonic() - started < 15
