@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,17 +31,20 @@ def test_the_daemon_stops_when_its_python_process_ends(tiny_dataset, how):
 import os, signal, sys, time
 import ringloader as rl
 d = rl.Daemon(datasets={{"tiny": {str(tiny_dataset)!r}}})
-print(d.pid, flush=True)
+print(d.pid, os.path.dirname(d.config_path), flush=True)
 if {how!r} == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 """  # "exit": the interpreter ends normally without stopping it
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    pid = int(child.stdout.readline())
+    pid_text, workdir = child.stdout.readline().split()
+    pid = int(pid_text)
     child.wait(timeout=60)
     deadline = time.monotonic() + 20
     while alive(pid):
         assert time.monotonic() < deadline, f"ringloaderd {pid} outlived its Python process"
         time.sleep(0.05)
+    # A SIGKILLed process cannot remove the daemon's directory (its log is there to read).
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_an_out_of_memory_decoder_leaves_the_loop_going(tiny_dataset):
