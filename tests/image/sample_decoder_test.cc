@@ -299,7 +299,7 @@ TEST_CASE("SampleDecoder: CMYK input comes out as the expected RGB", "[image][de
   }
 }
 
-TEST_CASE("SampleDecoder: the same rng inputs give identical bytes; another index differs",
+TEST_CASE("SampleDecoder: the same rng inputs give identical bytes, another index differs",
           "[image][decoder]") {
   SyntheticImageOptions o;
   absl::StatusOr<std::vector<uint8_t>> jpeg = MakeSyntheticJpeg(o);

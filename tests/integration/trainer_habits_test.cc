@@ -176,7 +176,7 @@ TEST_CASE("16.1: holding any number of batches never stalls a stream, held batch
   }
 }
 
-TEST_CASE("Stream says its epoch's size; HealthStatus says SERVING, or why nothing answers",
+TEST_CASE("Stream says its epoch's size, and HealthStatus says SERVING or why nothing answers",
           "[integration][habits]") {
   DaemonFixture daemon;
   REQUIRE(daemon.Start());

@@ -45,7 +45,7 @@ struct ThreeRecords {
   }
 };
 
-TEST_CASE("ScanTfRecordFile finds every record; ReadTfRecord returns its data", "[tfrecord]") {
+TEST_CASE("ScanTfRecordFile finds every record and ReadTfRecord returns its data", "[tfrecord]") {
   ThreeRecords f;
   auto scan = ScanTfRecordFile(f.path, 1 << 20);
   REQUIRE(scan.ok());
