@@ -234,8 +234,14 @@ struct Stream::Impl {
         }
         wait = std::min(wait, left);
       }
-      if (outage) {  // an earlier Next(timeout) gave up while reconnecting: go on with it
-        Outage o = *std::move(outage);
+      if (outage || !open) {
+        // An earlier Next(timeout) gave up while reconnecting: go on with it. Or an earlier call
+        // failed and left the stream closed (kUnavailable past reconnect_deadline, a refused
+        // reopen): reconnect, with a new deadline, before anything touches the ring.
+        Outage o = outage ? *std::move(outage)
+                          : Outage{Clock::now(),
+                                   grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                "the stream was closed by an earlier error")};
         Recover(std::move(o.last), o.since, give_up);
         reconnects.fetch_add(1, std::memory_order_relaxed);
         continue;

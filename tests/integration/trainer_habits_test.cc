@@ -304,6 +304,12 @@ TEST_CASE("16.3: Next(timeout) gives up in time while reconnecting to a dead dae
   }
   CHECK(last == ErrorCode::kUnavailable);
   CHECK(Clock::now() - outage < std::chrono::seconds(10));
+  // The stream is not lost (and never touches the unmapped ring): once the daemon is back, the
+  // next call reconnects and returns exactly the next batch.
+  REQUIRE(daemon.Start());
+  std::optional<Batch> after = doomed->Next(std::chrono::seconds(20));
+  REQUIRE(after);
+  CHECK(after->position().sequence == 1);
 }
 
 TEST_CASE("16.3: Next(timeout) gives up in time and the stream goes on, and cancelled waits free "

@@ -220,3 +220,6 @@ def test_a_daemon_that_stays_dead_raises_unavailable_after_the_reconnect_deadlin
         for _ in it:
             pass
     assert time.monotonic() - started < 15
+    # The trainer may catch it and go on once the daemon is back: exactly the next batch.
+    os.kill(daemon.pid, signal.SIGCONT)  # the supervisor restarts the daemon
+    assert loader.next_batch(timeout=30).position == {"epoch": 0, "sequence": 1, "cursor": 8}
