@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from . import _ringloader
@@ -150,6 +151,12 @@ class Loader:
                  verify_checksums: bool = False) -> None:
         if output not in ("torch", "numpy"):
             raise InvalidArgument(f"output: must be 'torch' or 'numpy', got {output!r}")
+        try:
+            import numpy  # noqa: F401  (every batch is numpy arrays, also under torch tensors)
+        except ImportError:
+            raise InvalidArgument(
+                f"ringloader needs numpy, which this python ({sys.executable}) cannot import: "
+                "use Debian's /usr/bin/python3 (apt install python3-numpy)") from None
         if output == "torch":
             try:
                 import torch  # noqa: F401

@@ -15,6 +15,15 @@ def test_imports_from_a_fresh_process_without_pythonpath():
     assert out.stdout.strip().startswith("/usr/local/lib/python3"), out.stdout
 
 
+def test_python3_on_path_imports_it_from_any_directory():
+    """What a user types: `python3` as PATH finds it (Debian's, or a same-version pyenv/venv one
+    that scripts/setup pointed at the package)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(["python3", "-c", "import ringloader"], capture_output=True, text=True,
+                         env=env, cwd="/", timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
 def test_daemon_binary_is_found_under_the_install_prefix():
     prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(rl.__file__))))))
