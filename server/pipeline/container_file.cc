@@ -1,5 +1,7 @@
 #include "server/pipeline/container_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +11,22 @@
 #include "server/image/sample_decoder.h"
 
 namespace ringloader::pipeline::container {
+
+absl::StatusOr<File> File::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IoError(path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return IoError(path, err);
+  }
+  return File(fd, static_cast<uint64_t>(st.st_size));
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 int64_t ReadAt(int fd, void* buf, uint64_t n, uint64_t offset) {
   auto* out = static_cast<char*>(buf);

@@ -1,7 +1,5 @@
 #include "server/pipeline/npy.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -57,6 +55,19 @@ std::string_view DictValue(std::string_view dict, std::string_view key) {
   return v;
 }
 
+// Where the header dict starts (`prefix`) and how long it is, from the version's length field
+// (2 bytes in version 1, 4 in versions 2 and 3). False if `head` is too short to hold the field.
+bool HeaderLength(const std::string& head, uint64_t* prefix, uint64_t* header_len) {
+  const bool long_field = static_cast<uint8_t>(head[6]) >= 2;
+  *prefix = long_field ? 12 : 10;
+  if (head.size() < *prefix) return false;
+  *header_len = 0;
+  for (int i = long_field ? 3 : 1; i >= 0; --i) {
+    *header_len = *header_len << 8 | static_cast<uint8_t>(head[8 + i]);
+  }
+  return true;
+}
+
 }  // namespace
 
 const char* NpyTypeName(NpyType type) {
@@ -79,18 +90,12 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_
     return Bad(path, "not a .npy file (no \\x93NUMPY magic)");
   }
   const auto major = static_cast<uint8_t>(head[6]);
-  uint64_t header_len = 0;
   uint64_t prefix = 0;
-  if (major == 1) {
-    header_len = static_cast<uint8_t>(head[8]) | uint64_t{static_cast<uint8_t>(head[9])} << 8;
-    prefix = 10;
-  } else if (major == 2 || major == 3) {
-    if (head.size() < 12) return Bad(path, "header cut short");
-    for (int i = 3; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(head[8 + i]);
-    prefix = 12;
-  } else {
+  uint64_t header_len = 0;
+  if (major < 1 || major > 3) {
     return Bad(path, absl::StrCat(".npy format version ", major, " is not supported (1-3 are)"));
   }
+  if (!HeaderLength(head, &prefix, &header_len)) return Bad(path, "header cut short");
   if (header_len > kMaxHeaderBytes || prefix + header_len > head.size()) {
     return Bad(path, "header cut short or too long");
   }
@@ -156,35 +161,22 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_
 }
 
 absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return container::IoError(path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return container::IoError(path, err);
-  }
+  absl::StatusOr<container::File> file = container::File::Open(path);
+  if (!file.ok()) return file.status();
+  const int fd = file->fd();
   // Headers are padded to 64 bytes and rarely longer than a few hundred; read more if this one is.
   std::string head(4096, '\0');
   int64_t got = container::ReadAt(fd, head.data(), head.size(), 0);
-  if (got >= 12 && head.compare(0, 6, kMagic, 6) == 0) {
-    const auto major = static_cast<uint8_t>(head[6]);
-    uint64_t need = 0;
-    if (major == 1) {
-      need = 10 + (static_cast<uint8_t>(head[8]) | uint64_t{static_cast<uint8_t>(head[9])} << 8);
-    } else {
-      for (int i = 3; i >= 0; --i) need = need << 8 | static_cast<uint8_t>(head[8 + i]);
-      need += 12;
-    }
-    if (need > head.size() && need <= kMaxHeaderBytes + 12) {
-      head.resize(need);
-      got = container::ReadAt(fd, head.data(), head.size(), 0);
-    }
+  uint64_t prefix = 0;
+  uint64_t header_len = 0;
+  if (got >= 12 && head.compare(0, 6, kMagic, 6) == 0 && HeaderLength(head, &prefix, &header_len) &&
+      prefix + header_len > head.size() && header_len <= kMaxHeaderBytes) {
+    head.resize(prefix + header_len);
+    got = container::ReadAt(fd, head.data(), head.size(), 0);
   }
-  ::close(fd);
   if (got < 0) return container::IoError(path, static_cast<int>(-got));
   head.resize(static_cast<size_t>(got));
-  return ParseNpyHeader(head, static_cast<uint64_t>(st.st_size), path);
+  return ParseNpyHeader(head, file->size(), path);
 }
 
 }  // namespace ringloader::pipeline

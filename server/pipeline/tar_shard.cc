@@ -1,7 +1,5 @@
 #include "server/pipeline/tar_shard.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,15 +65,10 @@ std::string PaxPath(std::string_view pax) {
 }  // namespace
 
 absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_member_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return IoError(path, err);
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  absl::StatusOr<container::File> file = container::File::Open(path);
+  if (!file.ok()) return file.status();
+  const int fd = file->fd();
+  const uint64_t size = file->size();
   TarScan scan;
   std::string long_name;  // from a preceding GNU 'L' or pax 'x' header
   uint64_t offset = 0;
@@ -83,10 +76,7 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_membe
   while (offset < size) {
     char h[kBlock];
     const int64_t got = ReadAt(fd, h, kBlock, offset);
-    if (got < 0) {
-      ::close(fd);
-      return IoError(path, static_cast<int>(-got));
-    }
+    if (got < 0) return IoError(path, static_cast<int>(-got));
     if (static_cast<uint64_t>(got) < kBlock) {
       scan.stopped = Damaged(path, offset, "truncated", "tar header cut short");
       break;
@@ -149,7 +139,6 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_membe
     }
     offset = data + PaddedSize(member_size);
   }
-  ::close(fd);
   if (!ended && scan.stopped.ok()) {
     scan.stopped = Damaged(path, offset, "truncated", "the shard ends without a tar end marker");
   }

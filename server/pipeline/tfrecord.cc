@@ -1,7 +1,5 @@
 #include "server/pipeline/tfrecord.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,24 +37,16 @@ void StoreU32(uint32_t v, std::string& out) {
 
 absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path,
                                               uint64_t max_record_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return IoError(path, err);
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  absl::StatusOr<container::File> file = container::File::Open(path);
+  if (!file.ok()) return file.status();
+  const int fd = file->fd();
+  const uint64_t size = file->size();
   TfRecordScan scan;
   uint64_t offset = 0;
   while (offset < size) {
     uint8_t header[kHeaderBytes];
     const int64_t got = ReadAt(fd, header, kHeaderBytes, offset);
-    if (got < 0) {
-      ::close(fd);
-      return IoError(path, static_cast<int>(-got));
-    }
+    if (got < 0) return IoError(path, static_cast<int>(-got));
     if (static_cast<uint64_t>(got) < kHeaderBytes) {
       scan.stopped = Damaged(path, offset, "truncated",
                              absl::StrCat("record header cut short (", got, " of 12 bytes)"));
@@ -84,7 +74,6 @@ absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path,
     scan.records.push_back({data, length});
     offset = data + length + kFooterBytes;
   }
-  ::close(fd);
   return scan;
 }
 
