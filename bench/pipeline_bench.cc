@@ -4,7 +4,10 @@
 // from disk (page cache) per image, so file I/O costs the same on both sides.
 //
 //   pipeline_bench [--dataset DIR | --generate N] [--batch-size 64] [--image-size 224]
-//                  [--seconds 4]
+//                  [--seconds 4] [--formats] [--index-records 100000]
+// --formats: the same images also as WebDataset shards and TFRecord files (ringloaderctl
+// convert's writer), the pipeline's images/s over each against the imagefolder's (issue 11's
+// target: within 5%), and how long indexing a TFRecord set of --index-records records takes.
 // Prints figures, never fails on them (timing is not a test).
 
 #include <turbojpeg.h>
@@ -21,6 +24,10 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/ctl/dataset_writer.h"
+#include "server/pipeline/tf_example.h"
+#include "server/pipeline/tfrecord.h"
+#include "shm/base/atomic_file.h"
 #include "server/image/sample_decoder.h"
 #include "server/image/synthetic.h"
 #include "server/pipeline/batch_filler.h"
@@ -39,6 +46,8 @@ struct Options {
   uint32_t batch_size = 64;
   uint32_t image_size = 224;
   double seconds = 4.0;
+  bool formats = false;
+  uint64_t index_records = 100'000;
 };
 
 double Since(Clock::time_point start) {
@@ -94,7 +103,7 @@ double PipelineRate(const Dataset& ds, uint32_t threads, const Options& opt) {
   req.transform.augment = image::Augment::kTrain;
   req.seed = 1;
   std::vector<uint8_t> buffer(
-      pipeline::ComputeBatchLayout(opt.batch_size, req.transform).total_bytes);
+      pipeline::ComputeBatchLayout(opt.batch_size, req.transform, &ds).total_bytes);
   uint64_t images = 0;
   uint64_t errors = 0;
   const Clock::time_point start = Clock::now();
@@ -120,6 +129,86 @@ double PipelineRate(const Dataset& ds, uint32_t threads, const Options& opt) {
   if (errors > 0)
     std::printf("  (pipeline: %llu samples skipped)\n", static_cast<unsigned long long>(errors));
   return static_cast<double>(images) / Since(start);
+}
+
+std::unique_ptr<Dataset> OpenOrDie(pipeline::DatasetSpec spec) {
+  auto ds = Dataset::Open(spec);
+  if (!ds.ok()) {
+    std::fprintf(stderr, "pipeline_bench: %s\n", ds.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(ds);
+}
+
+// A TFRecord set of `records` small records (one JPEG-sized payload each, 1,000 per file), and
+// how long a cold index of it (no cache) takes.
+void IndexTiming(const std::string& dir, uint64_t records) {
+  std::filesystem::create_directories(dir);
+  const std::string example = pipeline::MakeExampleRecord(std::string(2000, 'x'), 1, {});
+  std::string file;
+  for (uint64_t i = 0; i < records; ++i) {
+    pipeline::AppendTfRecord({reinterpret_cast<const uint8_t*>(example.data()), example.size()},
+                             file);
+    if ((i + 1) % 1000 == 0 || i + 1 == records) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "/part-%06llu.tfrecord",
+                    static_cast<unsigned long long>(i / 1000));
+      if (!base::WriteFileAtomically(dir + name, {file}).ok()) std::exit(1);
+      file.clear();
+    }
+  }
+  pipeline::DatasetSpec spec;
+  spec.name = "index";
+  spec.format = pipeline::DatasetFormat::kTfRecord;
+  spec.root = dir;
+  const Clock::time_point start = Clock::now();
+  auto ds = OpenOrDie(spec);
+  std::printf("indexing %llu TFRecord records in %llu files (no cache): %.2f s\n",
+              static_cast<unsigned long long>(ds->size()),
+              static_cast<unsigned long long>((records + 999) / 1000), Since(start));
+}
+
+// The pipeline over the same images as an imagefolder, WebDataset shards and TFRecord files.
+void FormatsFigures(const Dataset& folder, const Options& opt, uint32_t cores) {
+  char tmpl[] = "/tmp/pipeline-bench-formats-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return std::perror("mkdtemp");
+  const std::string dir = tmpl;
+  std::unique_ptr<Dataset> copies[2];
+  const ctl::ShardFormat formats[2] = {ctl::ShardFormat::kWebDataset, ctl::ShardFormat::kTfRecord};
+  for (int f = 0; f < 2; ++f) {
+    ctl::ShardWriteOptions w;
+    w.format = formats[f];
+    w.out_dir = dir + (f == 0 ? "/wds" : "/tfr");
+    std::filesystem::create_directories(w.out_dir);
+    if (auto written = ctl::WriteShards(folder, w); !written.ok()) {
+      std::fprintf(stderr, "pipeline_bench: %s\n", written.status().ToString().c_str());
+      std::exit(1);
+    }
+    pipeline::DatasetSpec spec;
+    spec.name = f == 0 ? "wds" : "tfr";
+    spec.format = f == 0 ? pipeline::DatasetFormat::kWebDataset : pipeline::DatasetFormat::kTfRecord;
+    spec.root = w.out_dir;
+    copies[f] = OpenOrDie(spec);
+  }
+  // Interleaved rounds, best of each, as above.
+  constexpr int kRounds = 3;
+  Options per_round = opt;
+  per_round.seconds = opt.seconds / kRounds;
+  double folder_rate = 0, wds_rate = 0, tfr_rate = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    folder_rate = std::max(folder_rate, PipelineRate(folder, cores, per_round));
+    wds_rate = std::max(wds_rate, PipelineRate(*copies[0], cores, per_round));
+    tfr_rate = std::max(tfr_rate, PipelineRate(*copies[1], cores, per_round));
+  }
+  std::printf("\nformats, pipeline with %u threads (best of %d rounds of %.1f s):\n", cores,
+              kRounds, per_round.seconds);
+  std::printf("imagefolder : %8.1f img/s\n", folder_rate);
+  std::printf("webdataset  : %8.1f img/s  (%+.1f%%; target within 5%%)\n", wds_rate,
+              100.0 * (wds_rate / folder_rate - 1));
+  std::printf("tfrecord    : %8.1f img/s  (%+.1f%%; target within 5%%)\n", tfr_rate,
+              100.0 * (tfr_rate / folder_rate - 1));
+  IndexTiming(dir + "/index", opt.index_records);
+  std::filesystem::remove_all(dir);
 }
 
 int Run(Options opt) {
@@ -179,6 +268,7 @@ int Run(Options opt) {
   std::printf("all-core/1-core, (a) : %5.2fx\n", an / a1);
   std::printf("all-core/1-core, (b) : %5.2fx   (target >= 1.8x on 2 cores)\n", bn / b1);
 
+  if (opt.formats) FormatsFigures(**ds, opt, cores);
   if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
   return 0;
 }
@@ -194,6 +284,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", opt.batch_size, "pipeline batch size")->check(CLI::Range(1, 4096));
   app.add_option("--image-size", opt.image_size, "output side")->check(CLI::Range(8, 2048));
   app.add_option("--seconds", opt.seconds, "seconds per configuration (4 of them)");
+  app.add_flag("--formats", opt.formats, "also WebDataset and TFRecord copies of the dataset");
+  app.add_option("--index-records", opt.index_records, "records of the --formats index timing");
   CLI11_PARSE(app, argc, argv);
   return ringloader::bench::Run(opt);
 }

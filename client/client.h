@@ -98,7 +98,12 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-enum class DType { kUint8, kFloat32, kInt64 };
+// Element types (numpy's names). Images are kUint8 or kFloat32, labels and indices kInt64; a
+// dataset's extra tensors may be any of them.
+enum class DType {
+  kUint8, kFloat32, kInt64, kInt8, kInt16, kUint16, kInt32, kUint32, kUint64, kFloat16,
+  kFloat64, kBool
+};
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 
@@ -106,8 +111,11 @@ const char* DTypeName(DType dtype);
 class TensorView {
  public:
   TensorView() = default;
-  TensorView(const void* data, std::vector<int64_t> shape, DType dtype, uint64_t bytes)
-      : data_(data), shape_(std::move(shape)), dtype_(dtype), bytes_(bytes) {}
+  TensorView(const void* data, std::vector<int64_t> shape, DType dtype, uint64_t bytes,
+             std::string name = "")
+      : data_(data), shape_(std::move(shape)), dtype_(dtype), bytes_(bytes),
+        name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
   const void* raw() const { return data_; }
   template <typename T>
   const T* data() const {
@@ -122,6 +130,7 @@ class TensorView {
   std::vector<int64_t> shape_;
   DType dtype_ = DType::kUint8;
   uint64_t bytes_ = 0;
+  std::string name_;
 };
 
 // Where a stream is. Resuming at `next` of a batch yields the batch after it.
@@ -193,8 +202,15 @@ class Batch {
   Batch& operator=(Batch&&) noexcept;
 
   const TensorView& images() const;   // [n, H, W, 3] uint8 or [n, 3, H, W] float32 ...
-  const TensorView& labels() const;   // int64 [n]
+  const TensorView& labels() const;   // int64 [n] (-1 where the dataset has no labels)
   const TensorView& indices() const;  // int64 [n]: dataset sample indices
+  // Every tensor of the batch, in payload order: "images" (not for an arrays dataset),
+  // "labels", "indices", then the dataset's extra tensors ("depth" of a WebDataset's
+  // KEY.depth.npy members, every NAME.npy of an arrays dataset) and NAME_lengths for ragged
+  // ones. Each starts 256-byte aligned; shape [n, ...one sample's shape].
+  const std::vector<TensorView>& tensors() const;
+  // The tensor called `name`; throws Error(kNotFound) naming the tensors the batch has.
+  const TensorView& tensor(std::string_view name) const;
   uint32_t size() const;              // n
   const Position& position() const;   // this batch
   const Position& next() const;       // resume here for the batch after this one

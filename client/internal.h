@@ -98,6 +98,7 @@ struct Batch::Impl {
   }
   std::shared_ptr<HeldBatch> held;  // its slot (or its copy); null until delivered
   TensorView images, labels, indices;
+  std::vector<TensorView> tensors;  // all of them, images/labels/indices included
   uint32_t size = 0;
   uint64_t sample_image_bytes = 0;
   uint64_t used_bytes = 0;  // of the slot: the end of the last tensor

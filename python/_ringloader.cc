@@ -167,15 +167,14 @@ class PyBatch {
     position_ = b.position();
     next_ = b.next();
     last_in_epoch_ = b.last_in_epoch();
+    for (const TensorView& t : b.tensors()) names_.push_back(t.name());
   }
 
   // A numpy array over one tensor of the slot; its base keeps the batch alive.
   py::array Array(const std::string& name) const {
     if (!box_) Fail(ErrorCode::kFailedPrecondition, "the batch was released");
-    const TensorView& t = Tensor(name);
-    py::dtype dtype = t.dtype() == DType::kUint8     ? py::dtype::of<uint8_t>()
-                      : t.dtype() == DType::kFloat32 ? py::dtype::of<float>()
-                                                     : py::dtype::of<int64_t>();
+    const TensorView& t = box_->batch.tensor(name);  // kNotFound names the tensors it has
+    py::dtype dtype(client::DTypeName(t.dtype()));  // numpy spells them the same way
     auto* owner = new std::shared_ptr<BatchBox>(box_);
     py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<BatchBox>*>(p); });
     py::array array(dtype, t.shape(), {}, t.raw(), base);
@@ -183,13 +182,8 @@ class PyBatch {
     return array;
   }
 
-  const TensorView& Tensor(const std::string& name) const {
-    const Batch& b = box_->batch;
-    if (name == "images") return b.images();
-    if (name == "labels") return b.labels();
-    if (name == "indices") return b.indices();
-    Fail(ErrorCode::kInvalidArgument, "no tensor '" + name + "' (images, labels, indices)");
-  }
+  // The batch's tensor names, in payload order (known without touching the slot again).
+  const std::vector<std::string>& Names() const { return names_; }
 
   py::list Paths() const {
     if (!box_) Fail(ErrorCode::kFailedPrecondition, "the batch was released");
@@ -221,6 +215,7 @@ class PyBatch {
   uint32_t size_ = 0;
   Position position_, next_;
   bool last_in_epoch_ = false;
+  std::vector<std::string> names_;
 };
 
 // ---- streams ----
@@ -310,6 +305,7 @@ PYBIND11_MODULE(_ringloader, m) {
   py::class_<PyBatch>(m, "Batch")
       .def("array", &PyBatch::Array, py::arg("name"))
       .def("paths", &PyBatch::Paths)
+      .def_property_readonly("names", &PyBatch::Names)
       .def("release", &PyBatch::Release)
       .def_property_readonly("released", &PyBatch::released)
       .def_property_readonly("size", &PyBatch::size)

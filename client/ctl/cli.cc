@@ -75,16 +75,42 @@ int Main(int argc, char** argv) {
   make_cmd->add_option("--count", make.count)->capture_default_str();
   make_cmd->add_option("--classes", make.classes)->capture_default_str();
   make_cmd->add_option("--seed", make.seed)->capture_default_str();
+  make_cmd->add_option("--format", make.format)
+      ->check(CLI::IsMember({"imagefolder", "webdataset", "tfrecord", "arrays"}))
+      ->capture_default_str();
+  make_cmd->add_option("--shard-size", make.shard_size, "samples per shard (webdataset, tfrecord)")
+      ->capture_default_str();
+  make_cmd->add_option("--image-size", make.image_size, "arrays: images.npy is [N, S, S, 3]")
+      ->capture_default_str();
+  make_cmd->add_option("--label-base", make.label_base,
+                       "tfrecord: added to every label (1: labels 1..K, for label_offset = -1)")
+      ->capture_default_str();
+
+  ConvertOptions convert;
+  CLI::App* convert_cmd =
+      app.add_subcommand("convert", "rewrite an imagefolder as WebDataset or TFRecord shards");
+  convert_cmd->add_option("--from", convert.from)
+      ->check(CLI::IsMember({"imagefolder"}))
+      ->capture_default_str();
+  convert_cmd->add_option("--to", convert.to)
+      ->check(CLI::IsMember({"webdataset", "tfrecord"}))
+      ->required();
+  convert_cmd->add_option("--path", convert.path, "the imagefolder's root")->required();
+  convert_cmd->add_option("--out", convert.out_dir, "destination directory (created)")
+      ->required();
+  convert_cmd->add_option("--shard-size", convert.shard_size, "samples per shard")
+      ->capture_default_str();
 
   ValidateOptions validate;
   CLI::App* validate_cmd = app.add_subcommand("validate", "decode every sample of a dataset");
   validate_cmd->add_option("--format", validate.format)
-      ->check(CLI::IsMember({"imagefolder", "manifest"}))
+      ->check(CLI::IsMember({"imagefolder", "manifest", "webdataset", "tfrecord", "arrays"}))
       ->capture_default_str();
   validate_cmd->add_option("--config", validate.config,
                            "a ringloaderd config: check --dataset with exactly its limits");
   validate_cmd->add_option("--dataset", validate.dataset, "a dataset name of --config");
-  validate_cmd->add_option("--path", validate.path, "the dataset root (without --config)");
+  validate_cmd->add_option("--path", validate.path,
+                           "the dataset root, or shard pattern (without --config)");
   validate_cmd->add_option("--manifest", validate.manifest, "manifest file (format manifest)");
   validate_cmd->add_option("--jobs", validate.jobs, "decode threads (0 = one per CPU)")
       ->capture_default_str();
@@ -124,6 +150,7 @@ int Main(int argc, char** argv) {
     return RunConsume(consume, std::cout, std::cerr);
   }
   if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
+  if (*convert_cmd) return RunConvert(convert, std::cout, std::cerr);
   if (*validate_cmd) {
     if (*max_pixels_opt) validate.max_pixels = max_pixels;
     return RunValidate(validate, std::cout, std::cerr);

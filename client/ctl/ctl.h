@@ -68,8 +68,31 @@ struct MakeDatasetOptions {
   uint32_t count = 2000;
   uint32_t classes = 10;
   uint64_t seed = 0;
+  std::string format = "imagefolder";  // imagefolder | webdataset | tfrecord | arrays
+  uint32_t shard_size = 1000;          // webdataset, tfrecord: samples per shard
+  uint32_t image_size = 32;            // arrays: images.npy is [N, S, S, 3]
+  int64_t label_base = 0;              // tfrecord only: added to every label (1 = labels 1..K)
 };
+// imagefolder: out_dir/class_XX/img_NNNNNN.jpg. Other formats: that imagefolder is generated in
+// out_dir/.imagefolder-tmp-<pid> (removed afterwards, also on failure) and written into out_dir
+// as client/ctl/dataset_writer.h describes (webdataset with KEY.depth.npy members). Prints
+// "wrote N samples in K classes to DIR as FORMAT (M shards)" ("wrote N images in K classes to
+// DIR" for imagefolder). 2 for bad options or an out_dir already holding shards; 1 on failure.
 int RunMakeDataset(const MakeDatasetOptions& options, std::ostream& out, std::ostream& err);
+
+struct ConvertOptions {
+  std::string from = "imagefolder";  // imagefolder only
+  std::string to;                    // webdataset | tfrecord
+  std::string path;                  // the source dataset's root
+  std::string out_dir;               // created; must not hold shard files yet
+  uint32_t shard_size = 1000;        // samples per shard
+};
+// Rewrites a dataset as shards (client/ctl/dataset_writer.h), reading one file at a time. Prints
+// "converted N samples from SRC to DST as FORMAT (M shards)". 0 done; 1 a source file that
+// cannot be read ("ringloaderctl convert: <path>: <error>") or a write error, and the shards
+// written are removed again; 2 bad options, a source that cannot be opened, or an out_dir that
+// already holds shards.
+int RunConvert(const ConvertOptions& options, std::ostream& out, std::ostream& err);
 
 struct ValidateOptions {
   // Either a daemon config and one of its datasets (format, path, manifest and every decode limit

@@ -147,8 +147,7 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
       for (uint32_t i = 0; i < batch->size(); ++i) {
         lines +=
             FormatSampleLine({batch->position().epoch, batch->position().sequence, indices[i],
-                              labels[i], batch->relative_path(i),
-                              SampleDigest({batch->sample_image(i), batch->sample_image_bytes()})});
+                              labels[i], batch->relative_path(i), SampleDigest(*batch, i)});
       }
       if (absl::Status s = samples->Append(lines); !s.ok()) return s;
       if (absl::Status s = samples->Flush(); !s.ok()) return s;

@@ -64,6 +64,13 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
           << "\n";
     }
   }
+  if (s.damaged_files_size() > 0) {
+    out << "\ndamaged files (the rest of each is not served):\n";
+    for (const v1::BadFile& f : s.damaged_files()) {
+      out << "  " << f.dataset() << " " << f.path() << ": " << f.reason() << ": " << f.message()
+          << "\n";
+    }
+  }
   if (s.quarantined_size() > 0) {
     out << "\nquarantined samples:\n";
     for (const v1::QuarantinedSample& q : s.quarantined()) {

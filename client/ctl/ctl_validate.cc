@@ -11,6 +11,7 @@
 #include "server/daemon/config.h"
 #include "server/image/sample_decoder.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/sample_reader.h"
 #include "server/pipeline/worker_pool.h"
 
 namespace ringloader::ctl {
@@ -47,23 +48,27 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
       return usage(absl::StrCat(options.config, ": no dataset \"", options.dataset,
                                 "\" (configured: ", absl::StrJoin(names, ", "), ")"));
     }
-    spec.name = dc->name;
-    spec.format = dc->format;
-    spec.root = dc->path;
-    spec.manifest_path = dc->manifest;
+    spec = server::DatasetSpecOf(*dc, /*state_dir=*/"");
     limits = server::DecodeLimitsOf(*dc);
   } else {
     if (!options.dataset.empty()) return usage("--dataset needs --config FILE");
     if (options.path.empty()) return usage("give --path DIR, or --config FILE --dataset NAME");
     spec.name = options.path;
-    if (options.format == "imagefolder") {
-      spec.format = pipeline::DatasetFormat::kImageFolder;
-    } else if (options.format == "manifest") {
-      spec.format = pipeline::DatasetFormat::kManifest;
-      if (options.manifest.empty()) return usage("--format manifest needs --manifest FILE");
-    } else {
-      return usage(absl::StrCat("--format must be imagefolder or manifest, got '",
-                                options.format, "'"));
+    bool known = false;
+    for (auto f : {pipeline::DatasetFormat::kImageFolder, pipeline::DatasetFormat::kManifest,
+                   pipeline::DatasetFormat::kWebDataset, pipeline::DatasetFormat::kTfRecord,
+                   pipeline::DatasetFormat::kArrays}) {
+      if (options.format == pipeline::DatasetFormatName(f)) {
+        spec.format = f;
+        known = true;
+      }
+    }
+    if (!known) {
+      return usage(absl::StrCat("--format must be imagefolder, manifest, webdataset, tfrecord "
+                                "or arrays, got '", options.format, "'"));
+    }
+    if (spec.format == pipeline::DatasetFormat::kManifest && options.manifest.empty()) {
+      return usage("--format manifest needs --manifest FILE");
     }
     spec.root = options.path;
     spec.manifest_path = options.manifest;
@@ -82,37 +87,65 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   for (uint32_t i = 0; i < pool.size(); ++i) {
     decoders.push_back(std::make_unique<image::SampleDecoder>(limits));
   }
+  // Each sample as the daemon reads it: its image decoded, its label, its extra tensors.
   std::vector<absl::Status> results(ds.size());
   pool.ParallelFor(ds.size(), [&](uint64_t i, uint32_t worker) {
-    absl::StatusOr<std::vector<uint8_t>> bytes = image::ReadFileBytes(ds.AbsolutePath(i), limits.max_file_bytes);
-    if (!bytes.ok()) {
-      results[i] = bytes.status();
+    absl::StatusOr<pipeline::SampleReader> reader =
+        pipeline::SampleReader::Open(ds, i, limits.max_file_bytes);
+    if (!reader.ok()) {
+      results[i] = reader.status();
       return;
     }
-    image::ImageInfo info;
-    results[i] = decoders[worker]->DecodeRgb(*bytes, ds.relative_path(i), &info).status();
+    if (ds.has_images()) {
+      absl::StatusOr<pipeline::ImageBytes> bytes = reader->ReadImage();
+      if (!bytes.ok()) {
+        results[i] = bytes.status();
+        return;
+      }
+      image::ImageInfo info;
+      results[i] = decoders[worker]->DecodeRgb(bytes->image(), reader->where(), &info).status();
+      if (!results[i].ok()) return;
+    }
+    if (ds.has_labels()) results[i] = reader->ReadLabel().status();
+    std::vector<uint8_t> scratch;
+    for (uint32_t t = 0; results[i].ok() && t < ds.tensors().size(); ++t) {
+      scratch.resize(ds.tensors()[t].SampleBytes());
+      results[i] = reader->ReadTensor(t, scratch).status();
+    }
   });
 
   std::map<std::string, uint64_t> by_reason;
   uint64_t bad = 0;
+  // Damage that ended a container file's index: what follows it in that file was not checked.
+  for (const pipeline::IndexProblem& p : ds.index_problems()) {
+    ++by_reason[p.reason];
+    out << "BAD " << wire::EscapeBytes(p.file) << ": " << p.reason << ": "
+        << wire::EscapeBytes(p.message) << " (the rest of the file is not read)\n";
+  }
+  const uint64_t damaged_files = ds.index_problems().size();
   for (uint64_t i = 0; i < ds.size(); ++i) {
     if (results[i].ok()) continue;
     ++bad;
     const std::string reason(image::ErrorReason(results[i]));
     ++by_reason[reason];
     const std::string relative(ds.relative_path(i));
-    // ReadFileBytes names the absolute path, the decoder the relative one: strip either.
+    // Messages start with where the sample is (absolute or relative): the line names it.
     absl::string_view message = WithoutPathPrefix(results[i].message(), relative);
     message = WithoutPathPrefix(message, ds.AbsolutePath(i));
     out << "BAD " << wire::EscapeBytes(relative) << ": " << reason << ": "
         << wire::EscapeBytes(std::string_view(message.data(), message.size())) << "\n";
   }
-  out << "checked " << ds.size() << " files: " << ds.size() - bad << " good, " << bad << " bad";
+  out << "checked " << ds.size() << (ds.format() == pipeline::DatasetFormat::kImageFolder ||
+                                              ds.format() == pipeline::DatasetFormat::kManifest
+                                          ? " files: "
+                                          : " samples: ")
+      << ds.size() - bad << " good, " << bad << " bad";
+  if (damaged_files > 0) out << ", " << damaged_files << " damaged files";
   if (!by_reason.empty()) {
     out << " (" << absl::StrJoin(by_reason, ", ", absl::PairFormatter(": ")) << ")";
   }
   out << "\n";
-  return bad == 0 ? kExitOk : kExitFailure;
+  return bad == 0 && damaged_files == 0 ? kExitOk : kExitFailure;
 }
 
 }  // namespace ringloader::ctl

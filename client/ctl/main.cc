@@ -1,4 +1,5 @@
-// ringloaderctl: health, stats, consume, make-dataset, validate and quarantine for ringloaderd.
+// ringloaderctl: health, stats, consume, make-dataset, convert, validate and quarantine for
+// ringloaderd.
 #include "client/ctl/ctl.h"
 
 int main(int argc, char** argv) { return ringloader::ctl::Main(argc, argv); }

@@ -7,18 +7,24 @@
 //
 // epoch and sequence are the batch's position (sequence = batch index within the epoch for this
 // rank), sample_index the dataset index, label the int64 label, relative_path the path under the
-// dataset root ("-" when the daemon did not send paths), digest = 16 lowercase hex digits of
-// XXH64 (seed 0) of the sample's output image bytes.
+// dataset root ("-" when the daemon did not send paths; "SHARD#KEY" for WebDataset, "FILE#N"
+// for TFRecord, "#ROW" for arrays), digest = 16 lowercase hex digits of XXH64 (seed 0) of the
+// sample's bytes in every tensor of the batch but labels and indices, in the batch's tensor
+// order (for an image dataset without extra tensors: of its output image bytes).
 
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "client/client.h"
+
 namespace ringloader::ctl {
 
 // XXH64 with seed 0 of `bytes`.
 uint64_t SampleDigest(std::span<const uint8_t> bytes);
+// The digest of sample `i` of `batch` (see the top of this file).
+uint64_t SampleDigest(const client::Batch& batch, uint32_t i);
 
 // `digest` as exactly 16 lowercase hex digits.
 std::string FormatDigest(uint64_t digest);

@@ -26,49 +26,59 @@ def _env_int(name: str) -> Optional[int]:
         raise InvalidArgument(f"${name} must be an integer, got {value!r}") from None
 
 
-class Batch:
-    """One batch: ``batch["images"]``, ``batch["labels"]``, ``batch["indices"]``, ``batch.paths``.
+class Batch(Mapping):
+    """One batch: a read-only Mapping of every tensor by name, plus ``batch.paths``.
+
+    ``batch["images"]`` (absent for an ``arrays`` dataset), ``batch["labels"]`` (-1 where the
+    dataset has none), ``batch["indices"]``, then the dataset's extra tensors: ``batch["depth"]``
+    for WebDataset ``KEY.depth.npy`` members, ``batch["NAME"]`` for each ``NAME.npy`` of an
+    ``arrays`` dataset, ``batch["NAME_lengths"]`` for ragged ones. Each is ``[size, ...]``.
 
     The arrays (numpy) or tensors (torch) view the ring slot itself: nothing is copied. The slot
     goes back to the daemon when the Batch and every array or tensor taken from it are garbage,
     or at :meth:`release`. Arrays that outlive ``release()`` stay valid: the batch is copied out
     of the ring first. numpy arrays are read-only; torch tensors are writable, and a write stays
-    in this process (copy-on-write pages, dropped when the slot is released).
+    in this process (copy-on-write pages, dropped when the slot is released). A dtype torch does
+    not have (uint16, uint32, uint64) stays a numpy array.
     """
 
-    __slots__ = ("_native", "_tensors", "_output", "_paths")
+    __slots__ = ("_native", "_tensors", "_output", "_paths", "_names")
 
     def __init__(self, native: Any, output: str) -> None:
         self._native = native
         self._output = output
         self._paths: Optional[List[str]] = None
         self._tensors: Optional[Dict[str, Any]] = None
+        self._names: List[str] = list(native.names)
 
     def _views(self) -> Dict[str, Any]:
         if self._tensors is None:
             if self._native.released:
                 raise FailedPrecondition("the batch was released")
-            arrays = {name: self._native.array(name) for name in ("images", "labels", "indices")}
+            arrays = {name: self._native.array(name) for name in self._names}
             if self._output == "torch":
                 import torch
-                arrays = {name: torch.from_numpy(a) for name, a in arrays.items()}
+                for name, a in arrays.items():
+                    try:
+                        arrays[name] = torch.from_numpy(a)
+                    except TypeError:  # a dtype torch lacks: keep the numpy array
+                        pass
             self._tensors = arrays
         return self._tensors
 
     def __getitem__(self, key: str) -> Any:
-        try:
-            return self._views()[key]
-        except KeyError:
-            raise KeyError(f"{key!r}: a batch has 'images', 'labels' and 'indices'") from None
+        if key not in self._names:
+            raise KeyError(f"{key!r}: this batch has {', '.join(map(repr, self._names))}")
+        return self._views()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
     def __contains__(self, key: object) -> bool:
-        return key in ("images", "labels", "indices")
-
-    def keys(self) -> List[str]:
-        return ["images", "labels", "indices"]
-
-    def items(self) -> List[Any]:
-        return [(k, self[k]) for k in self.keys()]
+        return key in self._names
 
     @property
     def paths(self) -> List[str]:

@@ -65,6 +65,33 @@ class TableReader {
     *out = node->as_string()->get();
   }
 
+  // A string or an array of strings; `separator` also splits a single string ("jpg;jpeg").
+  void StringList(const std::string& key, std::vector<std::string>* out, char separator = '\0') {
+    const toml::node* node = Get(key);
+    if (node == nullptr) return;
+    std::vector<std::string> values;
+    if (node->is_string()) {
+      const std::string& text = node->as_string()->get();
+      if (separator == '\0') {
+        values.push_back(text);
+      } else {
+        values = absl::StrSplit(text, separator, absl::SkipEmpty());
+      }
+    } else if (const toml::array* array = node->as_array()) {
+      for (const toml::node& item : *array) {
+        if (!item.is_string()) {
+          Flag(key, "must be a list of strings", Describe(*node));
+          return;
+        }
+        values.push_back(item.as_string()->get());
+      }
+    } else {
+      Flag(key, "must be a string or a list of strings", Describe(*node));
+      return;
+    }
+    *out = std::move(values);
+  }
+
   template <typename T>
   void Integer(const std::string& key, T* out, int64_t min, int64_t max) {
     const toml::node* node = Get(key);
@@ -229,16 +256,28 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   return absl::OkStatus();
 }
 
+// The `format` words, in the order of pipeline::DatasetFormat (this library links no pipeline).
+constexpr const char* kFormatNames[] = {"imagefolder", "manifest", "webdataset", "tfrecord",
+                                        "arrays"};
+
 absl::Status ParseDataset(const toml::table& table, const std::string& path,
                           const std::string& source, DatasetConfig* d) {
   absl::Status error;
   TableReader r(table, path, source, &error);
   r.String("name", &d->name, /*required=*/true);
   int format = -1;
-  r.Enum("format", {"imagefolder", "manifest"}, &format);
-  if (format == 1) d->format = pipeline::DatasetFormat::kManifest;
+  r.Enum("format", std::vector<std::string>(std::begin(kFormatNames), std::end(kFormatNames)),
+         &format);
+  if (format >= 0) d->format = static_cast<pipeline::DatasetFormat>(format);
   r.String("path", &d->path, /*required=*/true);
   r.String("manifest", &d->manifest);
+  r.StringList("image_key", &d->image_key, ';');
+  r.String("label_key", &d->label_key);
+  r.String("image_feature", &d->image_feature);
+  r.String("label_feature", &d->label_feature);
+  r.Integer("label_offset", &d->label_offset, -(int64_t{1} << 40), int64_t{1} << 40);
+  r.String("label", &d->label);
+  r.StringList("ragged", &d->ragged);
   int on_error = -1;
   r.Enum("on_error", {"skip", "fail"}, &on_error);
   if (on_error == 1) d->on_error = pipeline::OnError::kFail;
@@ -262,8 +301,28 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
   if (d->format == pipeline::DatasetFormat::kManifest && d->manifest.empty()) {
     return r.Fail("manifest", "is required when format = \"manifest\"", "");
   }
-  if (d->format == pipeline::DatasetFormat::kImageFolder && !d->manifest.empty()) {
+  if (d->format != pipeline::DatasetFormat::kManifest && !d->manifest.empty()) {
     return r.Fail("manifest", "is only valid with format = \"manifest\"", "");
+  }
+  // Keys of one format given to another are mistakes, not defaults to ignore.
+  const auto only_with = [&](const char* key, pipeline::DatasetFormat f) {
+    if (table.get(key) != nullptr && d->format != f) {
+      r.Flag(key, absl::StrCat("is only valid with format = \"",
+                               kFormatNames[static_cast<int>(f)], "\""), "");
+    }
+  };
+  for (const char* key : {"image_key", "label_key", "ragged"}) {
+    only_with(key, pipeline::DatasetFormat::kWebDataset);
+  }
+  for (const char* key : {"image_feature", "label_feature", "label_offset"}) {
+    only_with(key, pipeline::DatasetFormat::kTfRecord);
+  }
+  only_with("label", pipeline::DatasetFormat::kArrays);
+  if (!error.ok()) return error;
+  if (d->image_key.empty()) return r.Fail("image_key", "must name at least one extension", "\"\"");
+  if (d->image_feature.empty()) return r.Fail("image_feature", "must not be empty", "\"\"");
+  if (d->label_key.rfind("json:", 0) == 0 && d->label_key.size() == 5) {
+    return r.Fail("label_key", "\"json:FIELD\" needs a FIELD", "\"json:\"");
   }
   return absl::OkStatus();
 }
@@ -286,6 +345,23 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
 }
 
 }  // namespace
+
+pipeline::DatasetSpec DatasetSpecOf(const DatasetConfig& dataset, const std::string& state_dir) {
+  pipeline::DatasetSpec spec;
+  spec.name = dataset.name;
+  spec.format = dataset.format;
+  spec.root = dataset.path;
+  spec.manifest_path = dataset.manifest;
+  spec.state_dir = state_dir;
+  spec.image_keys = dataset.image_key;
+  spec.label_key = dataset.label_key;
+  spec.image_feature = dataset.image_feature;
+  spec.label_feature = dataset.label_feature;
+  spec.label_offset = dataset.label_offset;
+  spec.label_array = dataset.label;
+  spec.ragged = dataset.ragged;
+  return spec;
+}
 
 image::DecodeLimits DecodeLimitsOf(const DatasetConfig& dataset) {
   image::DecodeLimits limits;

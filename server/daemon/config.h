@@ -25,6 +25,15 @@ struct DatasetConfig {
   pipeline::DatasetFormat format = pipeline::DatasetFormat::kImageFolder;
   std::string path;      // root of the images
   std::string manifest;  // manifest format only
+  // webdataset (see pipeline::DatasetSpec): image member extensions, the label member.
+  std::vector<std::string> image_key = {"jpg"};
+  std::string label_key = "cls";
+  // tfrecord: the Example features.
+  std::string image_feature = "image/encoded";
+  std::string label_feature = "image/class/label";
+  int64_t label_offset = 0;
+  std::string label;                 // arrays: the label column
+  std::vector<std::string> ragged;   // webdataset: tensors padded per batch
   pipeline::OnError on_error = pipeline::OnError::kSkip;
   // The decode limits; defaults are image::DecodeLimits' (one set for the daemon and
   // `ringloaderctl validate`).
@@ -93,6 +102,9 @@ struct DaemonConfig {
 };
 
 // The decode limits a dataset's samples are held to.
+// The pipeline's spec of a configured dataset (the daemon and `ringloaderctl validate` alike).
+pipeline::DatasetSpec DatasetSpecOf(const DatasetConfig& dataset, const std::string& state_dir);
+
 image::DecodeLimits DecodeLimitsOf(const DatasetConfig& dataset);
 
 // Parses and validates. InvalidArgument/NotFound with "<file>: <key path>: <rule> (got ...)".

@@ -146,18 +146,26 @@ struct DaemonState {
   bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
 };
 
+// ", tensors depth float32 [8, 8], ..." for the start-up line; "" without extra tensors.
+std::string TensorsText(const pipeline::Dataset& ds) {
+  std::string text;
+  for (const pipeline::TensorSchema& t : ds.tensors()) {
+    absl::StrAppend(&text, text.empty() ? ", tensors " : ", ", t.name, " ", t.Describe(),
+                    t.ragged ? " (ragged)" : "");
+  }
+  return text;
+}
+
 // Opens one configured dataset, reserves its index memory and adds it to the registry.
 absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::string& key) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(dc.path, ec)) {
+  const bool pattern = dc.format == pipeline::DatasetFormat::kWebDataset ||
+                       dc.format == pipeline::DatasetFormat::kTfRecord;
+  if (!pattern && !std::filesystem::is_directory(dc.path, ec)) {
     return absl::NotFoundError(absl::StrCat(key, ".path: \"", dc.path, "\" is not a directory"));
   }
-  pipeline::DatasetSpec spec;
-  spec.name = dc.name;
-  spec.format = dc.format;
-  spec.root = dc.path;
-  spec.manifest_path = dc.manifest;
-  spec.state_dir = d.config.server.state_dir;
+  pipeline::DatasetSpec spec = DatasetSpecOf(dc, d.config.server.state_dir);
+  spec.progress = [](const std::string& line) { SPDLOG_INFO("{}", line); };
   absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
   if (!ds.ok()) {
     return absl::Status(ds.status().code(), absl::StrCat(key, ": ", ds.status().message()));
@@ -166,8 +174,15 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
       d.budget->Reserve((*ds)->MemoryBytes(), absl::StrCat("the index of dataset ", dc.name));
   if (!r.ok()) return r.status();
   d.fixed_reservations.push_back(std::move(*r));
-  SPDLOG_INFO("dataset {}: {} samples, {} classes{}", dc.name, (*ds)->size(),
-              (*ds)->class_names().size(), (*ds)->loaded_from_cache() ? " (index cache)" : "");
+  const size_t classes = (*ds)->class_names().size();
+  SPDLOG_INFO("dataset {}: {} {}, {} samples{}{}{}", dc.name,
+              pipeline::DatasetFormatName(dc.format), (*ds)->root(), (*ds)->size(),
+              classes > 0 ? absl::StrCat(", ", classes, " classes") : "",
+              (*ds)->loaded_from_cache() ? " (index cache)" : "", TensorsText(**ds));
+  for (const pipeline::IndexProblem& p : (*ds)->index_problems()) {
+    SPDLOG_WARN("dataset {}: {} (reason {}; the rest of {} is not read)", dc.name,
+                wire::EscapeBytes(p.message), p.reason, wire::EscapeBytes(p.file));
+  }
   d.datasets.Add(dc, std::move(*ds));
   return absl::OkStatus();
 }

@@ -253,6 +253,28 @@ void Stream::RecordSkipped(const pipeline::FilledBatch& filled) {
   }
 }
 
+namespace {
+
+v1::DType WireDType(pipeline::NpyType type) {
+  switch (type) {
+    case pipeline::NpyType::kBool: return v1::DTYPE_BOOL;
+    case pipeline::NpyType::kUint8: return v1::DTYPE_UINT8;
+    case pipeline::NpyType::kInt8: return v1::DTYPE_INT8;
+    case pipeline::NpyType::kInt16: return v1::DTYPE_INT16;
+    case pipeline::NpyType::kUint16: return v1::DTYPE_UINT16;
+    case pipeline::NpyType::kInt32: return v1::DTYPE_INT32;
+    case pipeline::NpyType::kUint32: return v1::DTYPE_UINT32;
+    case pipeline::NpyType::kInt64: return v1::DTYPE_INT64;
+    case pipeline::NpyType::kUint64: return v1::DTYPE_UINT64;
+    case pipeline::NpyType::kFloat16: return v1::DTYPE_FLOAT16;
+    case pipeline::NpyType::kFloat32: return v1::DTYPE_FLOAT32;
+    case pipeline::NpyType::kFloat64: return v1::DTYPE_FLOAT64;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
 v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
                                    const v1::Position& position, const v1::Position& next,
                                    const pipeline::FilledBatch& filled, bool last_in_epoch,
@@ -266,33 +288,19 @@ v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
   *h.mutable_next() = next;
   h.set_sample_count(filled.count);
   h.set_last_in_epoch(last_in_epoch);
-  const image::TransformSpec& t = setup_.transform;
   const uint64_t n = filled.count;
-  const uint64_t size = t.image_size;
-  v1::TensorView* images = h.mutable_images();
-  images->set_offset(setup_.layout.images_offset);
-  images->add_shape(n);
-  if (t.layout == image::Layout::kNHWC) {
-    images->add_shape(size);
-    images->add_shape(size);
-    images->add_shape(3);
-  } else {
-    images->add_shape(3);
-    images->add_shape(size);
-    images->add_shape(size);
+  for (const pipeline::TensorPlacement& t : setup_.layout.tensors) {
+    v1::TensorView* view = h.add_tensors();
+    view->set_name(t.name);
+    view->set_offset(t.offset);
+    view->add_shape(n);
+    for (uint64_t d : t.sample_shape) view->add_shape(d);
+    view->set_dtype(WireDType(t.type));
+    view->set_bytes(n * t.sample_bytes);
+    if (t.name == "images") *h.mutable_images() = *view;
+    if (t.name == "labels") *h.mutable_labels() = *view;
+    if (t.name == "indices") *h.mutable_indices() = *view;
   }
-  images->set_dtype(t.dtype == image::DType::kUint8 ? v1::DTYPE_UINT8 : v1::DTYPE_FLOAT32);
-  images->set_bytes(n * t.SampleBytes());
-  v1::TensorView* labels = h.mutable_labels();
-  labels->set_offset(setup_.layout.labels_offset);
-  labels->add_shape(n);
-  labels->set_dtype(v1::DTYPE_INT64);
-  labels->set_bytes(n * sizeof(int64_t));
-  v1::TensorView* indices = h.mutable_indices();
-  indices->set_offset(setup_.layout.indices_offset);
-  indices->add_shape(n);
-  indices->set_dtype(v1::DTYPE_INT64);
-  indices->set_bytes(n * sizeof(int64_t));
   const auto* index_array =
       reinterpret_cast<const int64_t*>(payload.data() + setup_.layout.indices_offset);
   for (uint64_t i = 0; i < n; ++i) {

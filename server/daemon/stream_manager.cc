@@ -204,7 +204,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   setup.on_error = dataset_config.on_error;
   setup.limits = DecodeLimitsOf(dataset_config);
   setup.transform = ToTransform(spec);
-  setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform);
+  setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform, &dataset);
   setup.start = request.start();
 
   // Ring + one epoch's shard order (4 bytes a sample), reserved before anything is allocated.
@@ -447,6 +447,15 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     b->set_path(wire::EscapeBytes(r.path));
     b->set_reason(r.reason);
     b->set_message(wire::EscapeBytes(r.message));
+  }
+  for (const ServedDataset* served : deps_.datasets->All()) {
+    for (const pipeline::IndexProblem& p : served->dataset->index_problems()) {
+      v1::BadFile* b = response->add_damaged_files();
+      b->set_dataset(served->config.name);
+      b->set_path(wire::EscapeBytes(p.file));
+      b->set_reason(p.reason);
+      b->set_message(wire::EscapeBytes(p.message));
+    }
   }
   response->set_images_per_second(stats.images_per_second());
   response->set_rss_bytes(CurrentRssBytes());

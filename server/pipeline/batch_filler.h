@@ -7,11 +7,14 @@
 // of the shard fill the tail. Which samples fail depends only on the files, so the result is a pure
 // function of (dataset, spec, seed, epoch, rank, cursor) whatever the thread count.
 //
-// Payload layout of a batch (offsets from the start of the buffer, each 64-byte aligned):
-//   images  : batch_size x SampleBytes()   (NHWC uint8 / NCHW float32 ...)
-//   labels  : int64[batch_size]
-//   indices : int64[batch_size]  (dataset sample indices)
-// Only the first `count` entries of each are meaningful.
+// Payload layout of a batch: a list of named tensors, each starting 256-byte aligned (what
+// TensorFlow and SIMD code want), in this order:
+//   images  : batch_size x SampleBytes()   (NHWC uint8 / NCHW float32 ...; absent for arrays)
+//   labels  : int64[batch_size]            (-1 for a dataset without labels)
+//   indices : int64[batch_size]            (dataset sample indices)
+//   NAME    : batch_size x the dataset's extra tensor NAME (Dataset::tensors(), by name)
+//   NAME_lengths : int64[batch_size]       (each ragged tensor's rows per sample)
+// Only the first `count` entries of each are meaningful; the rest are zero.
 
 #include <chrono>
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,14 +36,31 @@
 
 namespace ringloader::pipeline {
 
+// One tensor of a batch.
+struct TensorPlacement {
+  std::string name;
+  NpyType type = NpyType::kUint8;
+  std::vector<uint64_t> sample_shape;  // one sample's; the batch's is [batch_size] + this
+  uint64_t sample_bytes = 0;
+  uint64_t offset = 0;  // in the payload; a multiple of kTensorAlign
+  uint64_t bytes = 0;   // batch_size * sample_bytes
+};
+
+inline constexpr uint64_t kTensorAlign = 256;
+
 struct BatchLayout {
+  std::vector<TensorPlacement> tensors;  // in payload order (see the top of this file)
+  // Shortcuts into `tensors` (images_bytes 0 when the dataset has no images).
   uint64_t images_offset = 0;
   uint64_t images_bytes = 0;  // for batch_size samples
   uint64_t labels_offset = 0;
   uint64_t indices_offset = 0;
   uint64_t total_bytes = 0;  // what a slot must hold
+  const TensorPlacement* Find(std::string_view name) const;
 };
-BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& spec);
+// `dataset` null: images, labels and indices only (an image dataset without extra tensors).
+BatchLayout ComputeBatchLayout(uint32_t batch_size, const image::TransformSpec& spec,
+                               const Dataset* dataset = nullptr);
 
 enum class OnError { kSkip, kFail };
 
@@ -113,7 +134,8 @@ class BatchFiller {
   BatchFiller(WorkerPool& pool, image::DecodeLimits limits, FillerOptions options = {});
   ~BatchFiller();
 
-  // Writes the batch into `dest` (REQUIRES: dest.size() >= ComputeBatchLayout(...).total_bytes).
+  // Writes the batch into `dest` (REQUIRES: dest.size() >= ComputeBatchLayout(batch_size,
+  // transform, dataset).total_bytes).
   // With on_error = kFail the first failure (in shard order) is returned as DataLoss naming the
   // file (its image::ErrorReason kept). `observer` may be null. Thread-safe: many streams may fill
   // concurrently.

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/pipeline/container_index.h"
 #include "server/pipeline/imagefolder.h"
 #include "server/pipeline/index_cache.h"
 #include "server/pipeline/manifest.h"
@@ -35,7 +37,7 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
   int64_t newest_mtime_ns = 0;
   absl::StatusOr<std::string> key = ImageFolderKey(spec.root, &newest_mtime_ns);
   if (!key.ok()) return key.status();
-  const std::string cache_path = IndexCachePath(spec.state_dir, spec.root);
+  const std::string cache_path = IndexCachePath(spec.state_dir, "imagefolder", spec.root);
   if (std::optional<SampleList> cached = LoadIndexCache(cache_path, *key)) {
     *from_cache = true;
     return *std::move(cached);
@@ -48,6 +50,35 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
   return list;
 }
 
+// webdataset and tfrecord: resolve the files, then the cached index or a scan of every file.
+// `spec.root` becomes the files' root.
+absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache) {
+  *from_cache = false;
+  const bool tar = spec.format == DatasetFormat::kWebDataset;
+  const std::string pattern = spec.root;
+  absl::StatusOr<ShardFiles> files = ResolveShardFiles(pattern, tar ? ".tar" : "");
+  if (!files.ok()) return files.status();
+  spec.root = files->root;
+  const auto index = [&]() {
+    return tar ? IndexWebDataset(spec, *files) : IndexTfRecords(spec, *files);
+  };
+  if (spec.state_dir.empty()) return index();
+  int64_t newest_mtime_ns = 0;
+  absl::StatusOr<std::string> key = ContainerIndexKey(spec, *files, &newest_mtime_ns);
+  if (!key.ok()) return key.status();
+  const std::string cache_path =
+      IndexCachePath(spec.state_dir, DatasetFormatName(spec.format), pattern);
+  if (std::optional<SampleList> cached = LoadIndexCache(cache_path, *key)) {
+    *from_cache = true;
+    return *std::move(cached);
+  }
+  absl::StatusOr<SampleList> list = index();
+  if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
+    (void)SaveIndexCache(cache_path, *key, *list);
+  }
+  return list;
+}
+
 }  // namespace
 
 // Builds Datasets; a friend so Dataset keeps its fields private and its constructor hidden.
@@ -55,6 +86,9 @@ class DatasetLoader {
  public:
   // XXH3-64 over every (relative path, label) in order, each length-prefixed so that no two
   // different lists hash the same input.
+  // XXH3-64 over every (relative path, label) in order, each length-prefixed so that no two
+  // different lists hash the same input; for container formats also every sample's extents (a
+  // shard rewritten with other contents moves them), for arrays every column's header.
   static uint64_t Fingerprint(const Dataset& d) {
     XXH3_state_t* state = XXH3_createState();
     XXH3_64bits_reset(state);
@@ -64,6 +98,14 @@ class DatasetLoader {
       XXH3_64bits_update(state, header, sizeof(header));
       XXH3_64bits_update(state, path.data(), path.size());
     }
+    XXH3_64bits_update(state, d.extents_.data(), d.extents_.size() * sizeof(Extent));
+    for (const ArrayColumn& c : d.columns_) {
+      const uint64_t words[3] = {static_cast<uint64_t>(c.header.type), c.header.data_offset,
+                                 c.header.row_bytes};
+      XXH3_64bits_update(state, c.name.data(), c.name.size() + 1);
+      XXH3_64bits_update(state, words, sizeof(words));
+      XXH3_64bits_update(state, c.header.shape.data(), c.header.shape.size() * 8);
+    }
     const uint64_t hash = XXH3_64bits_digest(state);
     XXH3_freeState(state);
     return hash == 0 ? 1 : hash;  // 0 means "unknown" on the wire
@@ -71,19 +113,25 @@ class DatasetLoader {
 
   static absl::StatusOr<std::unique_ptr<Dataset>> Open(const DatasetSpec& spec_in) {
     DatasetSpec spec = spec_in;
-    if (spec.root.empty()) return Prefixed(spec, absl::InvalidArgumentError("root is empty"));
+    if (spec.root.empty()) return Prefixed(spec, absl::InvalidArgumentError("path is empty"));
+    const bool containers = spec.format == DatasetFormat::kWebDataset ||
+                            spec.format == DatasetFormat::kTfRecord;
     std::error_code ec;
     std::string root = std::filesystem::absolute(spec.root, ec).lexically_normal().string();
     while (root.size() > 1 && root.back() == '/') root.pop_back();
     spec.root = root;
     struct stat st;
-    if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (!containers && (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
       return Prefixed(spec, absl::NotFoundError(absl::StrCat(
                                 "root '", root, "' does not exist or is not a directory")));
+    }
+    if (spec.image_keys.empty()) {
+      return Prefixed(spec, absl::InvalidArgumentError("image_key names no extension"));
     }
 
     bool from_cache = false;
     absl::StatusOr<SampleList> list;
+    std::vector<ArrayColumn> columns;
     switch (spec.format) {
       case DatasetFormat::kImageFolder:
         list = LoadImageFolder(spec, &from_cache);
@@ -94,16 +142,32 @@ class DatasetLoader {
         }
         list = ParseManifest(spec.manifest_path);
         break;
+      case DatasetFormat::kWebDataset:
+      case DatasetFormat::kTfRecord:
+        list = LoadContainers(spec, &from_cache);
+        break;
+      case DatasetFormat::kArrays:
+        list = IndexArrays(spec, &columns);
+        break;
     }
     if (!list.ok()) return Prefixed(spec, list.status());
     if (list->size() == 0) {
-      return Prefixed(spec,
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "no samples in ",
-                          spec.format == DatasetFormat::kManifest ? spec.manifest_path : root)));
+      std::string where = spec.format == DatasetFormat::kManifest ? spec.manifest_path : root;
+      if (!list->problems.empty()) {
+        absl::StrAppend(&where, " (", list->problems.size(), " damaged files, the first: ",
+                        list->problems[0].message, ")");
+      }
+      return Prefixed(spec, absl::InvalidArgumentError(absl::StrCat("no samples in ", where)));
     }
     if (list->size() >= (uint64_t{1} << 32) - 1) {
       return Prefixed(spec, absl::InvalidArgumentError("more than 2^32-2 samples"));
+    }
+    for (const std::string& name : spec.ragged) {
+      const auto& t = list->tensors;
+      if (std::none_of(t.begin(), t.end(), [&](const TensorSchema& s) { return s.name == name; })) {
+        return Prefixed(spec, absl::InvalidArgumentError(absl::StrCat(
+                                  "ragged names '", name, "', which no sample has as a tensor")));
+      }
     }
 
     std::unique_ptr<Dataset> dataset(new Dataset());
@@ -112,6 +176,13 @@ class DatasetLoader {
     dataset->path_ends_ = std::move(list->path_ends);
     dataset->labels_ = std::move(list->labels);
     dataset->class_names_ = std::move(list->class_names);
+    dataset->files_ = std::move(list->files);
+    dataset->sample_files_ = std::move(list->sample_files);
+    dataset->parts_ = list->parts;
+    dataset->extents_ = std::move(list->extents);
+    dataset->tensors_ = std::move(list->tensors);
+    dataset->columns_ = std::move(columns);
+    dataset->index_problems_ = std::move(list->problems);
     dataset->loaded_from_cache_ = from_cache;
     dataset->fingerprint_ = Fingerprint(*dataset);
     return dataset;
@@ -135,9 +206,44 @@ std::string Dataset::AbsolutePath(uint64_t index) const {
   return path;
 }
 
+const char* DatasetFormatName(DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kImageFolder:
+      return "imagefolder";
+    case DatasetFormat::kManifest:
+      return "manifest";
+    case DatasetFormat::kWebDataset:
+      return "webdataset";
+    case DatasetFormat::kTfRecord:
+      return "tfrecord";
+    case DatasetFormat::kArrays:
+      return "arrays";
+  }
+  return "unknown";
+}
+
+bool Dataset::has_labels() const {
+  switch (spec_.format) {
+    case DatasetFormat::kWebDataset:
+      return !spec_.label_key.empty();
+    case DatasetFormat::kArrays:
+      return !spec_.label_array.empty();
+    default:
+      return true;
+  }
+}
+
+std::string Dataset::SampleFilePath(uint64_t index) const {
+  const std::string& file = files_[sample_files_[index]];
+  return spec_.root == "/" ? "/" + file : absl::StrCat(spec_.root, "/", file);
+}
+
 uint64_t Dataset::MemoryBytes() const {
   uint64_t bytes = sizeof(Dataset) + path_blob_.capacity() +
-                   path_ends_.capacity() * sizeof(uint64_t) + labels_.capacity() * sizeof(int64_t);
+                   path_ends_.capacity() * sizeof(uint64_t) + labels_.capacity() * sizeof(int64_t) +
+                   sample_files_.capacity() * sizeof(uint32_t) +
+                   extents_.capacity() * sizeof(Extent);
+  for (const std::string& f : files_) bytes += sizeof(std::string) + f.capacity();
   for (const std::string& c : class_names_) bytes += sizeof(std::string) + c.capacity();
   return bytes;
 }

@@ -1,5 +1,6 @@
 #pragma once
-// A dataset: an ordered list of (relative path, label). A sample is its index in that order.
+// A dataset: an ordered list of samples, each a relative path (a name for logs and reports) and a
+// label (or where to read them). A sample is its index in that order.
 //
 // imagefolder: root/<class>/.../*.jpg|.jpeg|.JPEG; classes are the sub-folder names sorted, labels
 //   their index; samples sorted by (class, relative path), like torchvision's ImageFolder.
@@ -7,6 +8,22 @@
 //   path and the mtimes of the root and class folders, so a restart reopens it without a walk.
 // manifest: a CSV or TSV file of `relative_path,label` lines (an optional header line is detected
 //   when its label field is not an integer), paths relative to the root.
+// webdataset: tar shards (a directory searched recursively for *.tar, a glob, or a brace pattern
+//   "/data/train-{000000..000146}.tar"); a sample is a run of members with one key (see
+//   tar_shard.h); its image is the member whose extension is one of `image_keys`, its label the
+//   `label_key` member (an integer as text, or "json:FIELD": an integer field of the .json
+//   member); every "NAME.npy" member is an extra tensor NAME. relative_path = "SHARD#KEY".
+// tfrecord: TFRecord files (a directory, glob or brace pattern) of tf.train.Example records;
+//   image and label are features of each record (see tf_example.h). relative_path = "FILE#N",
+//   N the record's number in its file.
+// arrays: a directory of NAME.npy files sharing their first dimension; sample i is row i of every
+//   file, each file a tensor NAME; `label_array` names the one whose rows are the labels.
+//   relative_path = "#ROW". No images.
+// Container formats (webdataset, tfrecord) are indexed once (one small read per member or
+// record), the index cached in `state_dir` keyed by every file's size and mtime; their labels are
+// read with each sample (label(i) is -1). Damage found while indexing (a bad tar header, a record
+// length whose CRC fails) ends that file's index there: it is kept in index_problems() with the
+// file, the offset and the reason.
 //
 // Listing rules (hidden names, symlinks, extensions), the index cache format and the manifest
 // syntax are documented in imagefolder.h, index_cache.h and manifest.h.
@@ -14,23 +31,54 @@
 // Thread-safety: immutable after Open(); safe to share.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/pipeline/npy.h"
+#include "server/pipeline/sample_list.h"
+#include "server/pipeline/tensor_schema.h"
 
 namespace ringloader::pipeline {
 
-enum class DatasetFormat { kImageFolder, kManifest };
+enum class DatasetFormat { kImageFolder, kManifest, kWebDataset, kTfRecord, kArrays };
+const char* DatasetFormatName(DatasetFormat format);  // the config's word: "webdataset", ...
 
 struct DatasetSpec {
   std::string name;
   DatasetFormat format = DatasetFormat::kImageFolder;
-  std::string root;           // images live under here
+  // imagefolder, manifest, arrays: the root directory. webdataset, tfrecord: a directory, a glob
+  // or a brace pattern of the files (root() is then the pattern's directory).
+  std::string root;
   std::string manifest_path;  // kManifest only
   std::string state_dir;      // index cache directory; empty = no cache
+  // webdataset: the image member's extensions, first match wins; the label member ("cls": an
+  // integer as text; "json:FIELD": an integer field of the .json member; "" = no labels).
+  std::vector<std::string> image_keys = {"jpg"};
+  std::string label_key = "cls";
+  // tfrecord: the Example features (see tf_example.h).
+  std::string image_feature = "image/encoded";
+  std::string label_feature = "image/class/label";
+  int64_t label_offset = 0;
+  // arrays: the tensor whose rows are the labels ("" = none).
+  std::string label_array;
+  // Extra tensors whose samples may differ in their first dimension (padded, NAME_lengths).
+  std::vector<std::string> ragged;
+  // Members and records above this end a file's index (a corrupt length, not a sample); one
+  // below it but above max_file_bytes fails as that sample's "too_large" when read.
+  uint64_t max_record_bytes = uint64_t{1} << 30;
+  // Called now and then while indexing, with a line for the log ("indexed 40/147 shards ...").
+  std::function<void(const std::string&)> progress;
+};
+
+// One NAME.npy file of an arrays dataset.
+struct ArrayColumn {
+  std::string name;
+  std::string path;  // absolute
+  NpyHeader header;
 };
 
 class Dataset {
@@ -56,6 +104,28 @@ class Dataset {
   // Approximate heap bytes held (for memory accounting).
   uint64_t MemoryBytes() const;
 
+  DatasetFormat format() const { return spec_.format; }
+  const DatasetSpec& spec() const { return spec_; }
+  // False for arrays: their samples are tensors only.
+  bool has_images() const { return spec_.format != DatasetFormat::kArrays; }
+  // True when labels come from the sample's bytes (webdataset, tfrecord), not from label(i).
+  bool labels_in_samples() const {
+    return spec_.format == DatasetFormat::kWebDataset || spec_.format == DatasetFormat::kTfRecord;
+  }
+  // True when every sample has a label (imagefolder, manifest; webdataset with a label_key;
+  // tfrecord; arrays with a label_array).
+  bool has_labels() const;
+  // The extra tensors every sample carries (webdataset .npy members, arrays columns other than
+  // the label), sorted by name.
+  const std::vector<TensorSchema>& tensors() const { return tensors_; }
+  // Container formats: sample i's file (absolute path) and its parts. webdataset parts: 0 = the
+  // image member, 1 = the label member, 2 + k = tensors()[k]'s member; tfrecord: 0 = the record.
+  std::string SampleFilePath(uint64_t index) const;
+  Extent part(uint64_t index, uint32_t k) const { return extents_[index * parts_ + k]; }
+  // arrays: the columns, tensors() order, then the label column (if any) last.
+  const std::vector<ArrayColumn>& columns() const { return columns_; }
+  const std::vector<IndexProblem>& index_problems() const { return index_problems_; }
+
  private:
   Dataset() = default;
   friend class DatasetLoader;
@@ -64,6 +134,13 @@ class Dataset {
   std::vector<uint64_t> path_ends_;  // end offset of each path in path_blob_
   std::vector<int64_t> labels_;
   std::vector<std::string> class_names_;
+  std::vector<std::string> files_;
+  std::vector<uint32_t> sample_files_;
+  uint32_t parts_ = 0;
+  std::vector<Extent> extents_;
+  std::vector<TensorSchema> tensors_;
+  std::vector<ArrayColumn> columns_;
+  std::vector<IndexProblem> index_problems_;
   bool loaded_from_cache_ = false;
   uint64_t fingerprint_ = 0;
 };

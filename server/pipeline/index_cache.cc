@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ namespace {
 
 constexpr char kMagic[8] = {'R', 'L', 'I', 'N', 'D', 'E', 'X', '\0'};
 constexpr size_t kHeaderBytes = 32;
+static_assert(sizeof(Extent) == 16 && std::is_trivially_copyable_v<Extent>, "stored as bytes");
 
 void PutU64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 void PutString(std::string& out, std::string_view s) {
@@ -70,9 +72,10 @@ class Reader {
 
 }  // namespace
 
-std::string IndexCachePath(const std::string& state_dir, const std::string& absolute_root) {
-  const uint64_t h = XXH3_64bits(absolute_root.data(), absolute_root.size());
-  return absl::StrFormat("%s/imagefolder-%016x.index", state_dir, h);
+std::string IndexCachePath(const std::string& state_dir, const std::string& kind,
+                           const std::string& identity) {
+  const uint64_t h = XXH3_64bits(identity.data(), identity.size());
+  return absl::StrFormat("%s/%s-%016x.index", state_dir, kind, h);
 }
 
 std::optional<SampleList> LoadIndexCache(const std::string& path, const std::string& key) {
@@ -100,13 +103,49 @@ std::optional<SampleList> LoadIndexCache(const std::string& path, const std::str
   list.path_blob = std::string(r.String());
   r.Array(sample_count, list.path_ends);
   r.Array(sample_count, list.labels);
+  const uint64_t file_count = r.U64();
+  if (!r.ok() || file_count > payload.size()) return std::nullopt;
+  for (uint64_t i = 0; i < file_count && r.ok(); ++i) list.files.emplace_back(r.String());
+  r.Array(file_count == 0 ? 0 : sample_count, list.sample_files);
+  const uint64_t parts = r.U64();
+  if (!r.ok() || parts > 1024) return std::nullopt;
+  list.parts = static_cast<uint32_t>(parts);
+  r.Array(sample_count * parts, list.extents);
+  const uint64_t tensor_count = r.U64();
+  if (!r.ok() || tensor_count > 1024) return std::nullopt;
+  for (uint64_t i = 0; i < tensor_count && r.ok(); ++i) {
+    TensorSchema t;
+    t.name = std::string(r.String());
+    const uint64_t type = r.U64();
+    t.ragged = r.U64() != 0;
+    const uint64_t rank = r.U64();
+    if (type > static_cast<uint64_t>(NpyType::kFloat64) || rank > 32) return std::nullopt;
+    t.type = static_cast<NpyType>(type);
+    for (uint64_t d = 0; d < rank; ++d) t.shape.push_back(r.U64());
+    list.tensors.push_back(std::move(t));
+  }
+  const uint64_t problem_count = r.U64();
+  if (!r.ok() || problem_count > payload.size()) return std::nullopt;
+  for (uint64_t i = 0; i < problem_count && r.ok(); ++i) {
+    IndexProblem p;
+    p.file = std::string(r.String());
+    p.offset = r.U64();
+    p.reason = std::string(r.String());
+    p.message = std::string(r.String());
+    list.problems.push_back(std::move(p));
+  }
   if (!r.ok() || !r.done()) return std::nullopt;
+  if (parts > 0 && list.files.empty()) return std::nullopt;
+  for (uint32_t f : list.sample_files) {
+    if (f >= list.files.size()) return std::nullopt;
+  }
   // The checksum proves the bytes are what we wrote; still check the invariants we rely on.
   uint64_t prev = 0;
   for (uint64_t i = 0; i < sample_count; ++i) {
     if (list.path_ends[i] <= prev && i > 0) return std::nullopt;
     if (list.path_ends[i] > list.path_blob.size()) return std::nullopt;
-    if (list.labels[i] < 0 || static_cast<uint64_t>(list.labels[i]) >= class_count) {
+    if (file_count == 0 &&  // container formats read labels with the sample (-1 here)
+        (list.labels[i] < 0 || static_cast<uint64_t>(list.labels[i]) >= class_count)) {
       return std::nullopt;
     }
     prev = list.path_ends[i];
@@ -126,6 +165,30 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
   PutString(payload, list.path_blob);
   payload.append(reinterpret_cast<const char*>(list.path_ends.data()), list.size() * 8);
   payload.append(reinterpret_cast<const char*>(list.labels.data()), list.size() * 8);
+  PutU64(payload, list.files.size());
+  for (const std::string& f : list.files) PutString(payload, f);
+  if (!list.files.empty()) {
+    payload.append(reinterpret_cast<const char*>(list.sample_files.data()),
+                   list.sample_files.size() * sizeof(uint32_t));
+  }
+  PutU64(payload, list.parts);
+  payload.append(reinterpret_cast<const char*>(list.extents.data()),
+                 list.extents.size() * sizeof(Extent));
+  PutU64(payload, list.tensors.size());
+  for (const TensorSchema& t : list.tensors) {
+    PutString(payload, t.name);
+    PutU64(payload, static_cast<uint64_t>(t.type));
+    PutU64(payload, t.ragged ? 1 : 0);
+    PutU64(payload, t.shape.size());
+    for (uint64_t d : t.shape) PutU64(payload, d);
+  }
+  PutU64(payload, list.problems.size());
+  for (const IndexProblem& p : list.problems) {
+    PutString(payload, p.file);
+    PutU64(payload, p.offset);
+    PutString(payload, p.reason);
+    PutString(payload, p.message);
+  }
 
   std::string header(kMagic, sizeof(kMagic));
   PutU64(header, kIndexCacheVersion);  // version + zero reserved word

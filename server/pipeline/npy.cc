@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -158,6 +160,32 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_
                                            " bytes of data"));
   }
   return h;
+}
+
+std::string MakeNpyHeader(NpyType type, const std::vector<uint64_t>& shape) {
+  const TypeInfo* info = &kTypes[0];
+  for (const TypeInfo& t : kTypes) {
+    if (t.type == type) info = &t;
+  }
+  std::string dict = absl::StrCat("{'descr': '", info->bytes == 1 ? "|" : "<", info->descr,
+                                  "', 'fortran_order': False, 'shape': (");
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&dict, i == 0 ? "" : ", ", shape[i]);
+  absl::StrAppend(&dict, shape.size() == 1 ? ",), }" : "), }");
+  // numpy leaves room for shape[0] to grow to 21 digits, so the header can be rewritten in place.
+  constexpr size_t kGrowthDigits = 21;
+  if (!shape.empty()) {
+    dict.append(kGrowthDigits - std::min(kGrowthDigits, std::to_string(shape[0]).size()), ' ');
+  }
+  // magic (6) + version (2) + length (2) + dict + '\n' up to a multiple of 64; like numpy, an
+  // already aligned header still gets 64 spaces.
+  dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
+  dict += '\n';
+  std::string header(kMagic, 6);
+  header += '\x01';  // version 1.0: a 2-byte little-endian length
+  header += '\x00';
+  header += static_cast<char>(dict.size() & 0xff);
+  header += static_cast<char>(dict.size() >> 8);
+  return header + dict;
 }
 
 absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {

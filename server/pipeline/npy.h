@@ -38,4 +38,12 @@ absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path);
 absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_bytes,
                                          const std::string& path);
 
+// The whole header of a version 1.0 .npy file of a C-order array of `type` and `shape`, byte for
+// byte as numpy >= 1.23 writes it: magic, version, length, the dict
+// "{'descr': '<f4', 'fortran_order': False, 'shape': (N, 8, 8), }", room for shape[0] to grow to
+// 21 digits, spaces up to a multiple of 64 bytes, '\n'. The rows follow it (writers append them
+// one at a time, so a header is all they need up front). (Not "NpyHeader": that names the
+// struct above.)
+std::string MakeNpyHeader(NpyType type, const std::vector<uint64_t>& shape);
+
 }  // namespace ringloader::pipeline

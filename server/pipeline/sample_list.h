@@ -1,20 +1,49 @@
 #pragma once
 // The raw material of a Dataset while it is being built: relative paths packed into one blob plus
 // end offsets (no std::string per sample, so a million samples cost ~1 allocation each array),
-// labels and class names. Internal to server/pipeline.
+// labels and class names; for the container formats (webdataset, tfrecord) also where each
+// sample's bytes are. Internal to server/pipeline.
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "server/pipeline/tensor_schema.h"
+
 namespace ringloader::pipeline {
+
+// A byte range of a file; a part a sample does not have (a WebDataset sample without a label
+// member) is kMissing.
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  static constexpr uint64_t kMissingOffset = ~uint64_t{0};
+  bool missing() const { return offset == kMissingOffset; }
+  bool operator==(const Extent&) const = default;
+};
+
+// Damage found while indexing a container file: the rest of that file is not in the index.
+struct IndexProblem {
+  std::string file;  // relative to the root
+  uint64_t offset = 0;
+  std::string reason;   // image::ErrorReason
+  std::string message;  // "<path>: offset N: <what>"
+  bool operator==(const IndexProblem&) const = default;
+};
 
 struct SampleList {
   std::string path_blob;                 // all relative paths, concatenated
   std::vector<uint64_t> path_ends;       // end offset of sample i's path in path_blob
   std::vector<int64_t> labels;           // label of sample i
   std::vector<std::string> class_names;  // imagefolder only
+  // Container formats (labels are then read with each sample, and `labels` holds -1):
+  std::vector<std::string> files;     // shards / record files, relative to the root
+  std::vector<uint32_t> sample_files;  // index into `files` of sample i
+  uint32_t parts = 0;                  // extents per sample (see Dataset::part)
+  std::vector<Extent> extents;         // sample i's parts: [i * parts, (i + 1) * parts)
+  std::vector<TensorSchema> tensors;   // the extra tensors every sample has (see Dataset)
+  std::vector<IndexProblem> problems;  // container formats: damage met while indexing
 
   uint64_t size() const { return labels.size(); }
   void Add(std::string_view relative_path, int64_t label) {
@@ -31,6 +60,8 @@ struct SampleList {
     path_blob.shrink_to_fit();
     path_ends.shrink_to_fit();
     labels.shrink_to_fit();
+    sample_files.shrink_to_fit();
+    extents.shrink_to_fit();
   }
 };
 

@@ -1,6 +1,8 @@
 #include "server/pipeline/tf_example.h"
 
 #include <algorithm>
+#include <map>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,66 +13,190 @@
 namespace ringloader::pipeline {
 namespace {
 
+// Protocol buffer wire types.
+constexpr uint32_t kVarint = 0;
+constexpr uint32_t kFixed64 = 1;
+constexpr uint32_t kLen = 2;
+constexpr uint32_t kFixed32 = 5;
+
+// Field numbers of example.proto / feature.proto.
+constexpr uint32_t kExampleFeatures = 1;  // Example.features
+constexpr uint32_t kFeaturesEntry = 1;    // Features.feature (map entries)
+constexpr uint32_t kEntryKey = 1;
+constexpr uint32_t kEntryValue = 2;
+constexpr uint32_t kBytesList = 1;  // Feature.kind
+constexpr uint32_t kFloatList = 2;
+constexpr uint32_t kInt64List = 3;
+constexpr uint32_t kListValue = 1;  // *List.value
+
+// A bounded cursor over (part of) a message. `truncated`: the message goes on past `end` (only
+// its first bytes were read), so running out is not an error but the end of what is known.
+struct Cursor {
+  const uint8_t* base;  // the record's first byte: offsets are reported from here
+  const uint8_t* pos;
+  const uint8_t* end;
+  bool truncated;
+};
+
+bool Varint(Cursor& c, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (c.pos == c.end) return false;
+    const uint8_t b = *c.pos++;
+    *v |= uint64_t{b & 0x7fu} << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+struct Field {
+  uint32_t number = 0;
+  uint32_t wire = 0;
+  uint64_t varint = 0;  // kVarint
+  Cursor body{};        // kLen: its payload (possibly truncated by the cursor's end)
+};
+
+enum class Step { kField, kEnd, kBad };
+
+// The next field; kEnd at the end of the message (or of what was read of it).
+Step Next(Cursor& c, Field* f) {
+  if (c.pos == c.end) return Step::kEnd;
+  const uint8_t* const start = c.pos;
+  uint64_t tag = 0;
+  if (!Varint(c, &tag)) return c.truncated ? Step::kEnd : Step::kBad;
+  f->number = static_cast<uint32_t>(tag >> 3);
+  f->wire = static_cast<uint32_t>(tag & 7);
+  if (f->number == 0) return Step::kBad;
+  const auto skip = [&](uint64_t n) {
+    if (n <= static_cast<uint64_t>(c.end - c.pos)) {
+      c.pos += n;
+      return Step::kField;
+    }
+    c.pos = start;
+    return c.truncated ? Step::kEnd : Step::kBad;
+  };
+  switch (f->wire) {
+    case kVarint:
+      if (!Varint(c, &f->varint)) return c.truncated ? Step::kEnd : Step::kBad;
+      return Step::kField;
+    case kFixed64:
+      return skip(8);
+    case kFixed32:
+      return skip(4);
+    case kLen: {
+      uint64_t n = 0;
+      if (!Varint(c, &n)) return c.truncated ? Step::kEnd : Step::kBad;
+      const uint64_t left = static_cast<uint64_t>(c.end - c.pos);
+      if (n > left && !c.truncated) return Step::kBad;
+      f->body = Cursor{c.base, c.pos, c.pos + std::min(n, left), c.truncated && n > left};
+      c.pos = f->body.end;
+      return Step::kField;
+    }
+    default:
+      return Step::kBad;
+  }
+}
+
+// What a Feature holds.
+struct FeatureInfo {
+  uint32_t kind = 0;  // kBytesList, kFloatList, kInt64List; 0 = empty
+  uint64_t count = 0;
+  std::span<const uint8_t> first_bytes;  // bytes_list: the first value
+  bool first_complete = false;
+  uint64_t first_offset = 0;  // from the record's start
+  uint64_t first_size = 0;    // its declared size (may run past a truncated head)
+  int64_t first_int = 0;      // int64_list
+};
+
+bool ParseFeature(Cursor c, FeatureInfo* info) {
+  Field f;
+  Step s;
+  while ((s = Next(c, &f)) == Step::kField) {
+    if (f.wire != kLen || f.number < kBytesList || f.number > kInt64List) continue;
+    info->kind = f.number;  // the last one set wins, as in protobuf's oneof
+    info->count = 0;
+    Cursor list = f.body;
+    Field v;
+    Step vs;
+    while ((vs = Next(list, &v)) == Step::kField) {
+      if (v.number != kListValue) continue;
+      if (f.number == kBytesList && v.wire == kLen) {
+        if (info->count++ == 0) {
+          info->first_offset = static_cast<uint64_t>(v.body.pos - c.base);
+          info->first_bytes = {v.body.pos, v.body.end};
+          // The declared size: the bytes after the length varint up to the field's end.
+          info->first_complete = !v.body.truncated;
+          info->first_size = static_cast<uint64_t>(v.body.end - v.body.pos);
+        }
+      } else if (f.number == kInt64List && v.wire == kLen) {  // packed
+        Cursor packed = v.body;
+        uint64_t x = 0;
+        while (packed.pos != packed.end && Varint(packed, &x)) {
+          if (info->count++ == 0) info->first_int = static_cast<int64_t>(x);
+        }
+      } else if (f.number == kInt64List && v.wire == kVarint) {
+        if (info->count++ == 0) info->first_int = static_cast<int64_t>(v.varint);
+      } else if (f.number == kFloatList) {
+        info->count += v.wire == kLen ? static_cast<uint64_t>(v.body.end - v.body.pos) / 4 : 1;
+      }
+    }
+    if (vs == Step::kBad) return false;
+  }
+  return s != Step::kBad;
+}
+
+// Calls visit(key, feature cursor) for every map entry of the Example; false if malformed.
+template <typename Visit>
+bool WalkExample(Cursor c, Visit&& visit) {
+  Field f;
+  Step s;
+  while ((s = Next(c, &f)) == Step::kField) {
+    if (f.number != kExampleFeatures || f.wire != kLen) continue;
+    Cursor features = f.body;
+    Field entry;
+    Step es;
+    while ((es = Next(features, &entry)) == Step::kField) {
+      if (entry.number != kFeaturesEntry || entry.wire != kLen) continue;
+      Cursor e = entry.body;
+      std::string_view key;
+      bool has_value = false;
+      Cursor value{};
+      Field kv;
+      Step ks;
+      while ((ks = Next(e, &kv)) == Step::kField) {
+        if (kv.wire != kLen) continue;
+        if (kv.number == kEntryKey) {
+          key = {reinterpret_cast<const char*>(kv.body.pos),
+                 static_cast<size_t>(kv.body.end - kv.body.pos)};
+        }
+        if (kv.number == kEntryValue) {
+          value = kv.body;
+          has_value = true;
+        }
+      }
+      if (ks == Step::kBad) return false;
+      if (!visit(key, has_value ? &value : nullptr)) return false;
+    }
+    if (es == Step::kBad) return false;
+  }
+  return s != Step::kBad;
+}
+
 absl::Status Corrupt(const std::string& where, const std::string& what) {
   return image::WithReason(absl::DataLossError(absl::StrCat(where, ": ", what)), "corrupt");
 }
 
-const char* KindName(const tf::Feature& f) {
-  switch (f.kind_case()) {
-    case tf::Feature::kBytesList:
+const char* KindName(uint32_t kind) {
+  switch (kind) {
+    case kBytesList:
       return "a bytes_list";
-    case tf::Feature::kFloatList:
+    case kFloatList:
       return "a float_list";
-    case tf::Feature::kInt64List:
+    case kInt64List:
       return "an int64_list";
-    case tf::Feature::KIND_NOT_SET:
-      break;
+    default:
+      return "empty";
   }
-  return "empty";
-}
-
-// The feature `name`, or an error listing the features the Example has.
-absl::StatusOr<const tf::Feature*> Find(const tf::Example& example, const std::string& name,
-                                        const std::string& where) {
-  const auto& features = example.features().feature();
-  auto it = features.find(name);
-  if (it != features.end()) return &it->second;
-  std::vector<std::string> names;
-  for (const auto& [key, value] : features) names.push_back(key);
-  std::sort(names.begin(), names.end());
-  return Corrupt(where, absl::StrCat("no feature '", name, "' (it has: ",
-                                     names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
-}
-
-int ValueCount(const tf::Feature& f) {
-  switch (f.kind_case()) {
-    case tf::Feature::kBytesList:
-      return f.bytes_list().value_size();
-    case tf::Feature::kFloatList:
-      return f.float_list().value_size();
-    case tf::Feature::kInt64List:
-      return f.int64_list().value_size();
-    case tf::Feature::KIND_NOT_SET:
-      break;
-  }
-  return 0;
-}
-
-// The feature must be of `kind` and hold exactly one value.
-absl::Status CheckOne(const tf::Feature& f, tf::Feature::KindCase kind, const std::string& name,
-                      const std::string& where) {
-  if (f.kind_case() != kind) {
-    tf::Feature wanted;
-    if (kind == tf::Feature::kBytesList) wanted.mutable_bytes_list();
-    if (kind == tf::Feature::kInt64List) wanted.mutable_int64_list();
-    return Corrupt(where, absl::StrCat("feature '", name, "' is ", KindName(f), ", expected ",
-                                       KindName(wanted)));
-  }
-  if (ValueCount(f) != 1) {
-    return Corrupt(where, absl::StrCat("feature '", name, "' has ", ValueCount(f),
-                                       " values, expected 1"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -78,33 +204,70 @@ absl::Status CheckOne(const tf::Feature& f, tf::Feature::KindCase kind, const st
 absl::StatusOr<ExampleFields> ParseExampleRecord(std::span<const uint8_t> record,
                                                  const ExampleKeys& keys,
                                                  const std::string& where) {
-  tf::Example example;
-  if (!example.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
-    return Corrupt(where, "the record is not a tf.train.Example");
-  }
-  absl::StatusOr<const tf::Feature*> image = Find(example, keys.image_feature, where);
+  std::map<std::string, FeatureInfo, std::less<>> features;  // later entries replace earlier
+  const Cursor c{record.data(), record.data(), record.data() + record.size(), false};
+  const bool ok = WalkExample(c, [&](std::string_view key, const Cursor* value) {
+    FeatureInfo info;
+    if (value != nullptr && !ParseFeature(*value, &info)) return false;
+    features[std::string(key)] = info;
+    return true;
+  });
+  if (!ok) return Corrupt(where, "the record is not a tf.train.Example");
+  const auto find = [&](const std::string& name,
+                        uint32_t kind) -> absl::StatusOr<const FeatureInfo*> {
+    auto it = features.find(name);
+    if (it == features.end()) {
+      std::vector<std::string> names;
+      for (const auto& [key, info] : features) names.push_back(key);
+      return Corrupt(where, absl::StrCat("no feature '", name, "' (it has: ",
+                                         names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+    }
+    if (it->second.kind != kind) {
+      return Corrupt(where, absl::StrCat("feature '", name, "' is ", KindName(it->second.kind),
+                                         ", expected ", KindName(kind)));
+    }
+    if (it->second.count != 1) {
+      return Corrupt(where, absl::StrCat("feature '", name, "' has ", it->second.count,
+                                         " values, expected 1"));
+    }
+    return &it->second;
+  };
+  absl::StatusOr<const FeatureInfo*> image = find(keys.image_feature, kBytesList);
   if (!image.ok()) return image.status();
-  if (absl::Status s = CheckOne(**image, tf::Feature::kBytesList, keys.image_feature, where);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<const tf::Feature*> label = Find(example, keys.label_feature, where);
-  if (!label.ok()) return label.status();
-  if (absl::Status s = CheckOne(**label, tf::Feature::kInt64List, keys.label_feature, where);
-      !s.ok()) {
-    return s;
-  }
   ExampleFields fields;
-  fields.image = (*image)->bytes_list().value(0);
-  fields.label = (*label)->int64_list().value(0) + keys.label_offset;
+  fields.image = (*image)->first_bytes;
+  if (!keys.label_feature.empty()) {
+    absl::StatusOr<const FeatureInfo*> label = find(keys.label_feature, kInt64List);
+    if (!label.ok()) return label.status();
+    fields.label = (*label)->first_int + keys.label_offset;
+    fields.has_label = true;
+  }
   return fields;
+}
+
+std::optional<ByteRange> LocateExampleImage(std::span<const uint8_t> head,
+                                            const std::string& image_feature) {
+  std::optional<ByteRange> found;
+  const Cursor c{head.data(), head.data(), head.data() + head.size(), true};
+  WalkExample(c, [&](std::string_view key, const Cursor* value) {
+    if (key != image_feature || value == nullptr) return true;
+    FeatureInfo info;
+    if (ParseFeature(*value, &info) && info.kind == kBytesList && info.count >= 1) {
+      found = ByteRange{info.first_offset, info.first_size};
+      found->size = info.first_complete ? info.first_size : 0;  // unknown when cut off
+    }
+    return true;
+  });
+  return found;
 }
 
 std::string MakeExampleRecord(const std::string& image, int64_t label, const ExampleKeys& keys) {
   tf::Example example;
   auto& features = *example.mutable_features()->mutable_feature();
   features[keys.image_feature].mutable_bytes_list()->add_value(image);
-  features[keys.label_feature].mutable_int64_list()->add_value(label);
+  if (!keys.label_feature.empty()) {
+    features[keys.label_feature].mutable_int64_list()->add_value(label);
+  }
   return example.SerializeAsString();
 }
 

@@ -148,6 +148,46 @@ TEST_CASE("ringloaderctl make-dataset then validate: all good, exit 0", "[ctl][v
   CHECK(r.output == "checked 24 files: 24 good, 0 bad\n");
 }
 
+TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix datasets",
+          "[ctl][formats]") {
+  TempDir dir;
+  REQUIRE(RunCommand({kCtl, "make-dataset", "--out", dir.Join("ds"), "--count", "10",
+                      "--classes", "2"})
+              .exit_code == 0);
+  auto converted = RunCommand({kCtl, "convert", "--to", "tfrecord", "--path", dir.Join("ds"),
+                               "--out", dir.Join("tfr"), "--shard-size", "4"});
+  CHECK(converted.exit_code == 0);
+  CHECK(converted.output == "converted 10 samples from " + dir.Join("ds") + " to " +
+                                dir.Join("tfr") + " as tfrecord (3 shards)\n");
+  auto v = RunCommand({kCtl, "validate", "--format", "tfrecord", "--path", dir.Join("tfr")});
+  CHECK(v.exit_code == 0);
+  CHECK(v.output == "checked 10 samples: 10 good, 0 bad\n");
+  // Shards already there: a second run would leave old ones mixed with new ones.
+  auto again = RunCommand({kCtl, "convert", "--to", "tfrecord", "--path", dir.Join("ds"),
+                           "--out", dir.Join("tfr"), "--shard-size", "5"});
+  CHECK(again.exit_code == 2);
+  CHECK_THAT(again.output, Catch::Contains("shard-000000.tfrecord"));
+  CHECK(RunCommand({kCtl, "convert", "--from", "tfrecord", "--to", "webdataset", "--path",
+                    dir.Join("tfr"), "--out", dir.Join("x")})
+            .exit_code == 2);
+  CHECK(RunCommand({kCtl, "make-dataset", "--out", dir.Join("w"), "--format", "webdataset",
+                    "--label-base", "1"})
+            .exit_code == 2);
+  auto arrays = RunCommand({kCtl, "make-dataset", "--out", dir.Join("a"), "--count", "6",
+                            "--format", "arrays", "--image-size", "8"});
+  CHECK(arrays.exit_code == 0);
+  v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a")});
+  CHECK(v.exit_code == 0);
+  CHECK(v.output == "checked 6 samples: 6 good, 0 bad\n");
+  // Nothing left behind but the dataset (no temporaries).
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.Join("a"))) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"depth.npy", "images.npy", "labels.npy"});
+}
+
 TEST_CASE("ringloaderctl validate: a corrupted file exits 1 and is named", "[ctl][validate]") {
   TempDir dir;
   REQUIRE(

@@ -280,3 +280,53 @@ TEST_CASE("ParseFailpointSpec: RINGLOADER_FAILPOINTS text", "[daemon][config]") 
 }
 
 }  // namespace ringloader::server
+
+namespace ringloader::server {
+namespace {
+
+TEST_CASE("11: webdataset, tfrecord and arrays keys are read, and refused for other formats",
+          "[daemon][config]") {
+  absl::StatusOr<DaemonConfig> c = Parse(
+      "[[datasets]]\nname = \"w\"\nformat = \"webdataset\"\npath = \"/d/s-{0..9}.tar\"\n"
+      "image_key = \"jpg;jpeg\"\nlabel_key = \"json:label\"\nragged = [\"boxes\"]\n"
+      "[[datasets]]\nname = \"t\"\nformat = \"tfrecord\"\npath = \"/d/*.tfrecord\"\n"
+      "image_feature = \"jpeg\"\nlabel_feature = \"\"\nlabel_offset = -1\n"
+      "[[datasets]]\nname = \"a\"\nformat = \"arrays\"\npath = \"/d/arrays\"\nlabel = \"y\"\n");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  const DatasetConfig& w = c->datasets[0];
+  CHECK(w.format == pipeline::DatasetFormat::kWebDataset);
+  CHECK(w.image_key == std::vector<std::string>{"jpg", "jpeg"});
+  CHECK(w.label_key == "json:label");
+  CHECK(w.ragged == std::vector<std::string>{"boxes"});
+  const DatasetConfig& t = c->datasets[1];
+  CHECK(t.format == pipeline::DatasetFormat::kTfRecord);
+  CHECK(t.image_feature == "jpeg");
+  CHECK(t.label_feature.empty());
+  CHECK(t.label_offset == -1);
+  CHECK(c->datasets[2].format == pipeline::DatasetFormat::kArrays);
+  CHECK(c->datasets[2].label == "y");
+  const pipeline::DatasetSpec spec = DatasetSpecOf(w, "/state");
+  CHECK(spec.image_keys == w.image_key);
+  CHECK(spec.state_dir == "/state");
+
+  const std::string head = "[[datasets]]\nname = \"x\"\npath = \"/d\"\n";
+  ExpectError(head + "format = \"imagefolder\"\nimage_key = \"jpg\"\n",
+              "t.toml: datasets[0].image_key: is only valid with format = \"webdataset\"");
+  ExpectError(head + "format = \"webdataset\"\nlabel_offset = 1\n",
+              "t.toml: datasets[0].label_offset: is only valid with format = \"tfrecord\"");
+  ExpectError(head + "format = \"tfrecord\"\nlabel = \"y\"\n",
+              "t.toml: datasets[0].label: is only valid with format = \"arrays\"");
+  ExpectError(head + "format = \"webdataset\"\nimage_key = \";\"\n",
+              "t.toml: datasets[0].image_key: must name at least one extension (got \"\")");
+  absl::StatusOr<DaemonConfig> numbers = Parse(head + "format = \"webdataset\"\nragged = [1]\n");
+  REQUIRE_FALSE(numbers.ok());
+  CHECK_THAT(std::string(numbers.status().message()),
+             Catch::StartsWith("t.toml: datasets[0].ragged: must be a list of strings"));
+  ExpectError(head + "format = \"parquet\"\n",
+              "t.toml: datasets[0].format: must be one of imagefolder, manifest, webdataset, "
+              "tfrecord, arrays (got \"parquet\")");
+}
+
+}  // namespace
+}  // namespace ringloader::server

@@ -111,20 +111,30 @@ Filled FillOne(BatchFiller& filler, const Dataset& ds, const EpochShard& shard, 
   return *std::move(filled);
 }
 
-TEST_CASE("ComputeBatchLayout: sections are 64-byte aligned (pinned)", "[pipeline]") {
+TEST_CASE("ComputeBatchLayout: tensors are 256-byte aligned and named (pinned)", "[pipeline]") {
   image::TransformSpec spec = SmallTrain();  // 32x32x3 uint8 = 3072 bytes a sample
   const BatchLayout l = ComputeBatchLayout(3, spec);
   CHECK(l.images_offset == 0);
   CHECK(l.images_bytes == 9216);
   CHECK(l.labels_offset == 9216);
-  CHECK(l.indices_offset == 9280);
-  CHECK(l.total_bytes == 9344);
+  CHECK(l.indices_offset == 9472);
+  CHECK(l.total_bytes == 9728);
+  REQUIRE(l.tensors.size() == 3);
+  CHECK(l.tensors[0].name == "images");
+  CHECK(l.tensors[0].sample_shape == std::vector<uint64_t>{32, 32, 3});
+  CHECK(l.tensors[1].name == "labels");
+  CHECK(l.tensors[2].name == "indices");
+  CHECK(l.Find("labels") == &l.tensors[1]);
+  CHECK(l.Find("depth") == nullptr);
   spec.dtype = image::DType::kFloat32;
+  spec.layout = image::Layout::kNCHW;
   spec.image_size = 5;  // 300 bytes a sample
   const BatchLayout f = ComputeBatchLayout(1, spec);
-  CHECK(f.labels_offset == 320);
-  CHECK(f.indices_offset == 384);
-  CHECK(f.total_bytes == 448);
+  CHECK(f.tensors[0].sample_shape == std::vector<uint64_t>{3, 5, 5});
+  CHECK(f.tensors[0].type == NpyType::kFloat32);
+  CHECK(f.labels_offset == 512);
+  CHECK(f.indices_offset == 768);
+  CHECK(f.total_bytes == 1024);
 }
 
 TEST_CASE("BatchFiller: batches are identical byte for byte with 1, 2 and 4 threads",

@@ -157,7 +157,7 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
   REQUIRE(good.size() > 32);
   CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
-  CHECK(good.substr(8, 8) == std::string("\x01\0\0\0\0\0\0\0", 8));  // version 1, reserved 0
+  CHECK(good.substr(8, 8) == std::string("\x02\0\0\0\0\0\0\0", 8));  // version 2, reserved 0
   uint64_t payload_bytes = 0;
   std::memcpy(&payload_bytes, good.data() + 16, 8);
   CHECK(payload_bytes == good.size() - 32);
@@ -165,7 +165,9 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
              Catch::StartsWith("imagefolder-") && Catch::EndsWith(".index"));
 
   std::string flipped = good;
-  flipped[good.size() - 20] ^= 0x01;  // inside the labels: only the checksum can tell
+  // Inside the last label (32 bytes of empty container sections follow it): only the checksum
+  // can tell.
+  flipped[good.size() - 36] ^= 0x01;
   for (const std::string& bad : {flipped, good.substr(0, good.size() / 2), std::string()}) {
     WriteFile(caches[0], bad);
     auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));

@@ -14,6 +14,10 @@ std::span<const uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
+std::string Text(std::span<const uint8_t> bytes) {
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
 TEST_CASE("an Example encoded by hand in TensorFlow's field layout is read", "[tf_example]") {
   // Example{features{feature{"i": bytes_list{"JPG"}, "l": int64_list{5}}}}, field by field:
   // Example.features = 1, Features.feature = 1 (map entry: key 1, value 2), Feature.bytes_list
@@ -29,12 +33,13 @@ TEST_CASE("an Example encoded by hand in TensorFlow's field layout is read", "[t
   keys.label_offset = -1;
   auto fields = ParseExampleRecord(Bytes(example), keys, "f.tfrecord#0");
   REQUIRE(fields.ok());
-  CHECK(fields->image == "JPG");
+  CHECK(Text(fields->image) == "JPG");
   CHECK(fields->label == 4);
   // And our writer writes the same fields back.
-  auto again = ParseExampleRecord(Bytes(MakeExampleRecord("JPG", 5, keys)), keys, "x");
+  const std::string written = MakeExampleRecord("JPG", 5, keys);  // the fields point into it
+  auto again = ParseExampleRecord(Bytes(written), keys, "x");
   REQUIRE(again.ok());
-  CHECK(again->image == "JPG");
+  CHECK(Text(again->image) == "JPG");
   CHECK(again->label == 4);
 }
 
@@ -57,6 +62,54 @@ TEST_CASE("a record that is not the Example asked for names the record and the p
   swapped.image_feature = "image/class/label";
   swapped.label_feature = "image/encoded";
   check(MakeExampleRecord("x", 1, swapped), "is an int64_list, expected a bytes_list");
+}
+
+TEST_CASE("the image is read in place, and found in a record's first bytes only",
+          "[tf_example]") {
+  ExampleKeys keys;
+  const std::string image(5000, 'J');
+  const std::string record = MakeExampleRecord(image, 7, keys);
+  auto fields = ParseExampleRecord(Bytes(record), keys, "r");
+  REQUIRE(fields.ok());
+  // A span of the record itself, not a copy.
+  CHECK(fields->image.data() >= reinterpret_cast<const uint8_t*>(record.data()));
+  CHECK(fields->image.data() + fields->image.size() <=
+        reinterpret_cast<const uint8_t*>(record.data()) + record.size());
+  CHECK(Text(fields->image) == image);
+
+  const auto offset = static_cast<uint64_t>(fields->image.data() -
+                                            reinterpret_cast<const uint8_t*>(record.data()));
+  // The whole record, a head that holds the image's start only, one that stops before it.
+  auto whole = LocateExampleImage(Bytes(record), keys.image_feature);
+  REQUIRE(whole.has_value());
+  CHECK(whole->offset == offset);
+  CHECK(whole->size == image.size());
+  auto cut = LocateExampleImage(Bytes(record.substr(0, offset + 100)), keys.image_feature);
+  REQUIRE(cut.has_value());
+  CHECK(cut->offset == offset);
+  CHECK(cut->size == 0);  // unknown: the head ends inside it
+  CHECK_FALSE(LocateExampleImage(Bytes(record.substr(0, 3)), keys.image_feature).has_value());
+  CHECK_FALSE(LocateExampleImage(Bytes(record), "other").has_value());
+}
+
+TEST_CASE("an unpacked int64 label is read, and an empty label_feature means no label",
+          "[tf_example]") {
+  // Example{features{"l": int64_list{value: 9 (unpacked, wire type 0)}, "i": bytes{"X"}}}.
+  const std::string label_entry("\x0a\x01l\x12\x04\x1a\x02\x08\x09", 9);
+  const std::string image_entry("\x0a\x01i\x12\x05\x0a\x03\x0a\x01X", 10);
+  const std::string features = std::string("\x0a\x09", 2) + label_entry +
+                               std::string("\x0a\x0a", 2) + image_entry;
+  const std::string example = std::string("\x0a") + static_cast<char>(features.size()) + features;
+  ExampleKeys keys{"i", "l", 0};
+  auto fields = ParseExampleRecord(Bytes(example), keys, "r");
+  REQUIRE(fields.ok());
+  CHECK(fields->label == 9);
+  CHECK(fields->has_label);
+  CHECK(Text(fields->image) == "X");
+  keys.label_feature = "";
+  auto unlabelled = ParseExampleRecord(Bytes(example), keys, "r");
+  REQUIRE(unlabelled.ok());
+  CHECK_FALSE(unlabelled->has_label);
 }
 
 }  // namespace

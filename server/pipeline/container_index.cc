@@ -1,0 +1,373 @@
+#include "server/pipeline/container_index.h"
+
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "server/image/sample_decoder.h"
+#include "server/pipeline/container_file.h"
+#include "server/pipeline/tar_shard.h"
+#include "server/pipeline/tfrecord.h"
+#include "shm/base/clock.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool HasWildcard(std::string_view s) { return s.find_first_of("*?[") != std::string_view::npos; }
+
+// Expands the first "{...}" of `pattern` (recursively, so every brace is expanded).
+absl::Status ExpandBraces(const std::string& pattern, std::vector<std::string>& out) {
+  const size_t open = pattern.find('{');
+  if (open == std::string::npos) {
+    out.push_back(pattern);
+    return absl::OkStatus();
+  }
+  const size_t close = pattern.find('}', open);
+  if (close == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", pattern, "': '{' without '}'"));
+  }
+  const std::string body = pattern.substr(open + 1, close - open - 1);
+  const std::string head = pattern.substr(0, open);
+  const std::string tail = pattern.substr(close + 1);
+  std::vector<std::string> alternatives;
+  if (const size_t dots = body.find(".."); dots != std::string::npos) {
+    const std::string first = body.substr(0, dots);
+    const std::string last = body.substr(dots + 2);
+    uint64_t a = 0;
+    uint64_t b = 0;
+    if (!absl::SimpleAtoi(first, &a) || !absl::SimpleAtoi(last, &b) || a > b ||
+        b - a > 10'000'000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", pattern, "': {", body, "} is not a range {FIRST..LAST} of numbers"));
+    }
+    const size_t width = first.size() > 1 && first[0] == '0' ? first.size() : 0;
+    for (uint64_t v = a; v <= b; ++v) {
+      std::string digits = std::to_string(v);
+      if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+      alternatives.push_back(std::move(digits));
+    }
+  } else {
+    alternatives = absl::StrSplit(body, ',');
+  }
+  for (const std::string& alt : alternatives) {
+    if (absl::Status s = ExpandBraces(head + alt + tail, out); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool IsHidden(const fs::path& relative) {
+  for (const fs::path& part : relative) {
+    if (!part.empty() && part.native()[0] == '.') return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<std::string>> WalkDirectory(const std::string& root,
+                                                       const std::string& extension) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::follow_directory_symlink, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const fs::path relative = it->path().lexically_relative(root);
+    if (IsHidden(relative)) {
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec)) continue;
+    if (!extension.empty() && !absl::EndsWith(relative.native(), extension)) continue;
+    files.push_back(relative.native());
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat(root, ": ", ec.message()));
+  std::sort(files.begin(), files.end());  // the directory's order is the filesystem's whim
+  return files;
+}
+
+// The longest directory of `pattern` before any wildcard or brace.
+std::string FixedDirectory(const std::string& pattern) {
+  const size_t special = pattern.find_first_of("*?[{");
+  const size_t slash = pattern.rfind('/', special == std::string::npos ? pattern.size() : special);
+  if (slash == 0) return "/";
+  return slash == std::string::npos ? "." : pattern.substr(0, slash);
+}
+
+std::string Join(const std::string& root, const std::string& relative) {
+  return root == "/" ? "/" + relative : root + "/" + relative;
+}
+
+void ReportProgress(const DatasetSpec& spec, int64_t& last_ns, size_t done, size_t total,
+                    uint64_t samples, const char* what) {
+  const int64_t now = base::SteadyNowNs();
+  if (!spec.progress || (now - last_ns < 2'000'000'000 && done != total)) return;
+  last_ns = now;
+  spec.progress(absl::StrCat("dataset '", spec.name, "': indexed ", done, "/", total, " ", what,
+                             ", ", samples, " samples"));
+}
+
+void AddProblem(SampleList& list, const std::string& file, const absl::Status& status,
+                uint64_t offset) {
+  list.problems.push_back({file, offset, std::string(image::ErrorReason(status)),
+                           std::string(status.message())});
+}
+
+// The offset a container::Damaged message names ("<path>: offset N: ...").
+uint64_t DamageOffset(const absl::Status& status, const std::string& path) {
+  absl::string_view m = status.message();
+  if (!absl::ConsumePrefix(&m, path) || !absl::ConsumePrefix(&m, ": offset ")) return 0;
+  uint64_t offset = 0;
+  (void)absl::SimpleAtoi(m.substr(0, m.find(':')), &offset);
+  return offset;
+}
+
+// Reads the .npy header at the start of a member.
+absl::StatusOr<NpyHeader> MemberNpyHeader(int fd, const std::string& where, Extent member) {
+  std::string head(std::min<uint64_t>(member.size, 64 << 10), '\0');
+  const int64_t got = container::ReadAt(fd, head.data(), head.size(), member.offset);
+  if (got < 0) return container::IoError(where, static_cast<int>(-got));
+  head.resize(static_cast<size_t>(got));
+  return ParseNpyHeader(head, member.size, where);
+}
+
+}  // namespace
+
+absl::StatusOr<ShardFiles> ResolveShardFiles(const std::string& pattern,
+                                             const std::string& extension) {
+  ShardFiles result;
+  struct stat st;
+  if (pattern.find_first_of("*?[{") == std::string::npos) {
+    if (::stat(pattern.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat("'", pattern, "' does not exist"));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      result.root = pattern;
+      absl::StatusOr<std::vector<std::string>> files = WalkDirectory(pattern, extension);
+      if (!files.ok()) return files.status();
+      result.files = *std::move(files);
+    } else {
+      result.root = FixedDirectory(pattern);
+      result.files.push_back(fs::path(pattern).lexically_relative(result.root).native());
+    }
+  } else {
+    result.root = FixedDirectory(pattern);
+    std::vector<std::string> expanded;
+    if (absl::Status s = ExpandBraces(pattern, expanded); !s.ok()) return s;
+    for (const std::string& path : expanded) {
+      if (!HasWildcard(path)) {
+        if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+          return absl::NotFoundError(
+              absl::StrCat("'", path, "' (from '", pattern, "') is not a readable file"));
+        }
+        result.files.push_back(fs::path(path).lexically_relative(result.root).native());
+        continue;
+      }
+      glob_t g{};
+      const int rc = ::glob(path.c_str(), 0, nullptr, &g);
+      for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) {
+        if (::stat(g.gl_pathv[i], &st) == 0 && S_ISREG(st.st_mode)) {
+          result.files.push_back(fs::path(g.gl_pathv[i]).lexically_relative(result.root).native());
+        }
+      }
+      ::globfree(&g);
+    }
+  }
+  std::sort(result.files.begin(), result.files.end());
+  result.files.erase(std::unique(result.files.begin(), result.files.end()), result.files.end());
+  if (result.files.empty()) {
+    return absl::NotFoundError(absl::StrCat("no ", extension.empty() ? "" : extension + " ",
+                                            "files match '", pattern, "'"));
+  }
+  return result;
+}
+
+absl::StatusOr<std::string> ContainerIndexKey(const DatasetSpec& spec, const ShardFiles& files,
+                                              int64_t* newest_mtime_ns) {
+  std::string key = absl::StrCat(DatasetFormatName(spec.format), "\n", files.root, "\n",
+                                 absl::StrJoin(spec.image_keys, ";"), "\n", spec.label_key, "\n",
+                                 absl::StrJoin(spec.ragged, ";"), "\n", spec.max_record_bytes, "\n");
+  *newest_mtime_ns = 0;
+  for (const std::string& file : files.files) {
+    struct stat st;
+    const std::string path = Join(files.root, file);
+    if (::stat(path.c_str(), &st) != 0) return container::IoError(path, errno);
+    const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+    *newest_mtime_ns = std::max(*newest_mtime_ns, mtime);
+    absl::StrAppend(&key, file, "\t", st.st_size, "\t", mtime, "\n");
+  }
+  return key;
+}
+
+absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardFiles& files) {
+  // Samples as found, before the tensor names (the union over all samples) are known.
+  struct Found {
+    Extent image{Extent::kMissingOffset, 0};
+    Extent label{Extent::kMissingOffset, 0};
+    std::vector<std::pair<std::string, Extent>> tensors;
+  };
+  std::vector<Found> found;
+  SampleList list;
+  list.files = files.files;
+  int64_t last_report = base::SteadyNowNs();
+  const bool json_label = absl::StartsWith(spec.label_key, "json:");
+  const std::string label_ext = json_label ? "json" : spec.label_key;
+  for (uint32_t f = 0; f < files.files.size(); ++f) {
+    const std::string path = Join(files.root, files.files[f]);
+    absl::StatusOr<TarScan> scan = ScanTarShard(path, spec.max_record_bytes);
+    if (!scan.ok()) {
+      AddProblem(list, files.files[f], image::WithReason(scan.status(), "read_error"), 0);
+      continue;
+    }
+    if (!scan->stopped.ok()) {
+      AddProblem(list, files.files[f], scan->stopped, DamageOffset(scan->stopped, path));
+    }
+    for (const WebDatasetSample& sample : GroupWebDatasetSamples(scan->members)) {
+      Found s;
+      for (const auto& [ext, member] : sample.members) {
+        const Extent extent{scan->members[member].offset, scan->members[member].size};
+        if (s.image.missing()) {
+          for (const std::string& key : spec.image_keys) {
+            if (ext == key) s.image = extent;
+          }
+        }
+        if (!label_ext.empty() && ext == label_ext) s.label = extent;
+        if (absl::EndsWith(ext, ".npy") && ext.size() > 4) {
+          s.tensors.emplace_back(ext.substr(0, ext.size() - 4), extent);
+        }
+      }
+      list.Add(absl::StrCat(files.files[f], "#", sample.key), -1);
+      list.sample_files.push_back(f);
+      found.push_back(std::move(s));
+    }
+    ReportProgress(spec, last_report, f + 1, files.files.size(), list.size(), "shards");
+  }
+
+  // Extra tensors: the union of .npy member names; the schema from each one's first member
+  // (ragged ones: the longest first dimension of all of them).
+  std::map<std::string, TensorSchema> schemas;
+  for (uint64_t i = 0; i < found.size(); ++i) {
+    for (const auto& [name, extent] : found[i].tensors) {
+      auto it = schemas.find(name);
+      const bool ragged =
+          std::find(spec.ragged.begin(), spec.ragged.end(), name) != spec.ragged.end();
+      if (it != schemas.end() && !ragged) continue;
+      const std::string path = Join(files.root, files.files[list.sample_files[i]]);
+      absl::StatusOr<container::File> file = container::File::Open(path);
+      absl::StatusOr<NpyHeader> header =
+          file.ok() ? MemberNpyHeader(file->fd(), std::string(list.path(i)), extent)
+                    : absl::StatusOr<NpyHeader>(file.status());
+      if (!header.ok()) continue;  // that sample fails when read; a later one gives the schema
+      // A member is the whole of one sample's tensor.
+      if (it == schemas.end()) {
+        schemas[name] = TensorSchema{name, header->type, header->shape, ragged};
+      } else if (header->shape[0] > it->second.shape[0]) {
+        it->second.shape[0] = header->shape[0];
+      }
+    }
+  }
+  for (auto& [name, schema] : schemas) list.tensors.push_back(schema);
+
+  list.parts = 2 + static_cast<uint32_t>(list.tensors.size());
+  list.extents.reserve(found.size() * list.parts);
+  for (Found& s : found) {
+    list.extents.push_back(s.image);
+    list.extents.push_back(s.label);
+    for (const TensorSchema& t : list.tensors) {
+      Extent e{Extent::kMissingOffset, 0};
+      for (const auto& [name, extent] : s.tensors) {
+        if (name == t.name) e = extent;
+      }
+      list.extents.push_back(e);
+    }
+  }
+  return list;
+}
+
+absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFiles& files) {
+  SampleList list;
+  list.files = files.files;
+  list.parts = 1;
+  int64_t last_report = base::SteadyNowNs();
+  for (uint32_t f = 0; f < files.files.size(); ++f) {
+    const std::string path = Join(files.root, files.files[f]);
+    absl::StatusOr<TfRecordScan> scan = ScanTfRecordFile(path, spec.max_record_bytes);
+    if (!scan.ok()) {
+      AddProblem(list, files.files[f], image::WithReason(scan.status(), "read_error"), 0);
+      continue;
+    }
+    if (!scan->stopped.ok()) {
+      AddProblem(list, files.files[f], scan->stopped, DamageOffset(scan->stopped, path));
+    }
+    for (uint64_t r = 0; r < scan->records.size(); ++r) {
+      list.Add(absl::StrCat(files.files[f], "#", r), -1);
+      list.sample_files.push_back(f);
+      list.extents.push_back({scan->records[r].offset, scan->records[r].length});
+    }
+    ReportProgress(spec, last_report, f + 1, files.files.size(), list.size(), "files");
+  }
+  return list;
+}
+
+absl::StatusOr<SampleList> IndexArrays(const DatasetSpec& spec, std::vector<ArrayColumn>* columns) {
+  absl::StatusOr<std::vector<std::string>> names = WalkDirectory(spec.root, ".npy");
+  if (!names.ok()) return names.status();
+  std::vector<ArrayColumn> found;
+  for (const std::string& name : *names) {
+    if (name.find('/') != std::string::npos) continue;  // only the directory's own files
+    ArrayColumn column;
+    column.name = name.substr(0, name.size() - 4);
+    column.path = Join(spec.root, name);
+    absl::StatusOr<NpyHeader> header = ReadNpyHeader(column.path);
+    if (!header.ok()) return header.status();
+    column.header = *std::move(header);
+    if (!found.empty() && column.header.shape[0] != found[0].header.shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          column.path, " has ", column.header.shape[0], " rows but ", found[0].path, " has ",
+          found[0].header.shape[0], ": every array of the dataset must have one row per sample"));
+    }
+    found.push_back(std::move(column));
+  }
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat("no .npy files in '", spec.root, "'"));
+  }
+  const uint64_t rows = found[0].header.shape[0];
+  SampleList list;
+  std::optional<ArrayColumn> label;
+  for (ArrayColumn& column : found) {
+    if (column.name == spec.label_array) {
+      const NpyType t = column.header.type;
+      const bool integer = t != NpyType::kFloat16 && t != NpyType::kFloat32 &&
+                           t != NpyType::kFloat64 && t != NpyType::kBool;
+      if (!integer || column.header.row_bytes != NpyTypeBytes(t)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            column.path, ": label = \"", spec.label_array, "\" needs one integer per row; it is ",
+            NpyTypeName(t), " ", ShapeText(column.header.shape)));
+      }
+      label = std::move(column);
+      continue;
+    }
+    list.tensors.push_back(TensorSchema{
+        column.name, column.header.type,
+        std::vector<uint64_t>(column.header.shape.begin() + 1, column.header.shape.end()), false});
+    columns->push_back(std::move(column));
+  }
+  if (!spec.label_array.empty() && !label) {
+    return absl::NotFoundError(absl::StrCat("label = \"", spec.label_array, "\": no ",
+                                            spec.label_array, ".npy in '", spec.root, "'"));
+  }
+  if (label) columns->push_back(*std::move(label));
+  for (uint64_t i = 0; i < rows; ++i) list.Add(absl::StrCat("#", i), -1);
+  return list;
+}
+
+}  // namespace ringloader::pipeline

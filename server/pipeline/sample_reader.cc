@@ -1,0 +1,285 @@
+#include "server/pipeline/sample_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/image/sample_decoder.h"
+#include "server/pipeline/tf_example.h"
+#include "server/pipeline/tfrecord.h"
+#include "shm/base/text.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+// A label member longer than this is not a label.
+constexpr uint64_t kMaxLabelMemberBytes = 1 << 20;
+// An .npy member's header is read with this much of its start (numpy writes 128 bytes).
+constexpr uint64_t kNpyHeadBytes = 4096;
+
+ExampleKeys KeysOf(const DatasetSpec& spec) {
+  return ExampleKeys{spec.image_feature, spec.label_feature, spec.label_offset};
+}
+
+// The integer value of `"field": N` in a JSON object's text: the first occurrence of the key
+// followed by ':' and an integer (whitespace allowed around the ':').
+std::optional<int64_t> JsonIntegerField(absl::string_view json, absl::string_view field) {
+  const std::string quoted = absl::StrCat("\"", field, "\"");
+  for (size_t at = json.find(quoted); at != std::string_view::npos;
+       at = json.find(quoted, at + 1)) {
+    absl::string_view rest = absl::StripLeadingAsciiWhitespace(json.substr(at + quoted.size()));
+    if (!absl::ConsumePrefix(&rest, ":")) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest);
+    size_t n = rest.find_first_not_of("-0123456789");
+    int64_t v = 0;
+    if (absl::SimpleAtoi(rest.substr(0, n), &v)) return v;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+int64_t LoadAsInt64(const uint8_t* p, NpyType type) {
+  switch (type) {
+    case NpyType::kUint8: return *p;
+    case NpyType::kInt8: return static_cast<int8_t>(*p);
+    case NpyType::kInt16: { int16_t v; std::memcpy(&v, p, 2); return v; }
+    case NpyType::kUint16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+    case NpyType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case NpyType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case NpyType::kInt64:
+    case NpyType::kUint64: { int64_t v; std::memcpy(&v, p, 8); return v; }
+    default: return 0;  // IndexArrays refuses other label types
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
+                                                uint64_t max_image_bytes) {
+  SampleReader r(dataset, index);
+  r.where_ = dataset.AbsolutePath(index);
+  switch (dataset.format()) {
+    case DatasetFormat::kImageFolder:
+    case DatasetFormat::kManifest: {
+      absl::StatusOr<image::SampleFile> file = image::SampleFile::Open(r.where_, max_image_bytes);
+      if (!file.ok()) return file.status();
+      r.read_bytes_ = file->size();
+      r.file_.emplace(*std::move(file));
+      return r;
+    }
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kTfRecord: {
+      const Extent image = dataset.part(index, 0);
+      const bool tar = dataset.format() == DatasetFormat::kWebDataset;
+      if (image.missing()) {
+        return r.Damaged("corrupt", absl::StrCat("no image member (image_key = \"",
+                                                 absl::StrJoin(dataset.spec().image_keys, ";"),
+                                                 "\")"));
+      }
+      if (image.size > max_image_bytes) {
+        return r.Damaged("too_large",
+                         absl::StrCat(tar ? "image member" : "record", " has ", image.size,
+                                      " bytes, above max_file_bytes ", max_image_bytes));
+      }
+      if (image.size == 0) return r.Damaged("empty", tar ? "image member is empty" : "empty record");
+      r.container_path_ = dataset.SampleFilePath(index);
+      absl::StatusOr<container::File> file = container::File::Open(r.container_path_);
+      if (!file.ok()) return file.status();
+      r.container_.emplace(*std::move(file));
+      r.read_bytes_ = image.size;
+      return r;
+    }
+    case DatasetFormat::kArrays:
+      return r;
+  }
+  return r;
+}
+
+absl::Status SampleReader::Damaged(std::string_view reason, const std::string& what) const {
+  return image::WithReason(
+      absl::DataLossError(absl::StrCat(where_, ": ", base::Sv(reason), ": ", what)), reason);
+}
+
+absl::Status SampleReader::ReadMember(Extent extent, const char* what, uint64_t max,
+                                      std::string& out) {
+  out.resize(std::min(extent.size, max));
+  const int64_t got = container::ReadAt(container_->fd(), out.data(), out.size(), extent.offset);
+  if (got < 0) return container::IoError(container_path_, static_cast<int>(-got));
+  if (static_cast<uint64_t>(got) < out.size()) {
+    return Damaged("truncated", absl::StrCat(what, " at offset ", extent.offset,
+                                             " cut short (the file shrank since it was indexed)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHead(uint64_t max, bool* whole) {
+  if (file_) {
+    absl::StatusOr<std::vector<uint8_t>> head = file_->ReadHead(max);
+    if (head.ok()) *whole = head->size() == file_->size();
+    return head;
+  }
+  if (!container_) return absl::InternalError("ReadImageHead: this dataset has no images");
+  const Extent extent = dataset_->part(index_, 0);
+  std::string head;
+  if (absl::Status s = ReadMember(extent, "image", max, head); !s.ok()) return s;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(head.data());
+  if (dataset_->format() == DatasetFormat::kWebDataset) {
+    *whole = head.size() == extent.size;
+    return std::vector<uint8_t>(bytes, bytes + head.size());
+  }
+  // TFRecord: the image is a feature somewhere in the record.
+  const std::optional<ByteRange> image =
+      LocateExampleImage({bytes, head.size()}, dataset_->spec().image_feature);
+  *whole = false;
+  if (!image || image->offset >= head.size()) return std::vector<uint8_t>();
+  *whole = image->size != 0 && image->offset + image->size <= head.size();
+  const uint64_t end = image->size != 0 ? std::min<uint64_t>(image->offset + image->size, head.size())
+                                        : head.size();
+  return std::vector<uint8_t>(bytes + image->offset, bytes + end);
+}
+
+absl::StatusOr<ImageBytes> SampleReader::ReadImage() {
+  ImageBytes out;
+  if (file_) {
+    absl::StatusOr<std::vector<uint8_t>> all = file_->ReadAll();
+    if (!all.ok()) return all.status();
+    out.bytes = *std::move(all);
+    out.size = out.bytes.size();
+    return out;
+  }
+  if (!container_) return absl::InternalError("ReadImage: this dataset has no images");
+  const Extent extent = dataset_->part(index_, 0);
+  if (dataset_->format() == DatasetFormat::kWebDataset) {
+    std::string member;
+    if (absl::Status s = ReadMember(extent, "image member", extent.size, member); !s.ok()) return s;
+    out.bytes.assign(member.begin(), member.end());
+    out.size = out.bytes.size();
+    return out;
+  }
+  if (absl::Status s = ReadTfRecord(container_->fd(), container_path_,
+                                    TfRecordSpan{extent.offset, extent.size}, out.bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ExampleFields> fields =
+      ParseExampleRecord(out.bytes, KeysOf(dataset_->spec()), where_);
+  if (!fields.ok()) return fields.status();
+  out.offset = static_cast<uint64_t>(fields->image.data() - out.bytes.data());
+  out.size = fields->image.size();
+  if (fields->has_label) record_label_ = fields->label;
+  return out;
+}
+
+absl::StatusOr<int64_t> SampleReader::ReadLabel() {
+  switch (dataset_->format()) {
+    case DatasetFormat::kImageFolder:
+    case DatasetFormat::kManifest:
+      return dataset_->label(index_);
+    case DatasetFormat::kTfRecord:
+      if (!record_label_) return absl::InternalError("ReadLabel before ReadImage");
+      return *record_label_;
+    case DatasetFormat::kWebDataset: {
+      const std::string& key = dataset_->spec().label_key;
+      const bool json = absl::StartsWith(key, "json:");
+      const Extent extent = dataset_->part(index_, 1);
+      if (extent.missing()) {
+        return Damaged("corrupt", absl::StrCat("no '", json ? "json" : key, "' member (label_key = \"",
+                                               key, "\")"));
+      }
+      if (extent.size > kMaxLabelMemberBytes) {
+        return Damaged("corrupt", absl::StrCat("label member of ", extent.size, " bytes"));
+      }
+      std::string text;
+      if (absl::Status s = ReadMember(extent, "label member", extent.size, text); !s.ok()) return s;
+      int64_t label = 0;
+      if (json) {
+        const std::string field = key.substr(5);
+        if (std::optional<int64_t> v = JsonIntegerField(text, field)) return *v;
+        return Damaged("corrupt", absl::StrCat("the .json member has no integer field \"", field,
+                                               "\" (label_key = \"", key, "\")"));
+      }
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label)) {
+        return Damaged("corrupt", absl::StrCat("the '", key, "' member is not an integer: \"",
+                                               text.substr(0, 40), "\""));
+      }
+      return label;
+    }
+    case DatasetFormat::kArrays: {
+      if (!dataset_->has_labels()) return absl::InternalError("ReadLabel: no label column");
+      const ArrayColumn& column = dataset_->columns().back();
+      uint8_t row[8] = {};
+      absl::StatusOr<container::File> file = container::File::Open(column.path);
+      if (!file.ok()) return file.status();
+      const int64_t got = container::ReadAt(file->fd(), row, column.header.row_bytes,
+                                            column.header.RowOffset(index_));
+      if (got < 0) return container::IoError(column.path, static_cast<int>(-got));
+      if (static_cast<uint64_t>(got) < column.header.row_bytes) {
+        return Damaged("truncated", absl::StrCat(column.path, " ends before row ", index_));
+      }
+      return LoadAsInt64(row, column.header.type);
+    }
+  }
+  return absl::InternalError("ReadLabel: unknown format");
+}
+
+absl::StatusOr<uint64_t> SampleReader::ReadTensor(uint32_t k, std::span<uint8_t> out) {
+  const TensorSchema& schema = dataset_->tensors()[k];
+  if (dataset_->format() == DatasetFormat::kArrays) {
+    const ArrayColumn& column = dataset_->columns()[k];
+    absl::StatusOr<container::File> file = container::File::Open(column.path);
+    if (!file.ok()) return file.status();
+    const int64_t got = container::ReadAt(file->fd(), out.data(), column.header.row_bytes,
+                                          column.header.RowOffset(index_));
+    if (got < 0) return container::IoError(column.path, static_cast<int>(-got));
+    if (static_cast<uint64_t>(got) < column.header.row_bytes) {
+      return Damaged("truncated", absl::StrCat(column.path, " ends before row ", index_,
+                                               " (it shrank since the dataset was opened)"));
+    }
+    return schema.shape.empty() ? 1 : schema.shape[0];
+  }
+  const Extent extent = dataset_->part(index_, 2 + k);
+  if (extent.missing()) {
+    return Damaged("corrupt", absl::StrCat("no '", schema.name, ".npy' member (other samples of ",
+                                           "the dataset have one: ", schema.Describe(), ")"));
+  }
+  std::string head;
+  if (absl::Status s = ReadMember(extent, "tensor member", kNpyHeadBytes, head); !s.ok()) return s;
+  absl::StatusOr<NpyHeader> header =
+      ParseNpyHeader(head, extent.size, absl::StrCat(where_, ": ", schema.name, ".npy"));
+  if (!header.ok()) {
+    std::string_view reason = image::ErrorReason(header.status());
+    if (reason == "other") {
+      reason = absl::StrContains(header.status().message(), "not supported") ? "unsupported"
+                                                                              : "corrupt";
+    }
+    return image::WithReason(absl::DataLossError(header.status().message()), reason);
+  }
+  const bool same_rest = header->shape.size() == schema.shape.size() &&
+                         std::equal(header->shape.begin() + 1, header->shape.end(),
+                                    schema.shape.begin() + 1);
+  const bool fits = schema.ragged ? header->shape[0] <= schema.shape[0]
+                                  : header->shape[0] == schema.shape[0];
+  if (header->type != schema.type || !same_rest || !fits) {
+    return Damaged("corrupt",
+                   absl::StrCat("tensor '", schema.name, "' is ", NpyTypeName(header->type), " ",
+                                ShapeText(header->shape), ", the batch's is ", schema.Describe(),
+                                schema.ragged ? " (ragged: at most that many rows)" : ""));
+  }
+  const uint64_t data_bytes = header->shape[0] * header->row_bytes;
+  const int64_t got = container::ReadAt(container_->fd(), out.data(), data_bytes,
+                                        extent.offset + header->data_offset);
+  if (got < 0) return container::IoError(container_path_, static_cast<int>(-got));
+  if (static_cast<uint64_t>(got) < data_bytes) {
+    return Damaged("truncated", absl::StrCat("tensor member '", schema.name, ".npy' cut short"));
+  }
+  std::memset(out.data() + data_bytes, 0, out.size() - data_bytes);
+  return header->shape[0];
+}
+
+}  // namespace ringloader::pipeline

@@ -1,0 +1,78 @@
+#pragma once
+// Reads one sample's bytes, whatever its dataset's format: the encoded image (and what holding
+// it costs, for the memory budget), its label, and each extra tensor straight into its place in
+// a batch. Internal to server/pipeline (the BatchFiller and `ringloaderctl validate` use it).
+//
+// Errors are the sample's: a Status whose message starts with where the sample is (its file, or
+// "SHARD#KEY" / "FILE#N" for container formats) and carries a reason (image::ErrorReason):
+// read_error, too_large, empty, truncated, crc_mismatch, corrupt (a missing member, a label that
+// is not an integer, an .npy whose dtype or shape disagrees with the dataset's).
+//
+// Not thread-safe; one per sample read. Blocking reads (a slow mount) happen only in
+// ReadImageHead, ReadImage, ReadLabel and ReadTensor.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/image/sample_file.h"
+#include "server/pipeline/container_file.h"
+#include "server/pipeline/dataset.h"
+
+namespace ringloader::pipeline {
+
+// The encoded image: `bytes` holds it at [offset, offset + size) (a TFRecord keeps the whole
+// record around it).
+struct ImageBytes {
+  std::vector<uint8_t> bytes;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  std::span<const uint8_t> image() const { return {bytes.data() + offset, size}; }
+};
+
+class SampleReader {
+ public:
+  // Opens what sample `index` is read from; `max_image_bytes` is the dataset's max_file_bytes
+  // (an image file, member or record above it is "too_large", unread).
+  static absl::StatusOr<SampleReader> Open(const Dataset& dataset, uint64_t index,
+                                           uint64_t max_image_bytes);
+  SampleReader(SampleReader&&) noexcept = default;
+  SampleReader& operator=(SampleReader&&) = delete;
+  ~SampleReader() = default;
+
+  // Where the sample is, as error messages start: "/abs/a/b.jpg", "/abs/shard-3.tar#a/b".
+  const std::string& where() const { return where_; }
+  // What ReadImage() will hold in memory (the image, or its whole record).
+  uint64_t read_bytes() const { return read_bytes_; }
+
+  // The image's first bytes (at most `max`), for planning its decode. `*whole` is set when that
+  // is all of the image. May return no bytes when the image's start is not within the first
+  // `max` bytes of its record: plan for the worst then.
+  absl::StatusOr<std::vector<uint8_t>> ReadImageHead(uint64_t max, bool* whole);
+  absl::StatusOr<ImageBytes> ReadImage();
+  // The label: the dataset's (imagefolder, manifest), the label member (webdataset), the
+  // record's (tfrecord: REQUIRES ReadImage() first), the label column's row (arrays).
+  absl::StatusOr<int64_t> ReadLabel();
+  // dataset.tensors()[k] of this sample into `out` (exactly its SampleBytes()). Returns the
+  // sample's first-dimension length (ragged tensors are zero-padded up to the schema's).
+  absl::StatusOr<uint64_t> ReadTensor(uint32_t k, std::span<uint8_t> out);
+
+ private:
+  SampleReader(const Dataset& dataset, uint64_t index) : dataset_(&dataset), index_(index) {}
+  absl::Status ReadMember(Extent extent, const char* what, uint64_t max, std::string& out);
+  absl::Status Damaged(std::string_view reason, const std::string& what) const;
+
+  const Dataset* dataset_;
+  uint64_t index_;
+  std::string where_;
+  uint64_t read_bytes_ = 0;
+  std::optional<image::SampleFile> file_;     // imagefolder, manifest
+  std::optional<container::File> container_;  // webdataset, tfrecord
+  std::string container_path_;
+  std::optional<int64_t> record_label_;  // tfrecord, after ReadImage
+};
+
+}  // namespace ringloader::pipeline
