@@ -95,7 +95,10 @@ std::string DiagnoseNoConnection(const std::string& endpoint) {
   if (err == EACCES || err == EPERM) {
     struct stat st {};
     std::string who = "the daemon's user";
-    if (::stat(path.c_str(), &st) == 0) {
+    // The socket's own group; when its directory keeps us out (systemd's RuntimeDirectory,
+    // mode 0750), that directory's group, which is the one to join.
+    const std::string dir = path.substr(0, path.rfind('/') == 0 ? 1 : path.rfind('/'));
+    if (::stat(path.c_str(), &st) == 0 || ::stat(dir.c_str(), &st) == 0) {
       if (const struct group* g = ::getgrgid(st.st_gid); g != nullptr) {
         who = absl::StrCat("members of group '", g->gr_name, "' (join with: sudo usermod -aG ",
                            g->gr_name, " $USER, then log in again)");

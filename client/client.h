@@ -301,6 +301,10 @@ std::string DefaultEndpoint();
 // permission, ...), when nothing answers within `timeout`.
 std::string HealthStatus(const std::string& endpoint, std::chrono::milliseconds timeout);
 
+// The version of the installed SDK (libringloader-client.so), e.g. "0.1.0". Only in the shared
+// library (find_package(ringloader) / pkg-config ringloader-client).
+const char* Version();
+
 // Checks options before anything is sent; throws Error(kInvalidArgument) naming the option and
 // the rule, e.g. "StreamOptions.rank: must be < world_size (got rank 4, world_size 4)".
 // Open() calls it; the daemon applies its own limits (max batch size, ...) on top.

@@ -22,6 +22,7 @@ std::string Duration(uint64_t ms) {
 void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std::ostream& out) {
   out << absl::StrFormat("ringloaderd %s  pid %d  incarnation %x  up %s\n", endpoint, s.pid(),
                          s.incarnation(), Duration(s.uptime_ms()));
+  if (s.starting()) out << absl::StrFormat("%-20s %s\n", "starting", s.starting_progress());
   out << absl::StrFormat("%-20s %d\n", "streams open", s.streams_open());
   out << absl::StrFormat("%-20s %d\n", "batches served", s.batches_served());
   out << absl::StrFormat("%-20s %d\n", "batches copied out", s.batches_copied_out());

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -243,12 +244,19 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("stream_idle_timeout_ms", &s->stream_idle_timeout_ms, 100, 86'400'000);
   r.Integer("max_wait_ms", &s->max_wait_ms, 1, 60'000);
   r.Integer("decode_deadline_ms", &s->decode_deadline_ms, 0, 86'400'000);
+  r.Integer("io_retry_ms", &s->io_retry_ms, 0, 86'400'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
     return r.Fail("listen", std::string(listen.message()), absl::StrCat("\"", s->listen, "\""));
   }
   if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
+  if ((s->segment_mode & 0022) != 0) {
+    return r.Fail("segment_mode",
+                  "must not let group or others write: trainers map rings read-only, and a ring "
+                  "anyone can write is a ring anyone can corrupt",
+                  absl::StrFormat("\"%04o\"", s->segment_mode));
+  }
   if (s->ring_slots > s->max_ring_slots) {
     return r.Fail("ring_slots", absl::StrCat("must be <= max_ring_slots (", s->max_ring_slots, ")"),
                   std::to_string(s->ring_slots));
@@ -327,6 +335,9 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
   return absl::OkStatus();
 }
 
+constexpr const char* kIoFaultErrnos[] = {"EIO",    "EMFILE", "ENFILE",   "ENOMEM",
+                                          "EAGAIN", "ESTALE", "ETIMEDOUT"};
+
 absl::Status ParseFailpoints(const toml::table& table, const std::string& source,
                              FailpointConfig* f) {
   absl::Status error;
@@ -336,6 +347,13 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   if (action >= 0) f->action = static_cast<FailpointConfig::Action>(action);
   r.String("crash_on_path", &f->crash_on_path);
   r.Integer("after_batches", &f->after_batches, 0, int64_t{1} << 50);
+  r.Integer("index_delay_ms", &f->index_delay_ms, 0, 3'600'000);
+  r.String("io_fault_path", &f->io_fault_path);
+  int err = -1;
+  r.Enum("io_fault_errno", std::vector<std::string>(std::begin(kIoFaultErrnos),
+                                                    std::end(kIoFaultErrnos)), &err);
+  if (err >= 0) f->io_fault_errno = kIoFaultErrnos[err];
+  r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {
@@ -455,6 +473,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.stream_idle_timeout_ms == b.stream_idle_timeout_ms, "stream_idle_timeout_ms");
   check(a.max_wait_ms == b.max_wait_ms, "max_wait_ms");
   check(a.decode_deadline_ms == b.decode_deadline_ms, "decode_deadline_ms");
+  check(a.io_retry_ms == b.io_retry_ms, "io_retry_ms");
   return keys;
 }
 
@@ -481,6 +500,12 @@ absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec_view) {
       if (!absl::SimpleAtoi(value, &f.after_batches)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "RINGLOADER_FAILPOINTS: after_batches: must be an integer (got \"", value, "\")"));
+      }
+    } else if (key == "index_delay_ms") {
+      if (!absl::SimpleAtoi(value, &f.index_delay_ms) || f.index_delay_ms > 3'600'000) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "RINGLOADER_FAILPOINTS: index_delay_ms: must be an integer in [0, 3600000] (got \"",
+            value, "\")"));
       }
     } else {
       return absl::InvalidArgumentError(

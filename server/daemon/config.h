@@ -52,6 +52,15 @@ struct FailpointConfig {
   Action action = Action::kNone;
   std::string crash_on_path;     // fnmatch pattern against the sample's relative path
   uint64_t after_batches = 0;    // act after this many batches published; 0 = off
+  // Indexing each dataset at start-up first sleeps this long (a slow or cold network mount).
+  // Independent of `action`.
+  uint32_t index_delay_ms = 0;
+  // The first `io_fault_times` reads of each sample file matching `io_fault_path` (fnmatch on the
+  // absolute path) fail with `io_fault_errno` ("EIO", "EMFILE", "ENFILE", "ENOMEM", "EAGAIN",
+  // "ESTALE", "ETIMEDOUT"), as a flaky mount would. Independent of `action`.
+  std::string io_fault_path;
+  std::string io_fault_errno = "EIO";
+  uint32_t io_fault_times = 1;
   bool enabled() const { return action != Action::kNone; }
   bool operator==(const FailpointConfig&) const = default;
 };
@@ -66,8 +75,10 @@ struct ServerConfig {
   uint32_t decode_threads = 0;  // 0 = all cores
   uint64_t memory_limit_bytes = 4ull << 30;
   std::string shm_dir = "/dev/shm";
-  mode_t segment_mode = 0600;
-  std::string segment_group;    // empty = no group access
+  // Ring segments: read by trainers of the daemon's group (or segment_group); never writable by
+  // anyone but the daemon (a mode with a group or other write bit is refused).
+  mode_t segment_mode = 0640;
+  std::string segment_group;    // empty = the daemon's primary group
   uint32_t ring_slots = 4;              // per stream unless the client asks
   uint32_t max_ring_slots = 32;
   uint32_t max_batch_size = 4096;
@@ -82,6 +93,9 @@ struct ServerConfig {
   // A sample whose read or decode takes longer than this is abandoned and reported
   // (reason "deadline_exceeded"); 0 = no deadline.
   uint32_t decode_deadline_ms = 30'000;
+  // A read failing with an I/O error that may pass (EIO, EMFILE, ENFILE, ENOMEM, EAGAIN, ESTALE,
+  // ETIMEDOUT) is retried with backoff this long before the sample fails as "io_error".
+  uint32_t io_retry_ms = 30'000;
   bool operator==(const ServerConfig&) const = default;
 };
 

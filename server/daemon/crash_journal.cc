@@ -71,9 +71,9 @@ absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::stri
         std::memcpy(&index, old.data() + kHeaderBytes + kEntryBytes * w + 8, 8);
         if (slot != 0) {
           journal->previous_abnormal_ = true;
-          if (header[2] != 0) {
-            journal->crashed_in_flight_.push_back({static_cast<uint32_t>(slot >> 32), index});
-          }
+          const InFlightSample sample{static_cast<uint32_t>(slot >> 32), index};
+          journal->killed_in_flight_.push_back(sample);
+          if (header[2] != 0) journal->crashed_in_flight_.push_back(sample);
         }
       }
     }

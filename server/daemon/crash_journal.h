@@ -38,6 +38,10 @@ class CrashJournal {
   ~CrashJournal();
 
   const std::vector<InFlightSample>& crashed_in_flight() const { return crashed_in_flight_; }
+  // What the previous incarnation had in flight when it died without clearing the journal,
+  // whatever killed it (a superset of crashed_in_flight(): also a SIGKILL, e.g. the OOM killer's;
+  // see oom_kills.h for telling the OOM killer from anyone else).
+  const std::vector<InFlightSample>& killed_in_flight() const { return killed_in_flight_; }
   // True if the previous incarnation exited without clearing the journal (any abnormal exit).
   bool previous_exit_was_abnormal() const { return previous_abnormal_; }
 
@@ -56,6 +60,7 @@ class CrashJournal {
   size_t bytes_ = 0;
   uint32_t worker_count_ = 0;
   std::vector<InFlightSample> crashed_in_flight_;
+  std::vector<InFlightSample> killed_in_flight_;
   bool previous_abnormal_ = false;
 };
 

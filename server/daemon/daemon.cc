@@ -8,12 +8,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
-#include <cstdlib>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <random>
 
@@ -30,6 +34,7 @@
 #include "server/daemon/loader_service.h"
 #include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/oom_kills.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/request_guard.h"
 #include "server/daemon/sample_gate.h"
@@ -144,6 +149,12 @@ struct DaemonState {
   std::unique_ptr<grpc::Server> server;
   std::string socket_path;
   bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
+  // Start-up indexing runs here while the server answers (health NOT_SERVING until it is done).
+  std::thread indexer;
+  std::mutex start_mu;
+  absl::Status start_failure ABSL_GUARDED_BY(start_mu);  // set, then SIGTERM to ourselves
+  std::mutex reservations_mu;  // fixed_reservations, from parallel indexing threads
+  std::atomic<bool> ready{false};
 };
 
 // ", tensors depth float32 [8, 8], ..." for the start-up line; "" without extra tensors.
@@ -157,15 +168,28 @@ std::string TensorsText(const pipeline::Dataset& ds) {
 }
 
 // Opens one configured dataset, reserves its index memory and adds it to the registry.
-absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::string& key) {
+// A dataset path that cannot be right is a start-up error at once, before the slow part (the
+// walk or the shard scan) runs in the background.
+absl::Status CheckDatasetPath(const DatasetConfig& dc, const std::string& key) {
   std::error_code ec;
   const bool pattern = dc.format == pipeline::DatasetFormat::kWebDataset ||
                        dc.format == pipeline::DatasetFormat::kTfRecord;
   if (!pattern && !std::filesystem::is_directory(dc.path, ec)) {
     return absl::NotFoundError(absl::StrCat(key, ".path: \"", dc.path, "\" is not a directory"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::string& key) {
+  if (absl::Status s = CheckDatasetPath(dc, key); !s.ok()) return s;
   pipeline::DatasetSpec spec = DatasetSpecOf(dc, d.config.server.state_dir);
-  spec.progress = [](const std::string& line) { SPDLOG_INFO("{}", line); };
+  spec.progress = [&d](const std::string& line) {
+    SPDLOG_INFO("{}", line);
+    if (!d.ready && d.streams) d.streams->SetStarting(line);
+  };
+  if (!d.ready && d.config.failpoints.index_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(d.config.failpoints.index_delay_ms));
+  }
   absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
   if (!ds.ok()) {
     return absl::Status(ds.status().code(), absl::StrCat(key, ": ", ds.status().message()));
@@ -173,12 +197,18 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
   absl::StatusOr<Reservation> r =
       d.budget->Reserve((*ds)->MemoryBytes(), absl::StrCat("the index of dataset ", dc.name));
   if (!r.ok()) return r.status();
-  d.fixed_reservations.push_back(std::move(*r));
+  {
+    std::lock_guard<std::mutex> lock(d.reservations_mu);
+    d.fixed_reservations.push_back(std::move(*r));
+  }
   const size_t classes = (*ds)->class_names().size();
   SPDLOG_INFO("dataset {}: {} {}, {} samples{}{}{}", dc.name,
               pipeline::DatasetFormatName(dc.format), (*ds)->root(), (*ds)->size(),
               classes > 0 ? absl::StrCat(", ", classes, " classes") : "",
               (*ds)->loaded_from_cache() ? " (index cache)" : "", TensorsText(**ds));
+  if (!(*ds)->cache_warning().empty()) {
+    SPDLOG_WARN("dataset {}: {}", dc.name, wire::EscapeBytes((*ds)->cache_warning()));
+  }
   for (const pipeline::IndexProblem& p : (*ds)->index_problems()) {
     SPDLOG_WARN("dataset {}: {} (reason {}; the rest of {} is not read)", dc.name,
                 wire::EscapeBytes(p.message), p.reason, wire::EscapeBytes(p.file));
@@ -187,22 +217,54 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
   return absl::OkStatus();
 }
 
+std::string DatasetKey(const DaemonState& d, size_t i) {
+  return absl::StrCat(d.config.source, ": datasets[", i, "]");
+}
+
+// Indexes every configured dataset, all at once (each walk or scan waits on its own storage),
+// and returns the first failure in config order.
 absl::Status OpenDatasets(DaemonState& d) {
-  for (size_t i = 0; i < d.config.datasets.size(); ++i) {
-    const std::string key = absl::StrCat(d.config.source, ": datasets[", i, "]");
-    if (absl::Status s = OpenDataset(d, d.config.datasets[i], key); !s.ok()) return s;
+  const size_t n = d.config.datasets.size();
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> workers;
+  for (size_t i = 0; i < n; ++i) {
+    workers.emplace_back(
+        [&d, &results, i] { results[i] = OpenDataset(d, d.config.datasets[i], DatasetKey(d, i)); });
+  }
+  for (std::thread& t : workers) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 // Strikes for samples that were being decoded when the previous incarnation crashed.
 absl::Status ApplyStrikes(DaemonState& d) {
+  // A fatal signal marked the journal; the OOM killer's SIGKILL cannot, but the memory cgroup
+  // counts it (oom_kills.h).
+  std::vector<InFlightSample> struck = d.journal->crashed_in_flight();
+  const char* cause = "a fatal signal";
+  const std::optional<uint64_t> oom_now = CgroupOomKills();
+  const std::optional<uint64_t> oom_before = LoadRecordedOomKills(d.config.server.state_dir);
+  if (struck.empty() && !d.journal->killed_in_flight().empty() && oom_now && oom_before &&
+      *oom_now > *oom_before) {
+    struck = d.journal->killed_in_flight();
+    cause = "the OOM killer";
+    SPDLOG_WARN("the previous ringloaderd was killed by the OOM killer (cgroup oom_kill {} -> {}) "
+                "while decoding {} samples",
+                *oom_before, *oom_now, struck.size());
+  }
+  if (oom_now) {
+    if (absl::Status s = RecordOomKills(d.config.server.state_dir, *oom_now); !s.ok()) {
+      SPDLOG_WARN("cannot record the cgroup's OOM kill count: {}", Text(s));
+    }
+  }
   if (d.journal->previous_exit_was_abnormal()) {
     SPDLOG_WARN("the previous ringloaderd did not shut down cleanly; {} samples were in flight "
-                "at a fatal signal",
-                d.journal->crashed_in_flight().size());
+                "at {}",
+                struck.size(), struck.empty() ? "an outside kill (no strikes)" : cause);
   }
-  for (const InFlightSample& s : d.journal->crashed_in_flight()) {
+  for (const InFlightSample& s : struck) {
     for (const ServedDataset* served : d.datasets.All()) {
       const std::string& name = served->config.name;
       const pipeline::Dataset* ds = served->dataset.get();
@@ -224,6 +286,30 @@ absl::Status ApplyStrikes(DaemonState& d) {
   return absl::OkStatus();
 }
 
+// The slow half of the start, on DaemonState::indexer while the server already answers: index
+// the datasets, apply the previous incarnation's strikes, then serve. A failure is a failed
+// start: recorded, and SIGTERM ends the main thread's wait.
+void FinishStartUp(DaemonState& d) {
+  absl::Status s = OpenDatasets(d);
+  if (s.ok()) s = ApplyStrikes(d);
+  if (!s.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(d.start_mu);
+      d.start_failure = s;
+    }
+    ::kill(::getpid(), SIGTERM);
+    return;
+  }
+  d.ready = true;
+  d.streams->MarkReady();
+  d.server->GetHealthCheckService()->SetServingStatus(true);
+  NotifyReady();
+  SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
+              "memory_limit={}",
+              d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
+              base::FormatBytes(d.config.server.memory_limit_bytes));
+}
+
 absl::Status StartUp(DaemonState& d) {
   const ServerConfig& server = d.config.server;
   // First of all, before anything is created or removed: is another daemon serving here?
@@ -232,6 +318,15 @@ absl::Status StartUp(DaemonState& d) {
     d.socket_path = listen.substr(5);
     if (absl::StartsWith(d.socket_path, "//")) d.socket_path = d.socket_path.substr(2);
     if (absl::Status s = PrepareUnixSocket(d.socket_path); !s.ok()) return s;
+  }
+  for (const auto& [key, group] : {std::pair<const char*, const std::string&>{
+                                       "socket_group", server.socket_group},
+                                   {"segment_group", server.segment_group}}) {
+    if (!group.empty() && getgrnam(group.c_str()) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d.config.source, ": server.", key, ": group \"", group,
+          "\" does not exist (create it, or \"\" for the daemon's own group)"));
+    }
   }
   std::error_code ec;
   std::filesystem::create_directories(server.state_dir, ec);
@@ -260,7 +355,11 @@ absl::Status StartUp(DaemonState& d) {
                 base::FormatBytes(server.memory_limit_bytes), available_what, base::FormatBytes(available));
   }
   d.budget = std::make_unique<MemoryBudget>(server.memory_limit_bytes);
-  if (absl::Status s = OpenDatasets(d); !s.ok()) return s;
+  for (size_t i = 0; i < d.config.datasets.size(); ++i) {
+    if (absl::Status s = CheckDatasetPath(d.config.datasets[i], DatasetKey(d, i)); !s.ok()) {
+      return s;
+    }
+  }
 
   d.pool = std::make_unique<pipeline::WorkerPool>(server.decode_threads);
   absl::StatusOr<std::unique_ptr<CrashJournal>> journal =
@@ -270,16 +369,25 @@ absl::Status StartUp(DaemonState& d) {
   absl::StatusOr<std::unique_ptr<Quarantine>> quarantine = Quarantine::Load(server.state_dir);
   if (!quarantine.ok()) return quarantine.status();
   d.quarantine = std::move(*quarantine);
-  if (absl::Status s = ApplyStrikes(d); !s.ok()) return s;
+  if (!d.quarantine->load_warning().empty()) {
+    SPDLOG_WARN("{}", wire::EscapeBytes(d.quarantine->load_warning()));
+  }
   d.journal->InstallCrashHandlers();
   d.failpoints = std::make_unique<Failpoints>(d.config.failpoints);
   if (d.failpoints->enabled()) SPDLOG_WARN("failpoints are enabled: this daemon will crash on purpose");
+  if (!d.config.failpoints.io_fault_path.empty()) {
+    SPDLOG_WARN("failpoints: the first {} reads of each file matching \"{}\" fail with {}",
+                d.config.failpoints.io_fault_times, d.config.failpoints.io_fault_path,
+                d.config.failpoints.io_fault_errno);
+    d.failpoints->InstallIoFaults();
+  }
 
   // Every stream passes its dataset's decode limits with each batch (FillRequest::limits).
   // Decode work space is drawn from the budget per sample, from its header (memory_budget.h).
   pipeline::FillerOptions filler_options;
   filler_options.memory = d.budget.get();
   filler_options.deadline = std::chrono::milliseconds(server.decode_deadline_ms);
+  filler_options.io_retry = std::chrono::milliseconds(server.io_retry_ms);
   d.filler =
       std::make_unique<pipeline::BatchFiller>(*d.pool, image::DecodeLimits{}, filler_options);
   d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints, d.pool->size());
@@ -287,6 +395,7 @@ absl::Status StartUp(DaemonState& d) {
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
                          d.started,      d.pool.get()};
   d.streams = std::make_unique<StreamManager>(deps);
+  d.streams->SetStarting("indexing datasets");
   d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation);
 
   // gRPC.
@@ -310,6 +419,8 @@ absl::Status StartUp(DaemonState& d) {
   mode_t old_umask = umask(0117);  // the socket is created 0660 from the start
   d.server = builder.BuildAndStart();
   umask(old_umask);
+  // Health answers from now on: NOT_SERVING until the datasets are indexed.
+  if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
   if (!d.server || (!absl::StartsWith(listen, "unix:") && port == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
                                                " (address in use, or not permitted?)"));
@@ -329,8 +440,9 @@ absl::Status StartUp(DaemonState& d) {
     }
   }
   d.streams->StartReaper();
-  d.server->GetHealthCheckService()->SetServingStatus(true);
-  NotifyReady();
+  SPDLOG_INFO("ringloaderd listening on {} pid={} incarnation={:016x}: indexing {} datasets",
+              listen, getpid(), d.incarnation, d.config.datasets.size());
+  d.indexer = std::thread([&d] { FinishStartUp(d); });
   return absl::OkStatus();
 }
 
@@ -447,13 +559,30 @@ int RunDaemon(const DaemonOptions& options) {
     ShutDown(d);
     return 1;
   }
-  SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
-              "memory_limit={}",
-              d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
-              base::FormatBytes(d.config.server.memory_limit_bytes));
-
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) Reload(d);
+  while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
+    if (d.ready) {
+      Reload(d);
+    } else {
+      SPDLOG_WARN("SIGHUP while the datasets are still being indexed: ignored (send it again "
+                  "once serving)");
+    }
+  }
+  // The indexer ends by itself; a walk stuck on a dead mount keeps us here (said in the log).
+  if (d.indexer.joinable()) {
+    if (!d.ready) SPDLOG_INFO("waiting for start-up indexing to finish before stopping");
+    d.indexer.join();
+  }
+  absl::Status failure;
+  {
+    std::lock_guard<std::mutex> lock(d.start_mu);
+    failure = d.start_failure;
+  }
+  if (!failure.ok()) {
+    SPDLOG_ERROR("start-up failed: {}", Text(failure));
+    ShutDown(d);
+    return 1;
+  }
   SPDLOG_INFO("{} received: shutting down", strsignal(sig));
   ShutDown(d);
   SPDLOG_INFO("ringloaderd stopped cleanly");

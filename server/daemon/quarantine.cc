@@ -29,8 +29,19 @@ absl::StatusOr<std::unique_ptr<Quarantine>> Quarantine::Load(const std::string& 
     QuarantineEntry e;
     if (f.size() != 4 || !absl::SimpleAtoi(f[1], &e.sample_index) ||
         !absl::SimpleAtoi(f[2], &e.strikes)) {
-      return absl::DataLossError(absl::StrCat(q->path_, ":", line_no,
-                                              ": expected dataset<TAB>index<TAB>strikes<TAB>path"));
+      // Damaged (a crash mid-write on an old version, a hand edit): set it aside, start empty.
+      q->entries_.clear();
+      const std::string aside = q->path_ + ".damaged";
+      if (std::rename(q->path_.c_str(), aside.c_str()) != 0) {
+        return absl::DataLossError(
+            absl::StrCat(q->path_, ":", line_no, ": damaged, and cannot be moved aside to ",
+                         aside, ": ", std::strerror(errno)));
+      }
+      q->load_warning_ = absl::StrCat(q->path_, ":", line_no,
+                                      ": expected dataset<TAB>index<TAB>strikes<TAB>path; the "
+                                      "file was moved to ", aside, " and the quarantine starts "
+                                      "empty");
+      return q;
     }
     e.dataset = f[0];
     e.path = f[3];

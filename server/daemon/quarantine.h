@@ -33,8 +33,13 @@ class Quarantine {
  public:
   static constexpr uint32_t kStrikesToQuarantine = 2;
 
-  // Loads <state_dir>/quarantine.tsv if present; malformed lines are errors naming the line.
+  // Loads <state_dir>/quarantine.tsv if present. A damaged file (a malformed line) never stops
+  // the daemon: it is renamed to quarantine.tsv.damaged and the list starts empty (its samples
+  // earn their strikes again); load_warning() then says so, naming the line. Errors: only a file
+  // that can be neither read nor moved aside.
   static absl::StatusOr<std::unique_ptr<Quarantine>> Load(const std::string& state_dir);
+  // Empty, or what Load() had to do about a damaged file (for the log).
+  const std::string& load_warning() const { return load_warning_; }
 
   // Adds a strike; returns the new strike count. Persists.
   absl::StatusOr<uint32_t> Strike(const std::string& dataset, uint64_t sample_index,
@@ -53,6 +58,7 @@ class Quarantine {
 
  private:
   explicit Quarantine(std::string path) : path_(std::move(path)) {}
+  std::string load_warning_;
   absl::Status SaveLocked();  // REQUIRES: mu_ held exclusively.
 
   const std::string path_;

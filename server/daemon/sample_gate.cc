@@ -1,21 +1,64 @@
 #include "server/daemon/sample_gate.h"
 
 #include <fnmatch.h>
-
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/image/sample_file.h"
 #include "proto/wire_text.h"
 #include "server/image/sample_decoder.h"
 #include "spdlog/spdlog.h"
 
 namespace ringloader::server {
+namespace {
+
+// The io_fault failpoint's state: process-wide, because the injector is a plain function.
+struct IoFaults {
+  std::string pattern;
+  int err = 0;
+  uint32_t times = 0;
+  std::mutex mu;
+  std::map<std::string, uint32_t> failed;  // path -> reads failed so far
+};
+IoFaults* g_io_faults = nullptr;
+
+int InjectIoFault(const std::string& path) {
+  IoFaults& f = *g_io_faults;
+  if (fnmatch(f.pattern.c_str(), path.c_str(), 0) != 0) return 0;
+  std::lock_guard<std::mutex> lock(f.mu);
+  uint32_t& failed = f.failed[path];
+  if (failed >= f.times) return 0;
+  ++failed;
+  return f.err;
+}
+
+int ErrnoNamed(const std::string& name) {
+  static const std::map<std::string, int> kErrnos = {
+      {"EIO", EIO},       {"EMFILE", EMFILE}, {"ENFILE", ENFILE},      {"ENOMEM", ENOMEM},
+      {"EAGAIN", EAGAIN}, {"ESTALE", ESTALE}, {"ETIMEDOUT", ETIMEDOUT}};
+  auto it = kErrnos.find(name);
+  return it == kErrnos.end() ? EIO : it->second;
+}
+
+}  // namespace
+
+void Failpoints::InstallIoFaults() const {
+  if (config_.io_fault_path.empty() || g_io_faults != nullptr) return;
+  g_io_faults = new IoFaults();  // lives for the process: the injector may run until exit
+  g_io_faults->pattern = config_.io_fault_path;
+  g_io_faults->err = ErrnoNamed(config_.io_fault_errno);
+  g_io_faults->times = config_.io_fault_times;
+  image::SetReadFaultInjector(&InjectIoFault);
+}
+
 
 void Failpoints::OnSample(const std::string& relative_path) const {
   if (!config_.enabled() || config_.crash_on_path.empty()) return;

@@ -34,6 +34,9 @@ class Failpoints {
   void OnRead(const std::string& relative_path) const;
   // Acts once `published` reaches after_batches. Does not return when it acts.
   void OnBatchPublished(uint64_t published) const;
+  // io_fault_path set: makes the first io_fault_times reads of each matching sample file fail
+  // with io_fault_errno (image::SetReadFaultInjector). Once per process, before any read.
+  void InstallIoFaults() const;
 
  private:
   [[noreturn]] void Act(const std::string& why) const;

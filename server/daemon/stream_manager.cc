@@ -150,8 +150,32 @@ std::string ClientKeyOfPeer(const std::string& peer) {
   return peer.substr(0, colon);
 }
 
+void StreamManager::SetStarting(std::string progress) {
+  std::lock_guard<std::mutex> lock(mu_);
+  starting_ = true;
+  starting_progress_ = std::move(progress);
+}
+
+void StreamManager::MarkReady() {
+  std::lock_guard<std::mutex> lock(mu_);
+  starting_ = false;
+  starting_progress_.clear();
+}
+
+bool StreamManager::starting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return starting_;
+}
+
 absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
                                  v1::OpenStreamResponse* response, const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (starting_) {
+      return absl::UnavailableError(
+          absl::StrCat("ringloaderd is starting: ", starting_progress_, " (retry)"));
+    }
+  }
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
   if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.ring_slots);
@@ -456,6 +480,11 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
       b->set_reason(p.reason);
       b->set_message(wire::EscapeBytes(p.message));
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    response->set_starting(starting_);
+    response->set_starting_progress(starting_progress_);
   }
   response->set_images_per_second(stats.images_per_second());
   response->set_rss_bytes(CurrentRssBytes());

@@ -87,6 +87,13 @@ class StreamManager {
   bool WaitUnlessShutDown(std::chrono::milliseconds timeout);
   size_t open_sessions() const;
 
+  // Start-up: the daemon listens before its datasets are indexed. From SetStarting() until
+  // MarkReady(), Open() answers UNAVAILABLE "ringloaderd is starting: <progress>" (clients retry
+  // within their reconnect deadline) and Stats() says starting, with the progress.
+  void SetStarting(std::string progress);
+  void MarkReady();
+  bool starting() const;
+
   // Starts the background loop that reaps idle streams and samples rates.
   void StartReaper();
   // Stops the reaper and every stream; unlinks their segments. Idempotent.
@@ -117,6 +124,8 @@ class StreamManager {
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
+  bool starting_ ABSL_GUARDED_BY(mu_) = false;
+  std::string starting_progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ringloader::server

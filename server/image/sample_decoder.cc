@@ -1,6 +1,7 @@
 #include "server/image/sample_decoder.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -87,6 +88,35 @@ std::string_view ErrorReason(const absl::Status& status) {
 absl::Status WithReason(absl::Status status, std::string_view reason) {
   if (!status.ok()) status.SetPayload(kReasonPayload, absl::Cord(Sv(reason)));
   return status;
+}
+
+namespace {
+constexpr char kTransientPayload[] = "ringloader.transient";
+}  // namespace
+
+bool IsTransientErrno(int err) {
+  switch (err) {
+    case EIO:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+    case EAGAIN:
+    case ESTALE:
+    case ETIMEDOUT:
+    case ENOBUFS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status MarkTransient(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kTransientPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsTransient(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kTransientPayload).has_value();
 }
 
 namespace {

@@ -45,10 +45,19 @@ struct DecodeLimits {
 // A short machine-readable reason for a failed sample; the Status message carries the details.
 // Reasons: "read_error", "empty", "not_jpeg", "too_large", "truncated", "corrupt",
 // "unsupported", "too_many_scans", "quarantined", "not_regular_file", "deadline_exceeded",
-// "crc_mismatch" (a container's checksum), "other".
+// "crc_mismatch" (a container's checksum), "io_error" (an I/O error that may pass, still failing
+// after server.io_retry_ms of retries), "other".
 // The reason is attached to failed Statuses as the payload "ringloader.reason".
 std::string_view ErrorReason(const absl::Status& status);
 absl::Status WithReason(absl::Status status, std::string_view reason);
+
+// I/O errors that may pass (a flaky disk or network mount, a process or system out of file
+// descriptors or memory): EIO, EMFILE, ENFILE, ENOMEM, EAGAIN, ESTALE, ETIMEDOUT, ENOBUFS, and
+// a buffer that could not be allocated. Readers mark them (payload "ringloader.transient"); the
+// pipeline retries them with backoff before it calls the sample bad (pipeline::SampleReader).
+bool IsTransientErrno(int err);
+absl::Status MarkTransient(absl::Status status);
+bool IsTransient(const absl::Status& status);
 
 // What the last DecodeInto did, for tests and benchmarks (not part of the data contract).
 struct DecodeStats {

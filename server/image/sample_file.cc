@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -28,9 +29,13 @@ absl::Status ReadError(const std::string& path, int err) {
   const std::string text = absl::StrCat(path, ": read_error: ", std::strerror(err));
   absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
                    : err == EACCES ? absl::PermissionDeniedError(text)
-                                   : absl::DataLossError(text);
-  return WithReason(std::move(s), "read_error");
+                   : IsTransientErrno(err) ? absl::UnavailableError(text)
+                                           : absl::DataLossError(text);
+  s = WithReason(std::move(s), "read_error");
+  return IsTransientErrno(err) ? MarkTransient(std::move(s)) : s;
 }
+
+std::atomic<ReadFaultInjector> g_read_fault_injector{nullptr};
 
 }  // namespace
 
@@ -94,6 +99,9 @@ absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
       if (!whole) break;
       bytes.resize(got + 65536);  // the file grew since Open (rare)
     }
+    if (ReadFaultInjector inject = g_read_fault_injector.load(std::memory_order_relaxed)) {
+      if (const int err = inject(path_); err != 0) return ReadError(path_, err);
+    }
     const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -110,8 +118,13 @@ absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
   if (bytes.empty()) return DataError(path_, "empty", "file is empty (0 bytes)");
   return bytes;
 } catch (const std::bad_alloc&) {
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(path_, ": out of memory")),
-                    "read_error");
+  return MarkTransient(WithReason(
+      absl::ResourceExhaustedError(absl::StrCat(path_, ": read_error: out of memory")),
+      "read_error"));
+}
+
+void SetReadFaultInjector(ReadFaultInjector injector) {
+  g_read_fault_injector.store(injector, std::memory_order_relaxed);
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {

@@ -18,7 +18,8 @@ inline constexpr uint64_t kDefaultMaxFileBytes = uint64_t{64} << 20;
 // good, a device has no end). Closed on destruction. Move-only.
 class SampleFile {
  public:
-  // NotFound / PermissionDenied / DataLoss with the path and errno text, reason "read_error";
+  // NotFound / PermissionDenied / DataLoss with the path and errno text, reason "read_error"
+  // (marked transient when the errno may pass: see IsTransientErrno);
   // "not_regular_file" for anything but a regular file (refused before any read: opening does
   // not block, even on a FIFO); "too_large" above `max_bytes` (DecodeLimits::max_file_bytes),
   // refused unread; "empty" for zero bytes.
@@ -41,6 +42,12 @@ class SampleFile {
   uint64_t size_ = 0;
   uint64_t max_bytes_ = 0;
 };
+
+// A test seam for I/O faults (the daemon's io_fault failpoint): called before every read of a
+// sample file with its path; a non-zero errno makes that read fail as if the kernel had said so.
+// Set once, before any read; nullptr (the default) = none.
+using ReadFaultInjector = int (*)(const std::string& path);
+void SetReadFaultInjector(ReadFaultInjector injector);
 
 // SampleFile::Open + ReadAll.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(

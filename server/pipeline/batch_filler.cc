@@ -157,6 +157,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           const image::DecodeLimits limits = request.limits ? *request.limits : default_limits_;
           const image::TransformSpec transform = request.transform;
           DecodeMemory* const memory = options_.memory;
+          const std::chrono::milliseconds io_retry = options_.io_retry;
           SampleObserver* const sample_observer = observer;
           const Dataset* const sample_dataset = &dataset;
           const std::string where = sample_dataset->AbsolutePath(index);
@@ -178,7 +179,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           if (sample_observer != nullptr) sample_observer->BeforeRead(*sample_dataset, index);
           if (control.Abandoned()) return;
           absl::StatusOr<SampleReader> reader =
-              SampleReader::Open(*sample_dataset, index, limits.max_file_bytes);
+              SampleReader::Open(*sample_dataset, index, limits.max_file_bytes, io_retry);
           if (control.Abandoned()) return;
           if (!reader.ok()) {
             finish(reader.status());

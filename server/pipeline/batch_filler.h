@@ -126,6 +126,9 @@ struct FillerOptions {
   // A sample whose read takes longer than this is abandoned (its thread is replaced), one whose
   // decode does is stopped; either fails with reason "deadline_exceeded". 0 = no deadline.
   std::chrono::milliseconds deadline{0};
+  // How long a read that fails with an I/O error that may pass (EIO, EMFILE, ENOMEM, ...) is
+  // retried before the sample fails as "io_error" (server.io_retry_ms). See SampleReader.
+  std::chrono::milliseconds io_retry{30'000};
 };
 
 // One per daemon: owns the per-worker SampleDecoders.

@@ -52,7 +52,8 @@ absl::Status IoError(const std::string& path, int err) {
   absl::Status s = err == ENOENT   ? absl::NotFoundError(text)
                    : err == EACCES ? absl::PermissionDeniedError(text)
                                    : absl::UnavailableError(text);
-  return image::WithReason(std::move(s), "read_error");
+  s = image::WithReason(std::move(s), "read_error");
+  return image::IsTransientErrno(err) ? image::MarkTransient(std::move(s)) : s;
 }
 
 }  // namespace ringloader::pipeline::container

@@ -31,7 +31,8 @@ absl::Status Prefixed(const DatasetSpec& spec, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("dataset '", spec.name, "': ", status.message()));
 }
 
-absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_cache) {
+absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_cache,
+                                           std::string* cache_warning) {
   *from_cache = false;
   if (spec.state_dir.empty()) return ListImageFolder(spec.root);
   int64_t newest_mtime_ns = 0;
@@ -44,15 +45,18 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
   }
   absl::StatusOr<SampleList> list = ListImageFolder(spec.root);
   if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
-    // Best effort: without a cache the next Open walks again. (Libraries do not log.)
-    (void)SaveIndexCache(cache_path, *key, *list);
+    // Best effort: without a cache the next Open walks again; the caller logs why.
+    if (absl::Status s = SaveIndexCache(cache_path, *key, *list); !s.ok()) {
+      *cache_warning = std::string(s.message());
+    }
   }
   return list;
 }
 
 // webdataset and tfrecord: resolve the files, then the cached index or a scan of every file.
 // `spec.root` becomes the files' root.
-absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache) {
+absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache,
+                                          std::string* cache_warning) {
   *from_cache = false;
   const bool tar = spec.format == DatasetFormat::kWebDataset;
   const std::string pattern = spec.root;
@@ -74,7 +78,9 @@ absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache) {
   }
   absl::StatusOr<SampleList> list = index();
   if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
-    (void)SaveIndexCache(cache_path, *key, *list);
+    if (absl::Status s = SaveIndexCache(cache_path, *key, *list); !s.ok()) {
+      *cache_warning = std::string(s.message());
+    }
   }
   return list;
 }
@@ -130,11 +136,12 @@ class DatasetLoader {
     }
 
     bool from_cache = false;
+    std::string cache_warning;
     absl::StatusOr<SampleList> list;
     std::vector<ArrayColumn> columns;
     switch (spec.format) {
       case DatasetFormat::kImageFolder:
-        list = LoadImageFolder(spec, &from_cache);
+        list = LoadImageFolder(spec, &from_cache, &cache_warning);
         break;
       case DatasetFormat::kManifest:
         if (spec.manifest_path.empty()) {
@@ -144,7 +151,7 @@ class DatasetLoader {
         break;
       case DatasetFormat::kWebDataset:
       case DatasetFormat::kTfRecord:
-        list = LoadContainers(spec, &from_cache);
+        list = LoadContainers(spec, &from_cache, &cache_warning);
         break;
       case DatasetFormat::kArrays:
         list = IndexArrays(spec, &columns);
@@ -184,6 +191,7 @@ class DatasetLoader {
     dataset->columns_ = std::move(columns);
     dataset->index_problems_ = std::move(list->problems);
     dataset->loaded_from_cache_ = from_cache;
+    dataset->cache_warning_ = std::move(cache_warning);
     dataset->fingerprint_ = Fingerprint(*dataset);
     return dataset;
   }

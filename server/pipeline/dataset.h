@@ -101,6 +101,9 @@ class Dataset {
   uint64_t fingerprint() const { return fingerprint_; }
   // True when Open() used the index cache instead of walking the tree.
   bool loaded_from_cache() const { return loaded_from_cache_; }
+  // Empty, or why the index cache could not be written ("<path>: cannot write: <errno text>"):
+  // the dataset works, the next start walks again. For the log (libraries do not log).
+  const std::string& cache_warning() const { return cache_warning_; }
   // Approximate heap bytes held (for memory accounting).
   uint64_t MemoryBytes() const;
 
@@ -142,6 +145,7 @@ class Dataset {
   std::vector<ArrayColumn> columns_;
   std::vector<IndexProblem> index_problems_;
   bool loaded_from_cache_ = false;
+  std::string cache_warning_;
   uint64_t fingerprint_ = 0;
 };
 

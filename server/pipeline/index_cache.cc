@@ -1,5 +1,6 @@
 #include "server/pipeline/index_cache.h"
 
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <cerrno>
@@ -56,6 +57,7 @@ class Reader {
       return;
     }
     out.resize(n);
+    if (n == 0) return;  // memcpy of nothing into an empty vector's null data() is still UB
     std::memcpy(out.data(), data_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
   }
@@ -79,9 +81,17 @@ std::string IndexCachePath(const std::string& state_dir, const std::string& kind
 }
 
 std::optional<SampleList> LoadIndexCache(const std::string& path, const std::string& key) {
+  // Only a regular file is a cache (a directory at its name made the stream read throw).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string file;
+  try {
+    file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
   if (in.bad() || file.size() < kHeaderBytes) return std::nullopt;
   if (std::memcmp(file.data(), kMagic, sizeof(kMagic)) != 0) return std::nullopt;
   Reader header(std::string_view(file).substr(8, kHeaderBytes - 8));

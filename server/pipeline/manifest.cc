@@ -1,5 +1,7 @@
 #include "server/pipeline/manifest.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -71,6 +73,12 @@ std::string PathProblem(std::string_view path) {
 }  // namespace
 
 absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path) {
+  // A directory (or a FIFO) would make the stream read throw or block: refuse it by name.
+  struct stat st {};
+  if (::stat(manifest_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(manifest_path, ": the manifest is not a regular file"));
+  }
   std::ifstream in(manifest_path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(

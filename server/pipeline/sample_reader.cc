@@ -1,6 +1,9 @@
 #include "server/pipeline/sample_reader.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <thread>
 #include <cstring>
 #include <utility>
 
@@ -58,11 +61,60 @@ int64_t LoadAsInt64(const uint8_t* p, NpyType type) {
   }
 }
 
+// Calls `attempt` until it succeeds, fails for good, or has failed transiently for `bound`;
+// then a transient failure becomes reason "io_error".
+template <typename T>
+absl::StatusOr<T> Retrying(std::chrono::milliseconds bound,
+                           const std::function<absl::StatusOr<T>()>& attempt) {
+  const auto start = std::chrono::steady_clock::now();
+  auto backoff = std::chrono::milliseconds(10);
+  for (int tries = 1;; ++tries) {
+    absl::StatusOr<T> result = attempt();
+    if (result.ok() || !image::IsTransient(result.status())) return result;
+    const auto spent = std::chrono::steady_clock::now() - start;
+    if (spent + backoff > bound) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(spent).count();
+      return image::WithReason(
+          absl::UnavailableError(absl::StrCat(
+              result.status().message(), " (io_error: still failing after ", tries,
+              tries == 1 ? " try" : " tries", " over ", ms, " ms; server.io_retry_ms = ",
+              bound.count(), ")")),
+          "io_error");
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
-                                                uint64_t max_image_bytes) {
-  SampleReader r(dataset, index);
+                                                uint64_t max_image_bytes,
+                                                std::chrono::milliseconds io_retry) {
+  return Retrying<SampleReader>(
+      io_retry, [&] { return OpenOnce(dataset, index, max_image_bytes, io_retry); });
+}
+
+absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHead(uint64_t max, bool* whole) {
+  return Retrying<std::vector<uint8_t>>(io_retry_, [&] { return ReadImageHeadOnce(max, whole); });
+}
+
+absl::StatusOr<ImageBytes> SampleReader::ReadImage() {
+  return Retrying<ImageBytes>(io_retry_, [&] { return ReadImageOnce(); });
+}
+
+absl::StatusOr<int64_t> SampleReader::ReadLabel() {
+  return Retrying<int64_t>(io_retry_, [&] { return ReadLabelOnce(); });
+}
+
+absl::StatusOr<uint64_t> SampleReader::ReadTensor(uint32_t k, std::span<uint8_t> out) {
+  return Retrying<uint64_t>(io_retry_, [&] { return ReadTensorOnce(k, out); });
+}
+
+absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint64_t index,
+                                                    uint64_t max_image_bytes,
+                                                    std::chrono::milliseconds io_retry) {
+  SampleReader r(dataset, index, io_retry);
   r.where_ = dataset.AbsolutePath(index);
   switch (dataset.format()) {
     case DatasetFormat::kImageFolder:
@@ -118,7 +170,7 @@ absl::Status SampleReader::ReadMember(Extent extent, const char* what, uint64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHead(uint64_t max, bool* whole) {
+absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHeadOnce(uint64_t max, bool* whole) {
   if (file_) {
     absl::StatusOr<std::vector<uint8_t>> head = file_->ReadHead(max);
     if (head.ok()) *whole = head->size() == file_->size();
@@ -144,7 +196,7 @@ absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHead(uint64_t max, b
   return std::vector<uint8_t>(bytes + image->offset, bytes + end);
 }
 
-absl::StatusOr<ImageBytes> SampleReader::ReadImage() {
+absl::StatusOr<ImageBytes> SampleReader::ReadImageOnce() {
   ImageBytes out;
   if (file_) {
     absl::StatusOr<std::vector<uint8_t>> all = file_->ReadAll();
@@ -176,7 +228,7 @@ absl::StatusOr<ImageBytes> SampleReader::ReadImage() {
   return out;
 }
 
-absl::StatusOr<int64_t> SampleReader::ReadLabel() {
+absl::StatusOr<int64_t> SampleReader::ReadLabelOnce() {
   switch (dataset_->format()) {
     case DatasetFormat::kImageFolder:
     case DatasetFormat::kManifest:
@@ -228,7 +280,7 @@ absl::StatusOr<int64_t> SampleReader::ReadLabel() {
   return absl::InternalError("ReadLabel: unknown format");
 }
 
-absl::StatusOr<uint64_t> SampleReader::ReadTensor(uint32_t k, std::span<uint8_t> out) {
+absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint8_t> out) {
   const TensorSchema& schema = dataset_->tensors()[k];
   if (dataset_->format() == DatasetFormat::kArrays) {
     const ArrayColumn& column = dataset_->columns()[k];

@@ -11,6 +11,7 @@
 // Not thread-safe; one per sample read. Blocking reads (a slow mount) happen only in
 // ReadImageHead, ReadImage, ReadLabel and ReadTensor.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -37,8 +38,12 @@ class SampleReader {
  public:
   // Opens what sample `index` is read from; `max_image_bytes` is the dataset's max_file_bytes
   // (an image file, member or record above it is "too_large", unread).
-  static absl::StatusOr<SampleReader> Open(const Dataset& dataset, uint64_t index,
-                                           uint64_t max_image_bytes);
+  // Transient I/O errors (image::IsTransient: EIO, EMFILE, ENOMEM, ...) in Open and every read
+  // below are retried with backoff (10 ms doubling to 1 s) for up to `io_retry`; one that outlasts
+  // it fails with reason "io_error", saying how long and how often it was tried.
+  static absl::StatusOr<SampleReader> Open(
+      const Dataset& dataset, uint64_t index, uint64_t max_image_bytes,
+      std::chrono::milliseconds io_retry = std::chrono::seconds(30));
   SampleReader(SampleReader&&) noexcept = default;
   SampleReader& operator=(SampleReader&&) = delete;
   ~SampleReader() = default;
@@ -61,12 +66,21 @@ class SampleReader {
   absl::StatusOr<uint64_t> ReadTensor(uint32_t k, std::span<uint8_t> out);
 
  private:
-  SampleReader(const Dataset& dataset, uint64_t index) : dataset_(&dataset), index_(index) {}
+  SampleReader(const Dataset& dataset, uint64_t index, std::chrono::milliseconds io_retry)
+      : dataset_(&dataset), index_(index), io_retry_(io_retry) {}
+  static absl::StatusOr<SampleReader> OpenOnce(const Dataset& dataset, uint64_t index,
+                                               uint64_t max_image_bytes,
+                                               std::chrono::milliseconds io_retry);
+  absl::StatusOr<std::vector<uint8_t>> ReadImageHeadOnce(uint64_t max, bool* whole);
+  absl::StatusOr<ImageBytes> ReadImageOnce();
+  absl::StatusOr<int64_t> ReadLabelOnce();
+  absl::StatusOr<uint64_t> ReadTensorOnce(uint32_t k, std::span<uint8_t> out);
   absl::Status ReadMember(Extent extent, const char* what, uint64_t max, std::string& out);
   absl::Status Damaged(std::string_view reason, const std::string& what) const;
 
   const Dataset* dataset_;
   uint64_t index_;
+  std::chrono::milliseconds io_retry_;
   std::string where_;
   uint64_t read_bytes_ = 0;
   std::optional<image::SampleFile> file_;     // imagefolder, manifest

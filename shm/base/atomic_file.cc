@@ -49,6 +49,15 @@ absl::Status WriteFileAtomically(const std::string& path,
     ::unlink(temp.c_str());
     return absl::UnavailableError(absl::StrCat(path, ": cannot write: ", std::strerror(err)));
   }
+  // The rename is durable only once the directory entry is on disk too.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    // Best effort: some filesystems refuse fsync on a directory (EINVAL); the data is written.
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
   return absl::OkStatus();
 }
 

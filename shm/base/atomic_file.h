@@ -1,5 +1,5 @@
 // Replacing a file so that readers, and a crash at any moment, see the old contents or the new,
-// never a mixture: write a private temporary beside it, fsync, rename over it.
+// never a mixture: write a private temporary beside it, fsync, rename over it, fsync the directory.
 #pragma once
 
 #include <initializer_list>

@@ -37,7 +37,7 @@ TEST_CASE("config: defaults", "[daemon][config]") {
   CHECK(c->source == "t.toml");
   CHECK(s.listen == "unix:/run/ringloader/ringloader.sock");
   CHECK(s.socket_mode == 0660);
-  CHECK(s.segment_mode == 0600);
+  CHECK(s.segment_mode == 0640);
   CHECK(s.state_dir == "/var/lib/ringloader");
   CHECK(s.memory_limit_bytes == 4ull << 30);
   CHECK(s.ring_slots == 4);

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "tests/support/test_support.h"
 
 namespace ringloader::server {
@@ -91,14 +93,22 @@ TEST_CASE("Quarantine: clear one dataset or all, counting quarantined samples",
   CHECK((*Quarantine::Load(dir.path()))->Quarantined().empty());
 }
 
-TEST_CASE("Quarantine: a malformed file is an error naming the line", "[daemon][quarantine]") {
+TEST_CASE("15.7: a damaged quarantine file is moved aside, named with its line, and the "
+          "quarantine starts empty", "[daemon][quarantine]") {
   TempDir dir;
-  WriteFile(dir.Join("quarantine.tsv"), "train\t1\t2\ta.jpg\n\ntrain\tone\t2\tb.jpg\n");
+  const std::string damaged = "train\t1\t2\ta.jpg\n\ntrain\tone\t2\tb.jpg\n";
+  WriteFile(dir.Join("quarantine.tsv"), damaged);
   absl::StatusOr<std::unique_ptr<Quarantine>> q = Quarantine::Load(dir.path());
-  REQUIRE_FALSE(q.ok());
-  CHECK(q.status().code() == absl::StatusCode::kDataLoss);
-  CHECK_THAT(std::string(q.status().message()),
-             Catch::StartsWith(dir.Join("quarantine.tsv") + ":3: expected"));
+  REQUIRE(q.ok());
+  CHECK((*q)->Quarantined().empty());
+  CHECK_THAT((*q)->load_warning(),
+             Catch::StartsWith(dir.Join("quarantine.tsv") + ":3: expected") &&
+                 Catch::Contains("moved to " + dir.Join("quarantine.tsv.damaged")));
+  CHECK(ReadFile(dir.Join("quarantine.tsv.damaged")) == damaged);
+  CHECK_FALSE(std::filesystem::exists(dir.Join("quarantine.tsv")));
+  // It works on: a strike is saved to a fresh file.
+  REQUIRE((*q)->Strike("train", 4, "c.jpg").ok());
+  CHECK(ReadFile(dir.Join("quarantine.tsv")) == "train\t4\t1\tc.jpg\n");
   // Paths may contain tabs: only the first three are separators.
   WriteFile(dir.Join("quarantine.tsv"), "train\t1\t2\tdir\twith tab.jpg\n");
   q = Quarantine::Load(dir.path());

@@ -76,9 +76,7 @@ DaemonFixture::~DaemonFixture() {
 }
 
 bool DaemonFixture::Start() {
-  std::vector<std::string> argv = {DaemonPath(), "--config", config_path()};
-  if (options_.supervise) argv.push_back("--supervise");
-  process_ = std::make_unique<Subprocess>(argv, options_.env, log_path());
+  Launch();
   return WaitFor(
       [&] {
         if (!process_->Running()) return true;
@@ -86,6 +84,12 @@ bool DaemonFixture::Start() {
       },
       std::chrono::seconds(30)) &&
          process_->Running();
+}
+
+void DaemonFixture::Launch() {
+  std::vector<std::string> argv = {DaemonPath(), "--config", config_path()};
+  if (options_.supervise) argv.push_back("--supervise");
+  process_ = std::make_unique<Subprocess>(argv, options_.env, log_path());
 }
 
 int DaemonFixture::Stop() {

@@ -36,6 +36,8 @@ class DaemonFixture {
 
   // Starts ringloaderd (again) and waits until health says SERVING. Returns false on timeout.
   bool Start();
+  // Starts it without waiting for anything.
+  void Launch();
   // SIGTERM; returns the exit code.
   int Stop();
   Subprocess& process() { return *process_; }

@@ -10,6 +10,7 @@
 // send exactly those bytes.
 #include <catch2/catch.hpp>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -739,7 +740,8 @@ TEST_CASE("a client that stops reading back-pressures only its own stream",
   CHECK(h.position().sequence() == 0);
 }
 
-TEST_CASE("the socket is 0660 and each ring segment 0600, another user can connect to neither",
+TEST_CASE("the socket is 0660 and each ring segment 0640 (read-only for the daemon's group), "
+          "another user can connect to neither",
           "[integration][hostile]") {
   DaemonFixture daemon;
   REQUIRE(daemon.Start());
@@ -757,21 +759,23 @@ TEST_CASE("the socket is 0660 and each ring segment 0600, another user can conne
     INFO(name);
     REQUIRE(stat(("/dev/shm" + name).c_str(), &st) == 0);
     CHECK(S_ISREG(st.st_mode));
-    CHECK((st.st_mode & 07777) == 0600);
+    CHECK((st.st_mode & 07777) == 0640);
     CHECK(st.st_uid == geteuid());
+    CHECK(st.st_gid == getegid());
   }
 
   if (geteuid() != 0) {
     RINGLOADER_SKIP("not root: the other-user checks need to switch to uid 65534");
   }
-  // As another user (nobody): opening the segment and connecting to the socket are refused by the
-  // modes alone (the socket's directory is made traversable for the check).
+  // As another user in another group (nobody:nogroup): opening the segment and connecting to the
+  // socket are refused by the modes alone (the socket's directory is made traversable for the
+  // check).
   REQUIRE(chmod(daemon.dir().c_str(), 0711) == 0);
   const std::string segment = "/dev/shm" + a.segment_name();
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
     int fd = ::open(segment.c_str(), O_RDONLY);
     if (fd >= 0 || errno != EACCES) _exit(11);
     int s = ::socket(AF_UNIX, SOCK_STREAM, 0);

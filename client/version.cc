@@ -1,0 +1,8 @@
+// The SDK's version (client.h: Version()), fixed when the shared library is built.
+#include "client/client.h"
+
+namespace ringloader::client {
+
+const char* Version() { return RINGLOADER_VERSION; }
+
+}  // namespace ringloader::client
