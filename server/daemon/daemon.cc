@@ -155,6 +155,7 @@ struct DaemonState {
   absl::Status start_failure ABSL_GUARDED_BY(start_mu);  // set, then SIGTERM to ourselves
   std::mutex reservations_mu;  // fixed_reservations, from parallel indexing threads
   std::atomic<bool> ready{false};
+  std::atomic<bool> stop_indexing{false};  // a stop signal during start-up indexing
 };
 
 // ", tensors depth float32 [8, 8], ..." for the start-up line; "" without extra tensors.
@@ -187,8 +188,14 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
     SPDLOG_INFO("{}", line);
     if (!d.ready && d.streams) d.streams->SetStarting(line);
   };
+  spec.cancelled = [&d] { return d.stop_indexing.load(); };
   if (!d.ready && d.config.failpoints.index_delay_ms > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(d.config.failpoints.index_delay_ms));
+    // In small steps, so a stop signal ends the wait as it ends a real walk.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(d.config.failpoints.index_delay_ms);
+    while (std::chrono::steady_clock::now() < until && !d.stop_indexing) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
   if (!ds.ok()) {
@@ -291,6 +298,7 @@ absl::Status ApplyStrikes(DaemonState& d) {
 // start: recorded, and SIGTERM ends the main thread's wait.
 void FinishStartUp(DaemonState& d) {
   absl::Status s = OpenDatasets(d);
+  if (d.stop_indexing) return;  // told to stop: not a failed start
   if (s.ok()) s = ApplyStrikes(d);
   if (!s.ok()) {
     {
@@ -568,9 +576,13 @@ int RunDaemon(const DaemonOptions& options) {
                   "once serving)");
     }
   }
-  // The indexer ends by itself; a walk stuck on a dead mount keeps us here (said in the log).
+  // Indexing still running: it stops between class folders and files (a single directory read
+  // stuck on a dead mount still holds us here).
   if (d.indexer.joinable()) {
-    if (!d.ready) SPDLOG_INFO("waiting for start-up indexing to finish before stopping");
+    if (!d.ready) {
+      SPDLOG_INFO("stopping start-up indexing");
+      d.stop_indexing = true;
+    }
     d.indexer.join();
   }
   absl::Status failure;

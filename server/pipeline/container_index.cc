@@ -107,6 +107,12 @@ std::string Join(const std::string& root, const std::string& relative) {
   return root == "/" ? "/" + relative : root + "/" + relative;
 }
 
+absl::Status CancelledIndexing(const DatasetSpec& spec) {
+  return absl::CancelledError(absl::StrCat("indexing dataset '", spec.name, "' was cancelled"));
+}
+
+bool Cancelled(const DatasetSpec& spec) { return spec.cancelled && spec.cancelled(); }
+
 void ReportProgress(const DatasetSpec& spec, int64_t& last_ns, size_t done, size_t total,
                     uint64_t samples, const char* what) {
   const int64_t now = base::SteadyNowNs();
@@ -222,6 +228,7 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
   const bool json_label = absl::StartsWith(spec.label_key, "json:");
   const std::string label_ext = json_label ? "json" : spec.label_key;
   for (uint32_t f = 0; f < files.files.size(); ++f) {
+    if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
     absl::StatusOr<TarScan> scan = ScanTarShard(path, spec.max_record_bytes);
     if (!scan.ok()) {
@@ -299,6 +306,7 @@ absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFi
   list.parts = 1;
   int64_t last_report = base::SteadyNowNs();
   for (uint32_t f = 0; f < files.files.size(); ++f) {
+    if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
     absl::StatusOr<TfRecordScan> scan = ScanTfRecordFile(path, spec.max_record_bytes);
     if (!scan.ok()) {

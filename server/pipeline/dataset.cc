@@ -34,7 +34,7 @@ absl::Status Prefixed(const DatasetSpec& spec, const absl::Status& status) {
 absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_cache,
                                            std::string* cache_warning) {
   *from_cache = false;
-  if (spec.state_dir.empty()) return ListImageFolder(spec.root);
+  if (spec.state_dir.empty()) return ListImageFolder(spec.root, &spec);
   int64_t newest_mtime_ns = 0;
   absl::StatusOr<std::string> key = ImageFolderKey(spec.root, &newest_mtime_ns);
   if (!key.ok()) return key.status();
@@ -43,7 +43,7 @@ absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_c
     *from_cache = true;
     return *std::move(cached);
   }
-  absl::StatusOr<SampleList> list = ListImageFolder(spec.root);
+  absl::StatusOr<SampleList> list = ListImageFolder(spec.root, &spec);
   if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
     // Best effort: without a cache the next Open walks again; the caller logs why.
     if (absl::Status s = SaveIndexCache(cache_path, *key, *list); !s.ok()) {

@@ -72,6 +72,9 @@ struct DatasetSpec {
   uint64_t max_record_bytes = uint64_t{1} << 30;
   // Called now and then while indexing, with a line for the log ("indexed 40/147 shards ...").
   std::function<void(const std::string&)> progress;
+  // Asked between class folders and files while indexing: true stops Open() with Cancelled (a
+  // daemon told to stop during a long start-up walk).
+  std::function<bool()> cancelled;
 };
 
 // One NAME.npy file of an arrays dataset.

@@ -16,6 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/pipeline/dataset.h"
+#include "shm/base/clock.h"
 
 namespace ringloader::pipeline {
 namespace fs = std::filesystem;
@@ -125,7 +127,7 @@ int64_t MtimeNs(const struct stat& st) {
 
 }  // namespace
 
-absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str) {
+absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const DatasetSpec* spec) {
   const fs::path root(root_str);
   absl::StatusOr<std::vector<std::string>> classes = ClassFolders(root);
   if (!classes.ok()) return classes.status();
@@ -133,7 +135,16 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str) {
   SampleList list;
   std::vector<FolderFiles> folders;
   std::vector<DirId> ancestors;
+  int64_t last_report = base::SteadyNowNs();
   for (size_t label = 0; label < classes->size(); ++label) {
+    if (spec != nullptr && spec->cancelled && spec->cancelled()) {
+      return absl::CancelledError(absl::StrCat("indexing ", root_str, " was cancelled"));
+    }
+    if (spec != nullptr && spec->progress && base::SteadyNowNs() - last_report > 2'000'000'000) {
+      last_report = base::SteadyNowNs();
+      spec->progress(absl::StrCat("dataset '", spec->name, "': indexed ", label, "/",
+                                  classes->size(), " class folders, ", list.size(), " samples"));
+    }
     const std::string& cls = (*classes)[label];
     const std::string class_dir = absl::StrCat(root_str, "/", cls);
     folders.clear();

@@ -24,7 +24,11 @@
 namespace ringloader::pipeline {
 
 // Walks `root` (an absolute, existing directory). Errors name the path that could not be read.
-absl::StatusOr<SampleList> ListImageFolder(const std::string& root);
+// `spec` (optional): its progress callback hears how many class folders are done, every two
+// seconds; its cancelled callback is asked before each class folder.
+struct DatasetSpec;
+absl::StatusOr<SampleList> ListImageFolder(const std::string& root,
+                                           const DatasetSpec* spec = nullptr);
 
 // The index cache key of `root`: the root path and the mtimes (ns) of the root and of every class
 // folder, as an opaque byte string. Adding or removing a class, or a file directly inside a class

@@ -1,5 +1,5 @@
-// Issue 15: running on real hosts. Item 3: an OOM kill is a crash like any other. Item 5: a
-// transient I/O error is not bad data. Item 6: health answers before the index is built. Item 7:
+// Issue 15: running on real hosts. Item 3: an OOM kill is a crash like any other. Item 4:
+// memory_limit is a promise. Item 5: a transient I/O error is not bad data. Item 6: health answers before the index is built. Item 7:
 // state files survive any name and any crash.
 #include <catch2/catch.hpp>
 
@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "server/image/synthetic.h"
 #include "server/pipeline/index_cache.h"
+#include "tests/support/libjpeg_encode.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace ringloader::testing {
@@ -120,6 +122,22 @@ TEST_CASE("15.6: health answers NOT_SERVING while the datasets are indexed, stat
   CHECK_THAT(r.output, Catch::Contains("consumed 24 samples"));
   CHECK(daemon.Ctl({"health"}).exit_code == 0);
   CHECK_THAT(daemon.Log(), Catch::Contains("listening on") && Catch::Contains("serving on"));
+}
+
+TEST_CASE("15.6: SIGTERM during a long start-up index stops the daemon promptly and cleanly",
+          "[integration][startup]") {
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.config_extra = "[failpoints]\nindex_delay_ms = 60000\n";
+  DaemonFixture daemon(options);
+  daemon.Launch();
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 1; },
+                  std::chrono::seconds(10)));
+  const auto stop = std::chrono::steady_clock::now();
+  CHECK(daemon.Stop() == 0);
+  CHECK(std::chrono::steady_clock::now() - stop < std::chrono::seconds(10));
+  CHECK_THAT(daemon.Log(), Catch::Contains("stopping start-up indexing") &&
+                               !Catch::Contains("start-up failed"));
 }
 
 TEST_CASE("15.6: a dataset that fails to index in the background still fails the start, naming "
@@ -303,6 +321,97 @@ TEST_CASE("15.3: a SIGKILL from anyone else strikes nothing", "[integration][oom
   }
   CHECK(daemon.Ctl({"quarantine", "list"}).output.find("synth") == std::string::npos);
   CHECK(daemon.Log().find("killed by the OOM killer") == std::string::npos);
+}
+
+uint64_t OomKillsOf(const MemoryCgroup& cgroup) {
+  const std::string text = ReadFile(cgroup.path() + "/memory.oom_control");
+  const size_t at = text.find("oom_kill ");
+  return at == std::string::npos ? 0 : std::stoull(text.substr(at + 9));
+}
+
+TEST_CASE("15.4: 38-megapixel progressive CMYK, progressive 4:4:4 and baseline JPEGs decode on 4 "
+          "threads within memory_limit = 384MiB plus 128 MiB: no OOM kill, every sample served",
+          "[integration][memory]") {
+#ifdef RINGLOADER_SANITIZER_BUILD
+  RINGLOADER_SKIP("sanitizer shadow memory does not fit the cgroup");
+#endif
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a memory cgroup");
+  MemoryCgroup cgroup((384ull + 128) << 20);
+  if (!cgroup.ok()) RINGLOADER_SKIP("no writable cgroup v1 memory hierarchy here");
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.decode_threads = 4;
+  options.memory_limit = "384MiB";
+  options.supervise = true;
+  DaemonFixture daemon(options);
+  // Replace the small synthetic images with huge ones (under max_pixels = 40 MP).
+  constexpr int kWidth = 7200, kHeight = 5300;  // 38.2 MP
+  fs::remove_all(daemon.dataset_root());
+  fs::create_directories(daemon.dataset_root() + "/big");
+  for (int i = 0; i < 2; ++i) {
+    image::SyntheticImageOptions o;
+    o.width = kWidth;
+    o.height = kHeight;
+    o.seed = static_cast<uint64_t>(i);
+    o.cmyk = true;
+    o.progressive = true;
+    auto cmyk = image::MakeSyntheticJpeg(o);
+    REQUIRE(cmyk.ok());
+    WriteFile(daemon.dataset_root() + "/big/cmyk_" + std::to_string(i) + ".jpg",
+              std::string(cmyk->begin(), cmyk->end()));
+    o.cmyk = false;
+    o.progressive = false;
+    auto baseline = image::MakeSyntheticJpeg(o);
+    REQUIRE(baseline.ok());
+    WriteFile(daemon.dataset_root() + "/big/baseline_" + std::to_string(i) + ".jpg",
+              std::string(baseline->begin(), baseline->end()));
+    std::vector<uint8_t> rgb(static_cast<size_t>(kWidth) * kHeight * 3);
+    for (size_t p = 0; p < rgb.size(); ++p) rgb[p] = static_cast<uint8_t>((p * 7 + i) ^ (p >> 11));
+    const std::vector<uint8_t> p444 =
+        EncodeWithLibjpeg(rgb, kWidth, kHeight, 3, [](jpeg_compress_struct& c) {
+          for (int k = 0; k < c.num_components; ++k) {
+            c.comp_info[k].h_samp_factor = 1;
+            c.comp_info[k].v_samp_factor = 1;
+          }
+          jpeg_simple_progression(&c);
+        });
+    WriteFile(daemon.dataset_root() + "/big/p444_" + std::to_string(i) + ".jpg",
+              std::string(p444.begin(), p444.end()));
+  }
+  // The daemon's default limits (the fixture's are smaller): everything max_pixels admits.
+  std::string config = ReadFile(daemon.config_path());
+  config.replace(config.find("max_pixels = 20000000"), 21, "max_pixels = 40000000");
+  config.replace(config.find("max_file_bytes = \"16MiB\""), 24, "max_file_bytes = \"64MiB\"");
+  WriteFile(daemon.config_path(), config);
+  Subprocess supervisor({"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" "
+                         "--supervise --config \"$2\"",
+                         cgroup.path(), DaemonPath(), daemon.config_path()},
+                        {}, daemon.log_path());
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
+                  std::chrono::seconds(60)));
+  const uint64_t oom_before = OomKillsOf(cgroup);
+  const std::string out = daemon.dir() + "/big.tsv";
+  const CommandResult r =
+      daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "2", "--epochs", "1",
+                  "--image-size", "64", "--samples-out", out},
+                 std::chrono::seconds(240));
+  const std::string log = daemon.Log();
+  INFO(r.output);
+  INFO(log);
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadSamplesOut(out).size() == 6);
+  CHECK(OomKillsOf(cgroup) == oom_before);
+  CHECK(log.find("died while serving") == std::string::npos);
+  // The real peak, measured by the kernel for the process, within the promise.
+  const CommandResult stats = daemon.Ctl({"stats", "--json"});
+  INFO(stats.output);
+  const std::string key = "\"rss_peak_bytes\": \"";
+  const size_t at = stats.output.find(key);
+  REQUIRE(at != std::string::npos);
+  const uint64_t rss_peak = std::stoull(stats.output.substr(at + key.size()));
+  CHECK(rss_peak <= (384ull + 128) << 20);
+  supervisor.Kill(SIGTERM);
+  CHECK(supervisor.WaitExitCode(std::chrono::seconds(30)) == 0);
 }
 
 }  // namespace
