@@ -28,6 +28,8 @@ int Main(int argc, char** argv) {
   StatsOptions stats;
   CLI::App* stats_cmd = app.add_subcommand("stats", "the daemon's counters");
   stats_cmd->add_flag("--json", stats.json, "print GetStatsResponse as JSON");
+  stats_cmd->add_flag("--watch", stats.watch, "redraw every second until interrupted");
+  stats_cmd->add_option("--count", stats.watch_count, "with --watch: stop after N draws");
 
   ConsumeOptions consume;
   CLI::App* consume_cmd = app.add_subcommand("consume", "read batches like a trainer");
@@ -140,6 +142,7 @@ int Main(int argc, char** argv) {
   }
   if (*stats_cmd) {
     stats.endpoint = endpoint;
+    stats.clear = stats.watch && isatty(STDOUT_FILENO) == 1;
     return RunStats(stats, std::cout, std::cerr);
   }
   if (*consume_cmd) {

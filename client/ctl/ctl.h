@@ -30,6 +30,11 @@ int RunHealth(const HealthOptions& options, std::ostream& out);
 struct StatsOptions {
   std::string endpoint;
   bool json = false;
+  // Redraw every second (clearing the terminal first when `clear`), `watch_count` times
+  // (0 = until interrupted).
+  bool watch = false;
+  bool clear = false;
+  uint64_t watch_count = 0;
 };
 int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err);
 

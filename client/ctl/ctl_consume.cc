@@ -1,6 +1,7 @@
 // ringloaderctl consume: reads batches like a trainer (see ctl.h for the contract).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +71,30 @@ class SamplesOut {
   std::FILE* file_;
   uint64_t bytes_ = 0;
 };
+
+// "\repoch 1/2 [#######-------------] 35%  batches 41/118  1532.2 images/s  ETA 0:05": where
+// the run is, in batches of the whole run (the daemon's count per epoch; an upper bound when
+// samples are skipped).
+std::string ProgressLine(const client::Batch& batch, const client::Stream& stream, uint64_t epochs,
+                         uint64_t batches_done, double images_per_second) {
+  const uint64_t per_epoch = std::max<uint64_t>(1, stream.batches_per_epoch());
+  const uint64_t total = per_epoch * std::max<uint64_t>(1, epochs);
+  // Counted from the position, so a resumed run shows the whole run's progress.
+  const uint64_t done = std::min(total, batch.position().epoch * per_epoch +
+                                            batch.position().sequence + 1);
+  const double fraction = static_cast<double>(done) / static_cast<double>(total);
+  constexpr int kWidth = 20;
+  const int filled = static_cast<int>(fraction * kWidth);
+  const double per_batch = batches_done > 0 && images_per_second > 0
+                               ? static_cast<double>(stream.options().batch_size) / images_per_second
+                               : 0;
+  const auto eta = static_cast<uint64_t>(per_batch * static_cast<double>(total - done));
+  return absl::StrFormat("\repoch %d/%d [%s%s] %3d%%  batches %d/%d  %.1f images/s  ETA %d:%02d   ",
+                         batch.position().epoch + 1, std::max<uint64_t>(1, epochs),
+                         std::string(filled, '#'), std::string(kWidth - filled, '-'),
+                         static_cast<int>(fraction * 100), done, total, images_per_second,
+                         eta / 60, eta % 60);
+}
 
 absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o) {
   client::StreamOptions s;
@@ -161,9 +186,7 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
     }
     if (o.progress && Clock::now() - last_progress > std::chrono::milliseconds(200)) {
       last_progress = Clock::now();
-      err << absl::StrFormat("\repoch %d  batches %d  %.1f images/s   ", batch->position().epoch,
-                             batch_count, rate())
-          << std::flush;
+      err << ProgressLine(*batch, *stream, o.epochs, batch_count, rate()) << std::flush;
     }
   }
   if (o.progress) err << "\r\033[K" << std::flush;

@@ -1,6 +1,11 @@
 // ringloaderctl stats: GetStats as a table or as JSON.
+#include <unistd.h>
+
+#include <chrono>
 #include <ostream>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "proto/wire_text.h"
@@ -81,9 +86,8 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   }
 }
 
-}  // namespace
 
-int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err) {
+int RunStatsOnce(const StatsOptions& options, std::ostream& out, std::ostream& err) {
   auto channel = ChannelFor(options.endpoint);
   if (!channel.ok()) {
     err << "ringloaderctl stats: " << channel.status().message() << "\n";
@@ -113,6 +117,22 @@ int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err) 
     if (json.empty() || json.back() != '\n') out << "\n";
   } else {
     PrintTable(response, options.endpoint, out);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err) {
+  if (!options.watch) return RunStatsOnce(options, out, err);
+  for (uint64_t i = 0; options.watch_count == 0 || i < options.watch_count; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::ostringstream frame;  // drawn at once, so the screen never shows half a table
+    if (options.clear) frame << "\033[H\033[2J";
+    const int code = RunStatsOnce(options, frame, err);
+    if (code != kExitOk) return code;
+    if (!options.clear && i > 0) out << "\n";
+    out << frame.str() << std::flush;
   }
   return kExitOk;
 }

@@ -220,6 +220,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   absl::Status error;
   TableReader r(table, "server", source, &error);
   r.String("listen", &s->listen);
+  r.String("health_listen", &s->health_listen);
   r.Mode("socket_mode", &s->socket_mode);
   r.String("socket_group", &s->socket_group);
   r.String("state_dir", &s->state_dir);
@@ -249,6 +250,16 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
     return r.Fail("listen", std::string(listen.message()), absl::StrCat("\"", s->listen, "\""));
+  }
+  if (!s->health_listen.empty()) {
+    if (absl::Status h = ValidateListen(s->health_listen); !h.ok()) {
+      return r.Fail("health_listen", std::string(h.message()),
+                    absl::StrCat("\"", s->health_listen, "\""));
+    }
+    if (s->health_listen == s->listen) {
+      return r.Fail("health_listen", "must differ from listen",
+                    absl::StrCat("\"", s->health_listen, "\""));
+    }
   }
   if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
   if ((s->segment_mode & 0022) != 0) {
@@ -474,6 +485,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.max_wait_ms == b.max_wait_ms, "max_wait_ms");
   check(a.decode_deadline_ms == b.decode_deadline_ms, "decode_deadline_ms");
   check(a.io_retry_ms == b.io_retry_ms, "io_retry_ms");
+  check(a.health_listen == b.health_listen, "health_listen");
   return keys;
 }
 

@@ -67,6 +67,9 @@ struct FailpointConfig {
 
 struct ServerConfig {
   std::string listen = "unix:/run/ringloader/ringloader.sock";  // "unix:PATH" or "HOST:PORT"
+  // A second endpoint that serves only grpc.health.v1 (Kubernetes gRPC probes dial TCP); its
+  // status follows the main one. Empty = none.
+  std::string health_listen;
   mode_t socket_mode = 0660;
   std::string socket_group;     // empty = the daemon's group
   std::string state_dir = "/var/lib/ringloader";

@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
@@ -126,6 +127,26 @@ void NotifyReady() {
   ::close(fd);
 }
 
+// server.health_listen's only service: grpc.health.v1 Check with the daemon's status (gRPC's
+// default health service needs a server with other services; this one has none).
+class ProbeHealthService final : public grpc::health::v1::Health::Service {
+ public:
+  void SetServing(bool serving) { serving_ = serving; }
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::health::v1::HealthCheckResponse* response) override {
+    // "" is the whole server; the main service's name is accepted too.
+    if (!request->service().empty() && request->service() != "ringloader.v1.Loader") {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service");
+    }
+    response->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                                  : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::atomic<bool> serving_{false};
+};
+
 // Everything the daemon owns, declared in start-up order so destruction runs in reverse.
 struct DaemonState {
   DaemonConfig config;  // as loaded at start-up; a reload changes only what it logs as applied
@@ -147,6 +168,8 @@ struct DaemonState {
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
   std::unique_ptr<grpc::Server> server;
+  ProbeHealthService probe_health;
+  std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
   std::string socket_path;
   bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
   // Start-up indexing runs here while the server answers (health NOT_SERVING until it is done).
@@ -311,6 +334,7 @@ void FinishStartUp(DaemonState& d) {
   d.ready = true;
   d.streams->MarkReady();
   d.server->GetHealthCheckService()->SetServingStatus(true);
+  d.probe_health.SetServing(true);
   NotifyReady();
   SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
               "memory_limit={}",
@@ -429,6 +453,19 @@ absl::Status StartUp(DaemonState& d) {
   umask(old_umask);
   // Health answers from now on: NOT_SERVING until the datasets are indexed.
   if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
+  if (d.server && !server.health_listen.empty()) {
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(server.health_listen, grpc::InsecureServerCredentials(),
+                                    &health_port);
+    health_builder.RegisterService(&d.probe_health);
+    d.health_server = health_builder.BuildAndStart();
+    if (!d.health_server || (!absl::StartsWith(server.health_listen, "unix:") && health_port == 0)) {
+      return absl::UnavailableError(absl::StrCat(d.config.source,
+                                                 ": server.health_listen: cannot listen on ",
+                                                 server.health_listen));
+    }
+  }
   if (!d.server || (!absl::StartsWith(listen, "unix:") && port == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
                                                " (address in use, or not permitted?)"));
@@ -458,12 +495,17 @@ void ShutDown(DaemonState& d) {
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
   if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
+  d.probe_health.SetServing(false);
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
   // the server's grace period below does not wait for them.
   if (d.streams) d.streams->Shutdown();
   if (d.server) {
     d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     d.server->Wait();
+  }
+  if (d.health_server) {
+    d.health_server->Shutdown(std::chrono::system_clock::now());
+    d.health_server->Wait();
   }
   if (d.own_socket) ::unlink(d.socket_path.c_str());
   if (d.journal) d.journal->MarkCleanExit();
