@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "server/daemon/config.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/supervisor.h"
 
@@ -27,8 +28,22 @@ int main(int argc, char** argv) {
   app.add_option("--parent-pid", parent_pid,
                  "stop (as on SIGTERM) when process PID, which started this one, exits")
       ->check(CLI::PositiveNumber);
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "load and validate the config (every key and rule), print \"ok\" or the error, "
+               "and exit 0 or 1 without starting");
   app.set_version_flag("--version", "ringloaderd 0.1.0");
   CLI11_PARSE(app, argc, argv);
+  if (check_config) {
+    const absl::StatusOr<ringloader::server::DaemonConfig> config =
+        ringloader::server::LoadConfig(options.config_path);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%s: ok (%zu datasets)\n", options.config_path.c_str(), config->datasets.size());
+    return 0;
+  }
   if (parent_pid != 0) {
     // A private daemon (the Python package's rl.Daemon) must not outlive its notebook, even one
     // that is SIGKILLed. The check after prctl covers a parent that died before it.
