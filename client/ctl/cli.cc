@@ -103,6 +103,17 @@ int Main(int argc, char** argv) {
   convert_cmd->add_option("--shard-size", convert.shard_size, "samples per shard")
       ->capture_default_str();
 
+  DoctorOptions doctor;
+  CLI::App* doctor_cmd = app.add_subcommand(
+      "doctor", "check this host against a daemon config (exit 1 on any problem)");
+  doctor_cmd->add_option("--config", doctor.config, "the daemon's config")->capture_default_str();
+  doctor_cmd->add_option("--batch-size", doctor.batch_size, "stream shape the rings are sized for")
+      ->capture_default_str();
+  doctor_cmd->add_option("--image-size", doctor.image_size, "stream shape the rings are sized for")
+      ->capture_default_str();
+  doctor_cmd->add_option("--cgroup", doctor.cgroup,
+                         "the daemon's memory cgroup directory (default: this process's)");
+
   ValidateOptions validate;
   CLI::App* validate_cmd = app.add_subcommand("validate", "decode every sample of a dataset");
   validate_cmd->add_option("--format", validate.format)
@@ -154,6 +165,7 @@ int Main(int argc, char** argv) {
   }
   if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
   if (*convert_cmd) return RunConvert(convert, std::cout, std::cerr);
+  if (*doctor_cmd) return RunDoctor(doctor, std::cout, std::cerr);
   if (*validate_cmd) {
     if (*max_pixels_opt) validate.max_pixels = max_pixels;
     return RunValidate(validate, std::cout, std::cerr);

@@ -116,6 +116,23 @@ struct ValidateOptions {
 // (+ " (reason: count, ...)"). 0 all good, 1 some bad, 2 the dataset cannot be opened.
 int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err);
 
+struct DoctorOptions {
+  std::string config = "/etc/ringloader/ringloaderd.toml";
+  // The stream shape rings are sized for (shm_dir check): uint8 images, consume's defaults.
+  uint32_t batch_size = 64;
+  uint32_t image_size = 224;
+  // The memory cgroup the daemon runs in (a directory under /sys/fs/cgroup); empty = this
+  // process's own. Its and its ancestors' limits count.
+  std::string cgroup;
+};
+// Checks the host against a daemon config before anything breaks: the config loads; shm_dir's
+// free space vs the rings of max_streams streams (capped by memory_limit); the memory cgroup's
+// limit (or the host's memory) vs memory_limit plus the daemon's overhead; the open-file limit vs
+// max_streams; the socket's directory, group and whether the calling user may connect; state_dir
+// writable; each dataset readable and indexed (no index cache is written). One line per check,
+// "ok: ..." or "problem: ...; fix: ...", then a summary. 0 all ok, 1 any problem.
+int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err);
+
 struct QuarantineOptions {
   std::string endpoint;
   std::string dataset;  // clear only; empty = all

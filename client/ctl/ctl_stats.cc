@@ -30,6 +30,7 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   if (s.starting()) out << absl::StrFormat("%-20s %s\n", "starting", s.starting_progress());
   out << absl::StrFormat("%-20s %d\n", "streams open", s.streams_open());
   out << absl::StrFormat("%-20s %d\n", "batches served", s.batches_served());
+  out << absl::StrFormat("%-20s %s\n", "bytes served", base::FormatBytes(s.bytes_served()));
   out << absl::StrFormat("%-20s %d\n", "batches copied out", s.batches_copied_out());
   out << absl::StrFormat("%-20s %d\n", "images decoded", s.images_decoded());
   out << absl::StrFormat("%-20s %.1f\n", "images/s", s.images_per_second());
@@ -45,6 +46,9 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                          base::FormatBytes(s.memory_reserved_bytes()),
                          s.memory_limit_bytes() == 0 ? "unlimited" : base::FormatBytes(s.memory_limit_bytes()));
   out << absl::StrFormat("%-20s %d\n", "quarantined", s.quarantined_size());
+  if (s.daemon_restarts() > 0) {
+    out << absl::StrFormat("%-20s %d (by the supervisor)\n", "daemon restarts", s.daemon_restarts());
+  }
 
   if (s.streams_size() > 0) {
     out << "\nstreams:\n";

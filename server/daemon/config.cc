@@ -246,6 +246,8 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("max_wait_ms", &s->max_wait_ms, 1, 60'000);
   r.Integer("decode_deadline_ms", &s->decode_deadline_ms, 0, 86'400'000);
   r.Integer("io_retry_ms", &s->io_retry_ms, 0, 86'400'000);
+  r.Integer("watchdog_ms", &s->watchdog_ms, 0, 86'400'000);
+  r.String("metrics_listen", &s->metrics_listen);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
@@ -259,6 +261,19 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
     if (s->health_listen == s->listen) {
       return r.Fail("health_listen", "must differ from listen",
                     absl::StrCat("\"", s->health_listen, "\""));
+    }
+  }
+  if (!s->metrics_listen.empty()) {
+    // HTTP: TCP only (Prometheus scrapes over the network).
+    absl::Status m = absl::StartsWith(s->metrics_listen, "unix:")
+                         ? absl::InvalidArgumentError("must be HOST:PORT (HTTP over TCP)")
+                         : ValidateListen(s->metrics_listen);
+    if (m.ok() && (s->metrics_listen == s->listen || s->metrics_listen == s->health_listen)) {
+      m = absl::InvalidArgumentError("must differ from listen and health_listen");
+    }
+    if (!m.ok()) {
+      return r.Fail("metrics_listen", std::string(m.message()),
+                    absl::StrCat("\"", s->metrics_listen, "\""));
     }
   }
   if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
@@ -354,7 +369,7 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   absl::Status error;
   TableReader r(table, "failpoints", source, &error);
   int action = -1;
-  r.Enum("action", {"none", "abort", "segfault", "oom", "hang"}, &action);
+  r.Enum("action", {"none", "abort", "segfault", "oom", "hang", "hang_decode"}, &action);
   if (action >= 0) f->action = static_cast<FailpointConfig::Action>(action);
   r.String("crash_on_path", &f->crash_on_path);
   r.Integer("after_batches", &f->after_batches, 0, int64_t{1} << 50);
@@ -486,6 +501,8 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.decode_deadline_ms == b.decode_deadline_ms, "decode_deadline_ms");
   check(a.io_retry_ms == b.io_retry_ms, "io_retry_ms");
   check(a.health_listen == b.health_listen, "health_listen");
+  check(a.watchdog_ms == b.watchdog_ms, "watchdog_ms");
+  check(a.metrics_listen == b.metrics_listen, "metrics_listen");
   return keys;
 }
 
@@ -502,9 +519,11 @@ absl::StatusOr<FailpointConfig> ParseFailpointSpec(std::string_view spec_view) {
       else if (value == "segfault") f.action = FailpointConfig::Action::kSegfault;
       else if (value == "oom") f.action = FailpointConfig::Action::kOom;
       else if (value == "hang") f.action = FailpointConfig::Action::kHang;
+      else if (value == "hang_decode") f.action = FailpointConfig::Action::kHangDecode;
       else if (value == "none") f.action = FailpointConfig::Action::kNone;
       else return absl::InvalidArgumentError(absl::StrCat(
-          "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang or none (got \"", value,
+          "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang, hang_decode or none "
+          "(got \"", value,
           "\")"));
     } else if (key == "crash_on_path") {
       f.crash_on_path = std::string(value.data(), value.size());

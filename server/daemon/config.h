@@ -47,8 +47,10 @@ struct DatasetConfig {
 enum class LogFormat { kPlain, kTimestamped };
 
 struct FailpointConfig {
-  // kHang: the read of a matching sample blocks for good in a kernel read (a stuck network mount).
-  enum class Action { kNone, kAbort, kSegfault, kOom, kHang };
+  // kHang: the read of a matching sample blocks for good in a kernel read (a stuck network mount);
+  // the decode deadline abandons it. kHangDecode: the decode of a matching sample blocks for good
+  // after its read (a decoder caught in a loop), where no deadline reaches: the watchdog's case.
+  enum class Action { kNone, kAbort, kSegfault, kOom, kHang, kHangDecode };
   Action action = Action::kNone;
   std::string crash_on_path;     // fnmatch pattern against the sample's relative path
   uint64_t after_batches = 0;    // act after this many batches published; 0 = off
@@ -99,6 +101,13 @@ struct ServerConfig {
   // A read failing with an I/O error that may pass (EIO, EMFILE, ENFILE, ENOMEM, EAGAIN, ESTALE,
   // ETIMEDOUT) is retried with backoff this long before the sample fails as "io_error".
   uint32_t io_retry_ms = 30'000;
+  // Under --supervise: a daemon that sends no progress ping for this long after it serves is
+  // killed with SIGABRT (its in-flight samples struck, as for a crash) and restarted. It stops
+  // pinging while a decode has run for 2 x decode_deadline_ms (progress_watch.h). 0 = off. Under
+  // systemd, the unit's WatchdogSec= plays this part.
+  uint32_t watchdog_ms = 30'000;
+  // "HOST:PORT" serving Prometheus' GET /metrics (metrics.h); empty = off.
+  std::string metrics_listen;
   bool operator==(const ServerConfig&) const = default;
 };
 

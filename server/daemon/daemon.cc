@@ -22,7 +22,9 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -31,10 +33,14 @@
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
 #include "server/daemon/daemon_stats.h"
+#include "server/daemon/host_notify.h"
+#include "server/daemon/progress_watch.h"
+#include "server/daemon/watchdog.h"
 #include "server/daemon/dataset_registry.h"
 #include "server/daemon/loader_service.h"
 #include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/metrics.h"
 #include "server/daemon/oom_kills.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/request_guard.h"
@@ -112,21 +118,6 @@ uint64_t AvailableMemoryBytes(std::string* what) {
   return bytes;
 }
 
-// Tells a supervisor that we serve: "READY=1\n" on the descriptor it passed in
-// RINGLOADER_READY_FD (the same words as sd_notify's).
-void NotifyReady() {
-  const char* fd_text = std::getenv(kReadyFdEnv);
-  if (fd_text == nullptr) return;
-  int fd = std::atoi(fd_text);
-  unsetenv(kReadyFdEnv);
-  if (fd <= 2) return;
-  static const char kReady[] = "READY=1\n";
-  if (::write(fd, kReady, sizeof(kReady) - 1) < 0) {
-    SPDLOG_WARN("cannot notify the supervisor: {}", std::strerror(errno));
-  }
-  ::close(fd);
-}
-
 // server.health_listen's only service: grpc.health.v1 Check with the daemon's status (gRPC's
 // default health service needs a server with other services; this one has none).
 class ProbeHealthService final : public grpc::health::v1::Health::Service {
@@ -162,7 +153,9 @@ struct DaemonState {
   std::unique_ptr<Quarantine> quarantine;
   std::unique_ptr<Failpoints> failpoints;
   DaemonStats stats;
+  std::unique_ptr<HostNotifier> notifier;  // systemd and the supervisor (host_notify.h)
   std::unique_ptr<pipeline::WorkerPool> pool;
+  std::unique_ptr<ProgressWatch> progress;
   std::unique_ptr<pipeline::BatchFiller> filler;
   std::unique_ptr<SampleGate> gate;
   std::unique_ptr<StreamManager> streams;
@@ -170,6 +163,8 @@ struct DaemonState {
   std::unique_ptr<grpc::Server> server;
   ProbeHealthService probe_health;
   std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
+  std::unique_ptr<Watchdog> watchdog;
+  std::unique_ptr<MetricsEndpoint> metrics;  // server.metrics_listen
   std::string socket_path;
   bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
   // Start-up indexing runs here while the server answers (health NOT_SERVING until it is done).
@@ -303,6 +298,7 @@ absl::Status ApplyStrikes(DaemonState& d) {
       absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, s.sample_index, path);
       if (!strikes.ok()) return strikes.status();
       if (*strikes >= Quarantine::kStrikesToQuarantine) {
+        d.stats.quarantines.fetch_add(1, std::memory_order_relaxed);
         SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
                     "will be skipped (`ringloaderctl quarantine clear` to retry it)",
                     name, s.sample_index, path, *strikes);
@@ -335,11 +331,29 @@ void FinishStartUp(DaemonState& d) {
   d.streams->MarkReady();
   d.server->GetHealthCheckService()->SetServingStatus(true);
   d.probe_health.SetServing(true);
-  NotifyReady();
+  d.notifier->Ready();
   SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
               "memory_limit={}",
               d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
               base::FormatBytes(d.config.server.memory_limit_bytes));
+}
+
+// The STATUS= line systemd and the supervisor show: what the daemon does, or what holds it.
+std::string StatusText(DaemonState& d, const std::optional<StuckSample>& stuck) {
+  if (!d.ready) return absl::StrCat("starting: ", d.streams->starting_progress());
+  if (stuck) {
+    std::string path;
+    if (const ServedDataset* served = d.datasets.Find(stuck->dataset); served != nullptr &&
+        stuck->sample_index < served->dataset->size()) {
+      path = absl::StrCat(" (", wire::EscapeBytes(served->dataset->relative_path(stuck->sample_index)), ")");
+    }
+    return absl::StrCat("stalled: dataset ", stuck->dataset, " sample ", stuck->sample_index, path,
+                        " has been decoding for ", stuck->running.count() / 1000,
+                        " s (stuck after 2 x server.decode_deadline_ms = ",
+                        d.progress->stuck_after().count() / 1000.0, " s)");
+  }
+  return absl::StrFormat("serving: %d streams, %.0f images/s", d.streams->open_streams(),
+                         d.stats.images_per_second());
 }
 
 absl::Status StartUp(DaemonState& d) {
@@ -422,7 +436,11 @@ absl::Status StartUp(DaemonState& d) {
   filler_options.io_retry = std::chrono::milliseconds(server.io_retry_ms);
   d.filler =
       std::make_unique<pipeline::BatchFiller>(*d.pool, image::DecodeLimits{}, filler_options);
-  d.gate = std::make_unique<SampleGate>(*d.journal, *d.quarantine, *d.failpoints, d.pool->size());
+  // A decode running twice its deadline is stuck: the deadline did not stop it (watchdog.h).
+  d.progress = std::make_unique<ProgressWatch>(
+      d.pool->size(), std::chrono::milliseconds(2 * uint64_t{server.decode_deadline_ms}));
+  d.gate = std::make_unique<SampleGate>(*d.journal, *d.progress, *d.quarantine, *d.failpoints,
+                                        d.pool->size());
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
                          d.started,      d.pool.get()};
@@ -466,6 +484,16 @@ absl::Status StartUp(DaemonState& d) {
                                                  server.health_listen));
     }
   }
+  if (d.server && !server.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(server.metrics_listen, MetricsSources{d.streams.get(), d.progress.get()});
+    if (!metrics.ok()) {
+      return absl::Status(metrics.status().code(),
+                          absl::StrCat(d.config.source, ": ", metrics.status().message()));
+    }
+    d.metrics = std::move(*metrics);
+    SPDLOG_INFO("metrics on http://{}/metrics", server.metrics_listen);
+  }
   if (!d.server || (!absl::StartsWith(listen, "unix:") && port == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
                                                " (address in use, or not permitted?)"));
@@ -485,6 +513,11 @@ absl::Status StartUp(DaemonState& d) {
     }
   }
   d.streams->StartReaper();
+  d.watchdog = std::make_unique<Watchdog>(
+      *d.notifier, *d.progress,
+      WatchdogHooks{[&d] { return d.ready.load(); },
+                    [&d](const std::optional<StuckSample>& stuck) { return StatusText(d, stuck); }});
+  d.watchdog->Start();
   SPDLOG_INFO("ringloaderd listening on {} pid={} incarnation={:016x}: indexing {} datasets",
               listen, getpid(), d.incarnation, d.config.datasets.size());
   d.indexer = std::thread([&d] { FinishStartUp(d); });
@@ -492,6 +525,9 @@ absl::Status StartUp(DaemonState& d) {
 }
 
 void ShutDown(DaemonState& d) {
+  if (d.watchdog) d.watchdog->Stop();
+  d.metrics.reset();
+  if (d.notifier) d.notifier->Stopping();
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
   if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
@@ -603,6 +639,12 @@ int RunDaemon(const DaemonOptions& options) {
   }
   InitLogging(&d.config.server);
   d.incarnation = NewIncarnation();
+  d.notifier = std::make_unique<HostNotifier>(std::chrono::milliseconds(d.config.server.watchdog_ms));
+  if (const char* restarts = std::getenv(kRestartsEnv); restarts != nullptr) {
+    uint64_t n = 0;
+    if (absl::SimpleAtoi(restarts, &n)) d.stats.daemon_restarts = n;
+    unsetenv(kRestartsEnv);
+  }
 
   if (absl::Status s = StartUp(d); !s.ok()) {
     SPDLOG_ERROR("start-up failed: {}", Text(s));

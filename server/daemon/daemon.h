@@ -7,10 +7,6 @@
 
 namespace ringloader::server {
 
-// Environment variable naming a file descriptor on which the daemon writes "READY=1\n" once it
-// serves (set by `ringloaderd --supervise`).
-inline constexpr char kReadyFdEnv[] = "RINGLOADER_READY_FD";
-
 struct DaemonOptions {
   std::string config_path;
   std::string listen_override;  // --listen; empty = the config's server.listen

@@ -60,21 +60,11 @@ void Failpoints::InstallIoFaults() const {
 }
 
 
-void Failpoints::OnSample(const std::string& relative_path) const {
-  if (!config_.enabled() || config_.crash_on_path.empty()) return;
-  if (config_.action == FailpointConfig::Action::kHang) return;  // OnRead's
-  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) == 0) {
-    Act(absl::StrCat("sample ", relative_path, " matches crash_on_path"));
-  }
-}
+namespace {
 
-void Failpoints::OnRead(const std::string& relative_path) const {
-  if (config_.action != FailpointConfig::Action::kHang || config_.crash_on_path.empty()) return;
-  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) != 0) return;
-  SPDLOG_WARN("failpoint: hang: the read of {} blocks for good",
-              wire::EscapeBytes(relative_path));
-  // A read from a pipe whose write end stays open and unused: blocked in the kernel, as a read
-  // from a dead NFS server would be.
+// A read from a pipe whose write end stays open and unused: blocked in the kernel, as a read from
+// a dead NFS server would be.
+[[noreturn]] void BlockForever() {
   int fds[2];
   if (pipe(fds) != 0) std::abort();
   char c;
@@ -82,6 +72,28 @@ void Failpoints::OnRead(const std::string& relative_path) const {
     if (read(fds[0], &c, 1) >= 0 || errno != EINTR) break;
   }
   std::abort();  // not reached
+}
+
+}  // namespace
+
+void Failpoints::OnSample(const std::string& relative_path) const {
+  if (!config_.enabled() || config_.crash_on_path.empty()) return;
+  if (config_.action == FailpointConfig::Action::kHang) return;  // OnRead's
+  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) != 0) return;
+  if (config_.action == FailpointConfig::Action::kHangDecode) {
+    SPDLOG_WARN("failpoint: hang_decode: the decode of {} blocks for good",
+                wire::EscapeBytes(relative_path));
+    BlockForever();
+  }
+  Act(absl::StrCat("sample ", relative_path, " matches crash_on_path"));
+}
+
+void Failpoints::OnRead(const std::string& relative_path) const {
+  if (config_.action != FailpointConfig::Action::kHang || config_.crash_on_path.empty()) return;
+  if (fnmatch(config_.crash_on_path.c_str(), relative_path.c_str(), 0) != 0) return;
+  SPDLOG_WARN("failpoint: hang: the read of {} blocks for good",
+              wire::EscapeBytes(relative_path));
+  BlockForever();
 }
 
 void Failpoints::OnBatchPublished(uint64_t published) const {
@@ -116,7 +128,8 @@ void Failpoints::Act(const std::string& why) const {
         hog.push_back(chunk);
       }
     }
-    case Action::kHang:  // OnRead's, never through here
+    case Action::kHang:  // OnRead's and OnSample's, never through here
+    case Action::kHangDecode:
     case Action::kNone:
       break;
   }
@@ -144,12 +157,14 @@ absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t
   }
   if (worker_id < on_probation_.size()) on_probation_[worker_id] = probation ? kExclusive : kShared;
   journal_.Begin(worker_id, DatasetHash(dataset.name()), sample_index);
+  progress_.Begin(worker_id, dataset.name(), sample_index);
   if (failpoints_.enabled()) failpoints_.OnSample(std::string(dataset.relative_path(sample_index)));
   return absl::OkStatus();
 }
 
 void SampleGate::AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                              uint32_t worker_id) {
+  progress_.End(worker_id);
   journal_.End(worker_id);
   // A refused (quarantined) sample never took the lock.
   const uint8_t hold =

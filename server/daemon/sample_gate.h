@@ -4,7 +4,7 @@
 //   2. a sample with a strike is on probation: it is decoded alone (no other decode runs
 //      meanwhile), so if it crashes the daemon again it is the only sample in flight and the
 //      only one struck; if it decodes fine its strike is cleared (it was a bystander);
-//   3. the sample is recorded in the crash journal while it is decoded;
+//   3. the sample is recorded in the crash journal and the progress watch while it is decoded;
 //   4. failpoints, when configured, crash the daemon on matching samples, or hang their read
 //      (tests only).
 // Failpoints cost one predictable branch when off; probation costs a shared lock per sample.
@@ -18,6 +18,7 @@
 
 #include "server/daemon/config.h"
 #include "server/daemon/crash_journal.h"
+#include "server/daemon/progress_watch.h"
 #include "server/daemon/quarantine.h"
 #include "server/pipeline/batch_filler.h"
 
@@ -27,7 +28,8 @@ class Failpoints {
  public:
   explicit Failpoints(FailpointConfig config) : config_(std::move(config)) {}
   bool enabled() const { return config_.enabled(); }
-  // Crash actions: acts if `relative_path` matches crash_on_path. Does not return when it acts.
+  // Crash actions and hang_decode: act if `relative_path` matches crash_on_path. Does not return
+  // when it acts.
   void OnSample(const std::string& relative_path) const;
   // action = "hang": blocks for good in a kernel read if `relative_path` matches crash_on_path,
   // like a read from a hung network mount.
@@ -45,9 +47,10 @@ class Failpoints {
 
 class SampleGate : public pipeline::SampleObserver {
  public:
-  SampleGate(CrashJournal& journal, Quarantine& quarantine, const Failpoints& failpoints,
-             uint32_t worker_count)
+  SampleGate(CrashJournal& journal, ProgressWatch& progress, Quarantine& quarantine,
+             const Failpoints& failpoints, uint32_t worker_count)
       : journal_(journal),
+        progress_(progress),
         quarantine_(quarantine),
         failpoints_(failpoints),
         on_probation_(worker_count, 0) {}
@@ -60,6 +63,7 @@ class SampleGate : public pipeline::SampleObserver {
 
  private:
   CrashJournal& journal_;
+  ProgressWatch& progress_;
   Quarantine& quarantine_;
   const Failpoints& failpoints_;
   // Held shared by every decode, exclusively by a decode on probation; taken in BeforeDecode

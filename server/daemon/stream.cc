@@ -344,6 +344,7 @@ absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
       ++lease_seq_;
       ++batches_served_;
       deps_.stats->batches_served.fetch_add(1, std::memory_order_relaxed);
+      deps_.stats->bytes_served.fetch_add(setup_.layout.total_bytes, std::memory_order_relaxed);
       return absl::OkStatus();
     }
     if (ended_) {

@@ -167,6 +167,11 @@ bool StreamManager::starting() const {
   return starting_;
 }
 
+std::string StreamManager::starting_progress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return starting_progress_;
+}
+
 absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
                                  v1::OpenStreamResponse* response, const std::string& peer) {
   {
@@ -496,6 +501,9 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   if (deps_.pool != nullptr) response->set_decode_threads_abandoned(deps_.pool->abandoned());
   response->set_requests_rejected(stats.requests_rejected.load());
   response->set_batches_copied_out(stats.batches_copied_out.load());
+  response->set_bytes_served(stats.bytes_served.load());
+  response->set_quarantines(stats.quarantines.load());
+  response->set_daemon_restarts(stats.daemon_restarts.load());
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
     ToProto(e, response->add_quarantined());
   }

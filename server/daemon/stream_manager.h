@@ -93,6 +93,7 @@ class StreamManager {
   void SetStarting(std::string progress);
   void MarkReady();
   bool starting() const;
+  std::string starting_progress() const;  // the latest progress line; empty once ready
 
   // Starts the background loop that reaps idle streams and samples rates.
   void StartReaper();

@@ -10,9 +10,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
+#include <cstdlib>
 #include <deque>
+#include <optional>
+#include <string>
 
-#include "server/daemon/daemon.h"
+#include <systemd/sd-daemon.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "server/daemon/host_notify.h"
 #include "server/daemon/logging.h"
 #include "spdlog/spdlog.h"
 
@@ -23,10 +31,70 @@ using Clock = std::chrono::steady_clock;
 
 struct Child {
   pid_t pid = -1;
-  int ready_fd = -1;  // read end of the readiness pipe; -1 once read or closed
+  int notify_fd = -1;  // read end of the notification pipe; -1 once the child closed it
+  std::string pending;  // a notification line not yet complete
 };
 
-Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask) {
+// What the child tells us on its notification pipe, and its watchdog: once it has announced
+// WATCHDOG_USEC, a child that sends no WATCHDOG=1 for that long is stuck (it stops pinging while a
+// decode runs past its deadline: watchdog.h). It gets SIGABRT, which its crash handler turns into
+// a strike for the samples in flight, and SIGKILL if it is still there kAbortGrace later.
+class ChildProgress {
+ public:
+  static constexpr std::chrono::seconds kAbortGrace{5};
+
+  void OnMessage(const std::string& line, Clock::time_point now) {
+    if (line == "READY=1") {
+      ready_ = true;
+    } else if (line == "WATCHDOG=1") {
+      last_ping_ = now;
+    } else if (absl::StartsWith(line, "WATCHDOG_USEC=")) {
+      uint64_t usec = 0;
+      if (absl::SimpleAtoi(line.substr(14), &usec)) {
+        watchdog_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::microseconds(usec));
+        last_ping_ = now;
+      }
+    }
+  }
+  bool ready() const { return ready_; }
+
+  // Milliseconds until Act() is due, for poll(); -1 when nothing is due.
+  int MillisecondsToAct(Clock::time_point now) const {
+    if (watchdog_.count() == 0 || killed_) return -1;
+    const Clock::time_point due = aborted_ ? *aborted_ + kAbortGrace : last_ping_ + watchdog_;
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1));
+  }
+
+  // The watchdog expired: SIGABRT first, SIGKILL after the grace.
+  void Act(pid_t pid, Clock::time_point now) {
+    if (MillisecondsToAct(now) != 0) return;
+    if (!aborted_) {
+      SPDLOG_ERROR("ringloaderd pid={} sent no progress ping for {} ms (server.watchdog_ms): a "
+                   "decode is stuck. Killing it with SIGABRT (the samples it had in flight get a "
+                   "strike) and restarting it",
+                   pid, watchdog_.count());
+      kill(pid, SIGABRT);
+      aborted_ = now;
+    } else {
+      SPDLOG_ERROR("ringloaderd pid={} is still there {} s after SIGABRT: SIGKILL", pid,
+                   kAbortGrace.count());
+      kill(pid, SIGKILL);
+      killed_ = true;
+    }
+  }
+
+ private:
+  bool ready_ = false;
+  std::chrono::milliseconds watchdog_{0};  // 0 until the child announces it
+  Clock::time_point last_ping_;
+  std::optional<Clock::time_point> aborted_;
+  bool killed_ = false;
+};
+
+Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask,
+                 int restarts) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return {};
   Child child;
@@ -37,9 +105,13 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != supervisor) _exit(1);  // it died before prctl took effect
     sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-    // The write end survives exec (no CLOEXEC on the duplicate); the daemon writes READY=1.
+    // The write end survives exec (no CLOEXEC on the duplicate): the daemon writes READY=1,
+    // WATCHDOG=1, STATUS=... there, one per line (host_notify.h). It talks to us, not to systemd:
+    // we forward what systemd should hear.
     int ready = fcntl(pipe_fds[1], F_DUPFD, 3);
     setenv(kReadyFdEnv, std::to_string(ready).c_str(), 1);
+    setenv(kRestartsEnv, std::to_string(restarts).c_str(), 1);
+    for (const char* name : {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}) unsetenv(name);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -50,7 +122,7 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
     _exit(127);
   }
   ::close(pipe_fds[1]);
-  child.ready_fd = pipe_fds[0];
+  child.notify_fd = pipe_fds[0];
   return child;
 }
 
@@ -99,26 +171,51 @@ int RunSupervisor(const SupervisorOptions& options) {
   }
 
   std::deque<Clock::time_point> restarts;
+  uint64_t restarts_total = 0;  // for the daemon's metrics (RINGLOADER_RESTARTS)
   auto backoff = options.initial_backoff;
+  const bool under_systemd = std::getenv("NOTIFY_SOCKET") != nullptr;
+  bool told_systemd_ready = false;
   while (true) {
-    Child child = StartChild(options.child_argv, original);
+    Child child = StartChild(options.child_argv, original, static_cast<int>(restarts_total));
     if (child.pid < 0) {
       SPDLOG_ERROR("cannot start ringloaderd: {}", std::strerror(errno));
       return 1;
     }
     SPDLOG_INFO("started ringloaderd pid={}", child.pid);
-    bool ready = false;
+    ChildProgress progress;
     bool stopping = false;
     int status = 0;
     while (true) {
-      pollfd fds[2] = {{signal_fd, POLLIN, 0}, {child.ready_fd, POLLIN, 0}};
-      if (poll(fds, child.ready_fd >= 0 ? 2 : 1, -1) < 0) continue;
-      if (child.ready_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
-        char buf[64];
-        ssize_t n = read(child.ready_fd, buf, sizeof(buf));
-        if (n > 0 && std::string(buf, n).find("READY=1") != std::string::npos) ready = true;
-        ::close(child.ready_fd);
-        child.ready_fd = -1;
+      const int timeout_ms = stopping ? -1 : progress.MillisecondsToAct(Clock::now());
+      pollfd fds[2] = {{signal_fd, POLLIN, 0}, {child.notify_fd, POLLIN, 0}};
+      const int polled = poll(fds, child.notify_fd >= 0 ? 2 : 1, timeout_ms);
+      if (polled < 0) continue;
+      if (polled == 0) {
+        progress.Act(child.pid, Clock::now());
+        continue;
+      }
+      if (child.notify_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
+        char buf[1024];
+        const ssize_t n = read(child.notify_fd, buf, sizeof(buf));
+        if (n <= 0) {
+          ::close(child.notify_fd);
+          child.notify_fd = -1;
+        } else {
+          child.pending.append(buf, static_cast<size_t>(n));
+          for (size_t eol; (eol = child.pending.find('\n')) != std::string::npos;) {
+            const std::string line = child.pending.substr(0, eol);
+            child.pending.erase(0, eol + 1);
+            progress.OnMessage(line, Clock::now());
+            // systemd hears about the service as a whole: ready once, then status and pings.
+            const bool is_ready = line == "READY=1";
+            if (under_systemd && (!is_ready || !told_systemd_ready) &&
+                (is_ready || absl::StartsWith(line, "STATUS=") || line == "WATCHDOG=1")) {
+              sd_notify(0, line.c_str());
+              told_systemd_ready = told_systemd_ready || is_ready;
+            }
+          }
+          if (child.pending.size() > 4096) child.pending.clear();  // not our protocol
+        }
       }
       if (!(fds[0].revents & POLLIN)) continue;
       signalfd_siginfo info;
@@ -135,7 +232,8 @@ int RunSupervisor(const SupervisorOptions& options) {
       }
       if (waitpid(child.pid, &status, WNOHANG) == child.pid) break;
     }
-    if (child.ready_fd >= 0) ::close(child.ready_fd);
+    if (child.notify_fd >= 0) ::close(child.notify_fd);
+    const bool ready = progress.ready();
 
     if (stopping || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
       SPDLOG_INFO("ringloaderd exited ({}); stopping", Describe(status));
@@ -148,6 +246,7 @@ int RunSupervisor(const SupervisorOptions& options) {
     }
     const Clock::time_point now = Clock::now();
     restarts.push_back(now);
+    ++restarts_total;
     while (!restarts.empty() && now - restarts.front() > options.restart_window) {
       restarts.pop_front();
     }

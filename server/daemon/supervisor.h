@@ -4,7 +4,14 @@
 // to the child; the supervisor exits when the child exits after one. It decodes nothing and holds
 // no big memory, so it is not what the OOM killer picks.
 //
-// Restart policy. The child reports readiness ("READY=1" on a pipe named by RINGLOADER_READY_FD).
+// The child reports on a pipe named by RINGLOADER_READY_FD, one sd_notify(3) message per line
+// (host_notify.h): READY=1 once it serves, then WATCHDOG_USEC=N (server.watchdog_ms) and a
+// WATCHDOG=1 ping about every N/2 while it makes progress. A child that stops pinging for N (a
+// decode stuck past its deadline) is killed with SIGABRT, so its crash journal strikes the samples
+// it had in flight, and restarted like any child that died while serving. Under systemd
+// (NOTIFY_SOCKET) the supervisor passes READY=1, STATUS= and WATCHDOG=1 on to systemd.
+//
+// Restart policy.
 //   - died before it was ready (a start-up crash loop): capped exponential backoff;
 //   - died while serving (killed, or a crash on some sample): restart after initial_backoff, so
 //     trainers wait as little as possible; poison samples stop crashing it after two strikes

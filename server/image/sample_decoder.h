@@ -49,6 +49,12 @@ struct DecodeLimits {
 // after server.io_retry_ms of retries), "other".
 // The reason is attached to failed Statuses as the payload "ringloader.reason".
 std::string_view ErrorReason(const absl::Status& status);
+// Every reason above, for reports that list each one even at 0 (metrics).
+inline constexpr std::string_view kErrorReasons[] = {
+    "read_error",       "empty",           "not_jpeg",         "too_large",
+    "truncated",        "corrupt",         "unsupported",      "too_many_scans",
+    "quarantined",      "not_regular_file", "deadline_exceeded", "crc_mismatch",
+    "io_error",         "other"};
 absl::Status WithReason(absl::Status status, std::string_view reason);
 
 // I/O errors that may pass (a flaky disk or network mount, a process or system out of file

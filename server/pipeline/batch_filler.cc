@@ -223,6 +223,10 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           if (!finish(absl::OkStatus())) return;  // abandoned while reading: the draw went back
           absl::Status status = has_images ? image.status() : absl::OkStatus();
           const uint64_t slot = first_slot + i;
+          // The observer watches everything after the commit (labels and extra tensors are read
+          // here too): no deadline can abandon the task any more.
+          const bool observed = status.ok() && observer != nullptr;
+          if (observed) status = observer->BeforeDecode(dataset, index, worker_id);
           if (status.ok() && dataset.has_labels()) {
             absl::StatusOr<int64_t> label = reader->ReadLabel();
             if (label.ok()) sample_labels[i] = *label;
@@ -234,22 +238,18 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             if (rows.ok()) sample_rows[i * schemas.size() + t] = *rows;
             status = rows.status();
           }
-          if (status.ok()) {
-            status = observer != nullptr ? observer->BeforeDecode(dataset, index, worker_id)
-                                         : absl::OkStatus();
-            if (status.ok() && has_images) {
-              image::SampleDecoder& decoder = *decoders_[worker_id];
-              decoder.set_limits(limits);
-              decoder.set_memory_cap(libjpeg_cap);
-              decoder.set_deadline(options_.deadline.count() > 0
-                                       ? std::chrono::steady_clock::now() + options_.deadline
-                                       : std::chrono::steady_clock::time_point::max());
-              image::SampleRng rng(request.seed, request.epoch, index);
-              std::span<uint8_t> out(images + slot * sample_bytes, sample_bytes);
-              status = decoder.DecodeInto(image->image(), where, request.transform, rng, out);
-            }
-            if (observer != nullptr) observer->AfterDecode(dataset, index, worker_id);
+          if (status.ok() && has_images) {
+            image::SampleDecoder& decoder = *decoders_[worker_id];
+            decoder.set_limits(limits);
+            decoder.set_memory_cap(libjpeg_cap);
+            decoder.set_deadline(options_.deadline.count() > 0
+                                     ? std::chrono::steady_clock::now() + options_.deadline
+                                     : std::chrono::steady_clock::time_point::max());
+            image::SampleRng rng(request.seed, request.epoch, index);
+            std::span<uint8_t> out(images + slot * sample_bytes, sample_bytes);
+            status = decoder.DecodeInto(image->image(), where, request.transform, rng, out);
           }
+          if (observed) observer->AfterDecode(dataset, index, worker_id);
           image = absl::StatusOr<ImageBytes>();  // the file's bytes go before the draw
           give_back();
           if (!status.ok()) statuses[i] = NamingPath(status, where);

@@ -87,11 +87,11 @@ class SampleObserver {
     (void)dataset;
     (void)sample_index;
   }
-  // After the file is read, before decoding. A non-OK status skips the sample with that error
-  // (e.g. quarantined).
+  // After the image is read (the task committed), before its label, extra tensors and decode.
+  // A non-OK status skips the sample with that error (e.g. quarantined).
   virtual absl::Status BeforeDecode(const Dataset& dataset, uint64_t sample_index,
                                     uint32_t worker_id) = 0;
-  // After the sample is done, whatever the outcome.
+  // After the sample is done, whatever the outcome; called exactly when BeforeDecode was.
   virtual void AfterDecode(const Dataset& dataset, uint64_t sample_index, uint32_t worker_id) = 0;
 };
 

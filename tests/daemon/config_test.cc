@@ -70,7 +70,7 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
       "memory_limit = \"512 MiB\"\nshm_dir = \"/dev/shm\"\nsegment_mode = \"0640\"\n"
       "ring_slots = 6\nmax_ring_slots = 8\nmax_batch_size = 100\nmax_image_size = 300\n"
       "max_streams = 5\nmax_streams_per_client = 2\nstream_idle_timeout_ms = 500\n"
-      "max_wait_ms = 50",
+      "max_wait_ms = 50\nwatchdog_ms = 1234\nmetrics_listen = \"127.0.0.1:9464\"",
       "on_error = \"fail\"\nmax_pixels = 1000\nmax_file_bytes = \"1MiB\"\n"
       "warnings_are_errors = false\nmax_scans = 7\n"
       "[[datasets]]\nname = \"val\"\nformat = \"manifest\"\npath = \"/v\"\n"
@@ -93,6 +93,8 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
   CHECK(s.max_streams_per_client == 2);
   CHECK(s.stream_idle_timeout_ms == 500);
   CHECK(s.max_wait_ms == 50);
+  CHECK(s.watchdog_ms == 1234);
+  CHECK(s.metrics_listen == "127.0.0.1:9464");
   REQUIRE(c->datasets.size() == 2);
   CHECK(c->datasets[0].on_error == pipeline::OnError::kFail);
   CHECK(c->datasets[0].max_pixels == 1000);
@@ -150,6 +152,17 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
   ExpectError(Config("stream_idle_timeout_ms = 5"),
               "t.toml: server.stream_idle_timeout_ms: must be in [100, 86400000] (got 5)");
   ExpectError(Config("bogus = 1"), "t.toml: server.bogus: unknown key");
+  ExpectError(Config("metrics_listen = \"unix:/tmp/m.sock\""),
+              "t.toml: server.metrics_listen: must be HOST:PORT (HTTP over TCP) "
+              "(got \"unix:/tmp/m.sock\")");
+  ExpectError(Config("metrics_listen = \"127.0.0.1:70000\""),
+              "t.toml: server.metrics_listen: port must be a number in [1, 65535] "
+              "(got \"127.0.0.1:70000\")");
+  ExpectError(Config("listen = \"127.0.0.1:9000\"\nmetrics_listen = \"127.0.0.1:9000\""),
+              "t.toml: server.metrics_listen: must differ from listen and health_listen "
+              "(got \"127.0.0.1:9000\")");
+  ExpectError(Config("watchdog_ms = -1"),
+              "t.toml: server.watchdog_ms: must be in [0, 86400000] (got -1)");
   ExpectError(std::string(kDataset) + "[oops]\n", "t.toml: oops: unknown key");
   ExpectError("server = 3\n" + std::string(kDataset), "t.toml: server: must be a table [server]");
 
@@ -181,8 +194,8 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
   ExpectError("datasets = 1\n", "t.toml: datasets: must be an array of tables [[datasets]]");
 
   ExpectError(std::string(kDataset) + "[failpoints]\naction = \"explode\"\n",
-              "t.toml: failpoints.action: must be one of none, abort, segfault, oom, hang (got "
-              "\"explode\")");
+              "t.toml: failpoints.action: must be one of none, abort, segfault, oom, hang, "
+              "hang_decode (got \"explode\")");
   ExpectError(std::string(kDataset) + "[failpoints]\naction = \"segfault\"\n",
               "t.toml: failpoints.action: needs crash_on_path or after_batches to say when");
 
@@ -273,7 +286,8 @@ TEST_CASE("ParseFailpointSpec: RINGLOADER_FAILPOINTS text", "[daemon][config]") 
     return std::string(r.status().message());
   };
   CHECK(error("action=explode") ==
-        "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang or none (got \"explode\")");
+        "RINGLOADER_FAILPOINTS: action: must be abort, segfault, oom, hang, hang_decode or none "
+        "(got \"explode\")");
   CHECK(error("after_batches=x") ==
         "RINGLOADER_FAILPOINTS: after_batches: must be an integer (got \"x\")");
   CHECK(error("when=now") == "RINGLOADER_FAILPOINTS: unknown key \"when\"");

@@ -12,9 +12,7 @@
 #include "server/image/synthetic.h"
 
 namespace ringloader::testing {
-namespace {
 
-// A port nobody listens on right now (the kernel's pick for port 0).
 int FreeTcpPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -29,8 +27,6 @@ int FreeTcpPort() {
   close(fd);
   return ntohs(addr.sin_port);
 }
-
-}  // namespace
 
 std::string CtlPath() { return BuiltBinary("client/ctl/ringloaderctl"); }
 std::string DaemonPath() { return BuiltBinary("server/ringloaderd"); }
@@ -133,3 +129,4 @@ std::vector<SampleLine> ReadSamplesOut(const std::string& path) {
 }
 
 }  // namespace ringloader::testing
+

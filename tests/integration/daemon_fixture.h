@@ -38,6 +38,8 @@ class DaemonFixture {
   bool Start();
   // Starts it without waiting for anything.
   void Launch();
+  // Sets an environment variable for the next Start()/Launch().
+  void SetEnv(const std::string& name, const std::string& value) { options_.env[name] = value; }
   // SIGTERM; returns the exit code.
   int Stop();
   Subprocess& process() { return *process_; }
@@ -78,6 +80,9 @@ struct SampleLine {
 std::vector<SampleLine> ReadSamplesOut(const std::string& path);
 
 std::string CtlPath();
+
+// A TCP port on 127.0.0.1 that nobody listens on right now (the kernel's pick for port 0).
+int FreeTcpPort();
 std::string DaemonPath();
 
 }  // namespace ringloader::testing

@@ -2,11 +2,6 @@
 // Kubernetes probes; item 6: progress where people wait). One daemon per host serves its local ranks;
 // sharding is a function of (seed, epoch, rank, world_size) only, so two daemons ("hosts") serving
 // ranks 0-1 and 2-3 of world 4 deliver every sample exactly once per epoch between them.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -88,22 +83,9 @@ TEST_CASE("12.6: stats --watch redraws every second, and consume stays plain whe
   CHECK(consumed.output.find("ETA") == std::string::npos);
 }
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  REQUIRE(fd >= 0);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST_CASE("12.3: health_listen serves only grpc.health.v1 over TCP, with the daemon's status",
           "[integration][health]") {
-  const std::string health = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string health = "127.0.0.1:" + std::to_string(FreeTcpPort());
   DaemonFixtureOptions options;
   options.images = 8;
   options.server_extra = "health_listen = \"" + health + "\"";

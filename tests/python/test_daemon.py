@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Dict
 
 import pytest
 
@@ -79,3 +80,53 @@ def test_server_keys_reach_the_config_and_bad_ones_are_refused(tiny_dataset):
         assert "ring_slots = 3" in config and 'log_level = "debug"' in config
     with pytest.raises(rl.Error, match="no_such_key"):
         rl.Daemon(datasets={"tiny": tiny_dataset}, no_such_key=1, startup_timeout=30)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(address: str) -> Dict[str, float]:
+    """GET /metrics with a real HTTP client; series name (with labels) -> value."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values
+
+
+def test_a_notebook_daemon_serves_prometheus_metrics_that_follow_the_loader(tiny_dataset):
+    address = f"127.0.0.1:{free_port()}"
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, metrics_listen=address) as d:
+        before = scrape(address)
+        assert before["ringloader_batches_served_total"] == 0
+        assert before['ringloader_decode_errors_total{reason="corrupt"}'] == 0
+        loader = rl.Loader("tiny", endpoint=d.endpoint, batch_size=8, image_size=32,
+                           output="numpy")
+        batches = sum(1 for _ in loader)
+        after = scrape(address)
+        assert after["ringloader_batches_served_total"] == batches == len(loader)
+        # The ring decodes ahead into the next epoch while the loader finishes this one.
+        assert after["ringloader_images_decoded_total"] >= TINY_COUNT
+        assert after["ringloader_decode_duration_seconds_count"] >= TINY_COUNT
+
+
+def test_a_stuck_decoder_is_killed_by_the_watchdog_and_the_loop_goes_on(tiny_dataset):
+    # The decode of one sample blocks for good after its read (no deadline reaches it): the
+    # supervisor's watchdog kills the daemon, and after the second hang the sample is quarantined.
+    victim = sorted(p.relative_to(tiny_dataset) for p in tiny_dataset.rglob("*.jpg"))[5]
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, decode_deadline_ms=400, watchdog_ms=1500,
+                   failpoints={"action": "hang_decode", "crash_on_path": str(victim)}) as d:
+        loader = rl.Loader("tiny", endpoint=d.endpoint, batch_size=8, image_size=32,
+                           output="numpy")
+        seen = [i for b in loader for i in b["indices"].tolist()]
+        assert len(seen) == len(set(seen)) == TINY_COUNT - 1
+        assert d.log().count("sent no progress ping") == 2

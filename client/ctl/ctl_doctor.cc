@@ -1,0 +1,301 @@
+// ringloaderctl doctor: checks the host against a daemon config before anything breaks.
+#include <grp.h>
+#include <pwd.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "client/ctl/ctl.h"
+#include "proto/wire_text.h"
+#include "server/daemon/config.h"
+#include "server/image/transform.h"
+#include "server/pipeline/batch_filler.h"
+#include "server/pipeline/dataset.h"
+#include "shm/base/text.h"
+
+namespace ringloader::ctl {
+namespace {
+
+using base::FormatBytes;
+
+// One line of the report.
+struct Check {
+  bool ok = true;
+  std::string what;  // "shm_dir /dev/shm: 11.7 GiB free, ..."
+  std::string fix;   // for a problem: what to do
+};
+
+Check Ok(std::string what) { return Check{true, std::move(what), ""}; }
+Check Problem(std::string what, std::string fix) {
+  return Check{false, std::move(what), std::move(fix)};
+}
+
+// What the daemon needs beyond memory_limit: code, heap and threads (config/ringloaderd.toml).
+uint64_t FixedOverheadBytes(uint32_t threads) { return (30ull << 20) + (uint64_t{threads} << 20); }
+
+uint32_t DecodeThreads(const server::ServerConfig& s) {
+  return s.decode_threads != 0 ? s.decode_threads
+                               : std::max(1u, std::thread::hardware_concurrency());
+}
+
+// A ring of one stream shaped like `options` (uint8 NHWC, as consume's defaults).
+uint64_t RingBytes(const server::ServerConfig& s, const DoctorOptions& options) {
+  image::TransformSpec spec;
+  spec.image_size = options.image_size;
+  const pipeline::BatchLayout layout = pipeline::ComputeBatchLayout(options.batch_size, spec);
+  return uint64_t{s.ring_slots} * layout.total_bytes;
+}
+
+Check ShmDir(const server::ServerConfig& s, const DoctorOptions& options) {
+  struct statvfs vfs {};
+  if (::statvfs(s.shm_dir.c_str(), &vfs) != 0) {
+    return Problem(absl::StrCat("shm_dir ", s.shm_dir, ": ", std::strerror(errno)),
+                   "create it (a tmpfs), or set server.shm_dir to one");
+  }
+  const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  const uint64_t ring = RingBytes(s, options);
+  const uint64_t all = ring * s.max_streams;
+  // Rings are drawn from memory_limit: never more than that exists at once.
+  const uint64_t need = std::min(all, s.memory_limit_bytes);
+  const std::string what = absl::StrCat(
+      "shm_dir ", s.shm_dir, ": ", FormatBytes(free_bytes), " free; rings need up to ",
+      FormatBytes(need), " (", s.max_streams, " streams x ", s.ring_slots, " slots of batch ",
+      options.batch_size, " at ", options.image_size, " px = ", FormatBytes(all),
+      all > s.memory_limit_bytes ? ", capped by memory_limit" : "", ")");
+  if (free_bytes < need) {
+    return Problem(what, absl::StrCat("give the tmpfs at least ", FormatBytes(need),
+                                      " (mount -o remount,size=... ", s.shm_dir,
+                                      "), or lower server.max_streams or memory_limit"));
+  }
+  return Ok(what);
+}
+
+std::optional<uint64_t> ReadLimit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text)) return std::nullopt;
+  uint64_t value = 0;
+  if (text == "max" || !absl::SimpleAtoi(text, &value)) return std::nullopt;
+  // cgroup v1 writes "no limit" as a page-rounded LONG_MAX.
+  if (value >= (uint64_t{1} << 62)) return std::nullopt;
+  return value;
+}
+
+// The tightest memory limit on `dir` and its ancestors (v2 memory.max, v1 limit_in_bytes).
+std::optional<std::pair<uint64_t, std::string>> CgroupLimit(std::filesystem::path dir) {
+  std::optional<std::pair<uint64_t, std::string>> tightest;
+  for (int depth = 0; depth < 64 && !dir.empty(); ++depth) {
+    for (const char* file : {"memory.max", "memory.limit_in_bytes"}) {
+      const std::string path = (dir / file).string();
+      if (std::optional<uint64_t> v = ReadLimit(path); v && (!tightest || *v < tightest->first)) {
+        tightest = std::make_pair(*v, path);
+      }
+    }
+    if (dir == dir.root_path() || dir.parent_path() == dir) break;
+    dir = dir.parent_path();
+    if (dir == "/sys/fs/cgroup" || dir == "/sys/fs/cgroup/memory" || dir == "/sys/fs") break;
+  }
+  return tightest;
+}
+
+// This process's memory cgroup directory (v2 "0::/path", v1 "N:memory:/path").
+std::string OwnCgroupDir() {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, "0::")) return "/sys/fs/cgroup" + line.substr(3);
+    const size_t at = line.find(":memory:");
+    if (at != std::string::npos) return "/sys/fs/cgroup/memory" + line.substr(at + 8);
+  }
+  return "/sys/fs/cgroup";
+}
+
+Check Memory(const server::ServerConfig& s, const DoctorOptions& options) {
+  const uint64_t need = s.memory_limit_bytes + FixedOverheadBytes(DecodeThreads(s));
+  const uint64_t host = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const std::string dir = options.cgroup.empty() ? OwnCgroupDir() : options.cgroup;
+  uint64_t limit = host;
+  std::string source = "the host's memory";
+  if (auto cgroup = CgroupLimit(dir); cgroup && cgroup->first < host) {
+    limit = cgroup->first;
+    source = cgroup->second;
+  }
+  const std::string what = absl::StrCat(
+      "memory: memory_limit ", FormatBytes(s.memory_limit_bytes),
+      " (rings, indexes and decodes) + about ", FormatBytes(need - s.memory_limit_bytes),
+      " overhead vs ", FormatBytes(limit), " (", source, ")");
+  if (need > limit) {
+    return Problem(what, absl::StrCat("lower server.memory_limit to at most ",
+                                      FormatBytes(limit > need - s.memory_limit_bytes
+                                                      ? limit - (need - s.memory_limit_bytes)
+                                                      : 0),
+                                      ", or raise the limit (MemoryMax= in the unit): past it "
+                                      "the OOM killer, not the budget, stops the daemon"));
+  }
+  return Ok(what);
+}
+
+Check OpenFiles(const server::ServerConfig& s) {
+  // Per stream: its segment, the client's connection and session; per decode thread: a file
+  // being read; plus logs, caches, the journal and gRPC's own.
+  const uint64_t need = 256 + 4ull * s.max_streams + 2ull * DecodeThreads(s);
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  const uint64_t soft = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+  const std::string what =
+      absl::StrCat("open files: limit ", soft == UINT64_MAX ? std::string("unlimited")
+                                                            : std::to_string(soft),
+                   " (this shell's RLIMIT_NOFILE) vs about ", need, " for ", s.max_streams,
+                   " streams");
+  if (soft < need) {
+    return Problem(what, absl::StrCat("raise it to at least ", need,
+                                      " (LimitNOFILE= in the unit, ulimit -n), or lower "
+                                      "server.max_streams"));
+  }
+  return Ok(what);
+}
+
+bool InGroup(gid_t gid) {
+  if (getuid() == 0 || getgid() == gid || getegid() == gid) return true;
+  std::vector<gid_t> groups(static_cast<size_t>(std::max(0, getgroups(0, nullptr))));
+  const int n = getgroups(static_cast<int>(groups.size()), groups.data());
+  return std::find(groups.begin(), groups.begin() + std::max(0, n), gid) != groups.begin() + std::max(0, n);
+}
+
+std::string UserName() {
+  const passwd* pw = getpwuid(getuid());
+  return pw != nullptr ? pw->pw_name : std::to_string(getuid());
+}
+
+Check Socket(const server::ServerConfig& s) {
+  if (!absl::StartsWith(s.listen, "unix:")) {
+    return Ok(absl::StrCat("listen ", s.listen, ": TCP (anyone who reaches it may connect)"));
+  }
+  std::string path = s.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  if (!s.socket_group.empty() && getgrnam(s.socket_group.c_str()) == nullptr) {
+    return Problem(absl::StrCat("socket ", path, ": socket_group \"", s.socket_group,
+                                "\" does not exist"),
+                   absl::StrCat("create it (groupadd ", s.socket_group,
+                                ") or set server.socket_group = \"\""));
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    struct stat dst {};
+    if (::stat(dir.c_str(), &dst) != 0) {
+      return Ok(absl::StrCat("socket ", path, ": not there yet (the daemon creates ", dir,
+                             "; under systemd RuntimeDirectory= does)"));
+    }
+    return Ok(absl::StrCat("socket ", path, ": not there (the daemon is not running)"));
+  }
+  const group* g = getgrgid(st.st_gid);
+  const std::string group = g != nullptr ? g->gr_name : std::to_string(st.st_gid);
+  const bool may = ::access(path.c_str(), R_OK | W_OK) == 0;
+  const std::string what = absl::StrCat("socket ", path, ": group ", group, ", mode ",
+                                        absl::StrFormat("%04o", st.st_mode & 07777), "; ",
+                                        UserName(), may ? " may connect" : " may not connect");
+  if (!may) {
+    return Problem(what, absl::StrCat(InGroup(st.st_gid) ? "check the directory's permissions"
+                                                         : "join the group: sudo usermod -aG ",
+                                      InGroup(st.st_gid) ? std::string() : group,
+                                      InGroup(st.st_gid) ? "" : " $USER (then log in again)"));
+  }
+  return Ok(what);
+}
+
+Check StateDir(const server::ServerConfig& s) {
+  std::filesystem::path dir = s.state_dir;
+  std::error_code ec;
+  while (!std::filesystem::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path()) {
+    dir = dir.parent_path();  // the daemon creates the rest
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return Problem(absl::StrCat("state_dir ", s.state_dir, ": ", dir.string(),
+                                " is not writable here"),
+                   "run the daemon as a user who may write it (StateDirectory= under systemd)");
+  }
+  return Ok(absl::StrCat("state_dir ", s.state_dir, ": writable"));
+}
+
+Check Dataset(const server::DaemonConfig& config, const server::DatasetConfig& dc) {
+  // No state_dir: the doctor writes no index cache where the daemon keeps its own.
+  pipeline::DatasetSpec spec = server::DatasetSpecOf(dc, /*state_dir=*/"");
+  absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
+  const std::string head =
+      absl::StrCat("dataset ", dc.name, " (", pipeline::DatasetFormatName(dc.format), " ", dc.path, ")");
+  if (!ds.ok()) {
+    return Problem(absl::StrCat(head, ": ", wire::EscapeBytes(std::string(ds.status().message()))),
+                   absl::StrCat("fix the path or the files, or remove the dataset from ",
+                                config.source));
+  }
+  if ((*ds)->size() == 0) {
+    return Problem(absl::StrCat(head, ": no samples"), "point path at the data");
+  }
+  std::string what = absl::StrCat(head, ": readable, ", (*ds)->size(), " samples indexed");
+  if (!(*ds)->class_names().empty()) absl::StrAppend(&what, ", ", (*ds)->class_names().size(), " classes");
+  if (!(*ds)->index_problems().empty()) {
+    absl::StrAppend(&what, "; ", (*ds)->index_problems().size(),
+                    " damaged files (served up to the damage; see the daemon's log)");
+  }
+  return Ok(what);
+}
+
+}  // namespace
+
+int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err) {
+  if (options.batch_size == 0 || options.image_size == 0) {
+    err << "ringloaderctl doctor: --batch-size and --image-size must be > 0\n";
+    return kExitUsage;
+  }
+  std::vector<Check> checks;
+  absl::StatusOr<server::DaemonConfig> config = server::LoadConfig(options.config);
+  if (!config.ok()) {
+    checks.push_back(Problem(absl::StrCat("config: ", config.status().message()),
+                             "correct the file (ringloaderd --check-config FILE says the same)"));
+  } else {
+    const server::ServerConfig& s = config->server;
+    checks.push_back(Ok(absl::StrCat("config ", options.config, ": loads (",
+                                     config->datasets.size(), " datasets)")));
+    checks.push_back(ShmDir(s, options));
+    checks.push_back(Memory(s, options));
+    checks.push_back(OpenFiles(s));
+    checks.push_back(Socket(s));
+    checks.push_back(StateDir(s));
+    for (const server::DatasetConfig& dc : config->datasets) checks.push_back(Dataset(*config, dc));
+  }
+  size_t problems = 0;
+  for (const Check& c : checks) {
+    if (c.ok) {
+      out << "ok: " << c.what << "\n";
+    } else {
+      ++problems;
+      out << "problem: " << c.what << "; fix: " << c.fix << "\n";
+    }
+  }
+  out << (problems == 0 ? std::string("all checks passed")
+                        : absl::StrCat(problems, " problem", problems == 1 ? "" : "s", " found"))
+      << "\n";
+  return problems == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace ringloader::ctl

@@ -1,0 +1,169 @@
+#include "server/daemon/metrics.h"
+
+#include <exception>
+#include <limits>
+#include <map>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "proto/ringloader.pb.h"
+#include "server/daemon/progress_watch.h"
+#include "server/daemon/stream_manager.h"
+#include "server/image/sample_decoder.h"
+
+namespace ringloader::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+constexpr char kPrefix[] = "ringloader_";
+
+MetricFamily Family(std::string_view name, std::string_view help, MetricType type) {
+  MetricFamily f;
+  f.name = absl::StrCat(kPrefix, std::string(name));
+  f.help = std::string(help);
+  f.type = type;
+  return f;
+}
+
+ClientMetric Value(MetricType type, double value,
+                   std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+// A family with one unlabelled series.
+MetricFamily Single(std::string_view name, std::string_view help, MetricType type, double value) {
+  MetricFamily f = Family(name, help, type);
+  f.metric.push_back(Value(type, value));
+  return f;
+}
+
+MetricFamily DecodeLatency(const LatencySnapshot& latency) {
+  MetricFamily f = Family("decode_duration_seconds",
+                          "Time from a sample's committed read to its decoded pixels in the slot",
+                          MetricType::Histogram);
+  ClientMetric m;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kDecodeLatencyBounds.size(); ++i) {
+    cumulative += latency.counts[i];
+    m.histogram.bucket.push_back({cumulative, kDecodeLatencyBounds[i]});
+  }
+  m.histogram.bucket.push_back({latency.count, std::numeric_limits<double>::infinity()});
+  m.histogram.sample_count = latency.count;
+  m.histogram.sample_sum = latency.sum_seconds;
+  f.metric.push_back(std::move(m));
+  return f;
+}
+
+class Collector : public prometheus::Collectable {
+ public:
+  explicit Collector(MetricsSources sources) : sources_(sources) {}
+  std::vector<MetricFamily> Collect() const override { return CollectMetrics(sources_); }
+
+ private:
+  const MetricsSources sources_;
+};
+
+}  // namespace
+
+std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
+  v1::GetStatsResponse s;
+  sources.streams->Stats(&s);
+  constexpr MetricType kCounter = MetricType::Counter;
+  constexpr MetricType kGauge = MetricType::Gauge;
+  std::vector<MetricFamily> out;
+  out.push_back(Single("batches_served_total", "Batches handed to trainers", kCounter,
+                       static_cast<double>(s.batches_served())));
+  out.push_back(Single("images_decoded_total", "Samples decoded into ring slots", kCounter,
+                       static_cast<double>(s.images_decoded())));
+  out.push_back(Single("bytes_served_total", "Payload bytes of the batches handed to trainers",
+                       kCounter, static_cast<double>(s.bytes_served())));
+  MetricFamily errors =
+      Family("decode_errors_total", "Samples that failed, by reason", kCounter);
+  std::map<std::string, uint64_t> by_reason;
+  for (std::string_view reason : image::kErrorReasons) by_reason[std::string(reason)] = 0;
+  for (const auto& [reason, count] : s.decode_errors_by_reason()) by_reason[reason] = count;
+  for (const auto& [reason, count] : by_reason) {
+    errors.metric.push_back(Value(kCounter, static_cast<double>(count), {{"reason", reason}}));
+  }
+  out.push_back(std::move(errors));
+  out.push_back(Single("quarantines_total", "Samples this daemon put into quarantine", kCounter,
+                       static_cast<double>(s.quarantines())));
+  out.push_back(Single("requests_rejected_total", "Invalid requests answered with an error",
+                       kCounter, static_cast<double>(s.requests_rejected())));
+  out.push_back(Single("daemon_restarts_total",
+                       "Times the --supervise supervisor restarted the daemon", kCounter,
+                       static_cast<double>(s.daemon_restarts())));
+  out.push_back(Single("batches_copied_out_total", "Held batches trainers copied out of rings",
+                       kCounter, static_cast<double>(s.batches_copied_out())));
+  out.push_back(Single("decode_threads_abandoned_total",
+                       "Decode threads left stuck in a read past decode_deadline_ms", kCounter,
+                       static_cast<double>(s.decode_threads_abandoned())));
+
+  out.push_back(Single("serving", "1 once the datasets are indexed and streams are served", kGauge,
+                       s.starting() ? 0 : 1));
+  out.push_back(Single("streams_open", "Open streams", kGauge,
+                       static_cast<double>(s.streams_open())));
+  uint64_t free = 0, filling = 0, ready = 0, leased = 0;
+  for (const v1::StreamStats& st : s.streams()) {
+    filling += st.slots_filling();
+    ready += st.slots_ready();
+    leased += st.slots_leased();
+    const uint64_t busy = uint64_t{st.slots_filling()} + st.slots_ready() + st.slots_leased();
+    free += st.slots_total() > busy ? st.slots_total() - busy : 0;
+  }
+  MetricFamily slots = Family("ring_slots", "Ring slots of all streams, by state", kGauge);
+  for (const auto& [state, count] : {std::pair<const char*, uint64_t>{"free", free},
+                                     {"filling", filling},
+                                     {"ready", ready},
+                                     {"leased", leased}}) {
+    slots.metric.push_back(Value(kGauge, static_cast<double>(count), {{"state", state}}));
+  }
+  out.push_back(std::move(slots));
+  out.push_back(Single("quarantined_samples", "Samples in quarantine (skipped)", kGauge,
+                       static_cast<double>(s.quarantined_size())));
+  out.push_back(Single("memory_limit_bytes", "server.memory_limit", kGauge,
+                       static_cast<double>(s.memory_limit_bytes())));
+  out.push_back(Single("memory_reserved_bytes",
+                       "Reserved from memory_limit: rings, indexes and decodes in flight", kGauge,
+                       static_cast<double>(s.memory_reserved_bytes())));
+  out.push_back(Single("memory_decoding_bytes", "The part of the reservation decodes hold now",
+                       kGauge, static_cast<double>(s.memory_decoding_bytes())));
+  out.push_back(Single("resident_memory_bytes", "Resident set size of the daemon", kGauge,
+                       static_cast<double>(s.rss_bytes())));
+  if (sources.progress != nullptr) out.push_back(DecodeLatency(sources.progress->latency()));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen,
+                                                                        MetricsSources sources) {
+  auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
+  endpoint->collector_ = std::make_shared<Collector>(sources);
+  try {
+    // Two threads: a scrape is cheap, and a slow scraper must not hold up another.
+    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("server.metrics_listen: cannot listen on ", listen,
+                                               " (", e.what(), ")"));
+  }
+  endpoint->exposer_->RegisterCollectable(endpoint->collector_);
+  return endpoint;
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  exposer_.reset();  // no scrape runs past here
+}
+
+}  // namespace ringloader::server

@@ -1,0 +1,135 @@
+// Issue 12 item 2: Prometheus metrics, scraped over HTTP by a real HTTP client (curl) from the
+// real daemon while a trainer reads and the supervisor restarts it.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "tests/integration/daemon_fixture.h"
+
+namespace ringloader::testing {
+namespace {
+
+// GET http://ADDRESS/metrics with curl: headers and body.
+CommandResult Scrape(const std::string& address) {
+  return RunCommand({"/usr/bin/curl", "--silent", "--show-error", "--include", "--max-time", "10",
+                     "http://" + address + "/metrics"});
+}
+
+// The value of the series `key` ("name" or "name{label=\"v\"}") in exposition text.
+std::optional<double> Value(const std::string& text, const std::string& key) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == ' ') {
+      return std::stod(line.substr(key.size() + 1));
+    }
+  }
+  return std::nullopt;
+}
+
+TEST_CASE("12.2: GET /metrics serves every series from the start at 0, and the values move with "
+          "batches, bad files and supervisor restarts",
+          "[integration][metrics]") {
+  const std::string address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  DaemonFixtureOptions options;
+  options.images = 40;
+  options.supervise = true;
+  options.server_extra = "metrics_listen = \"" + address + "\"";
+  DaemonFixture daemon(options);
+  // One file that is no JPEG at all: a decode error by reason.
+  const std::string class_dir =
+      std::filesystem::directory_iterator(daemon.dataset_root())->path().string();
+  std::ofstream(class_dir + "/zz_not_an_image.jpg") << "this is not a JPEG";
+  REQUIRE(daemon.Start());
+
+  const CommandResult first = Scrape(address);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK_THAT(first.output, Catch::StartsWith("HTTP/1.1 200") &&
+                               Catch::Contains("Content-Type: text/plain"));
+  CHECK_THAT(first.output, Catch::Contains("# TYPE ringloader_batches_served_total counter"));
+  for (const char* zero :
+       {"ringloader_batches_served_total", "ringloader_images_decoded_total",
+        "ringloader_bytes_served_total", "ringloader_decode_errors_total{reason=\"corrupt\"}",
+        "ringloader_decode_errors_total{reason=\"not_jpeg\"}",
+        "ringloader_decode_errors_total{reason=\"deadline_exceeded\"}",
+        "ringloader_quarantines_total", "ringloader_requests_rejected_total",
+        "ringloader_daemon_restarts_total", "ringloader_streams_open",
+        "ringloader_ring_slots{state=\"free\"}", "ringloader_ring_slots{state=\"leased\"}",
+        "ringloader_quarantined_samples", "ringloader_decode_duration_seconds_count"}) {
+    INFO(zero);
+    CHECK(Value(first.output, zero) == 0.0);
+  }
+  CHECK(Value(first.output, "ringloader_serving") == 1.0);
+  CHECK(Value(first.output, "ringloader_memory_limit_bytes") == double(1 << 30));
+  CHECK(Value(first.output, "ringloader_resident_memory_bytes").value_or(0) > 0);
+
+  const CommandResult consumed = daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "4",
+                                             "--image-size", "32", "--epochs", "1"});
+  REQUIRE(consumed.exit_code == 0);
+  const CommandResult after = Scrape(address);
+  INFO(after.output);
+  CHECK(Value(after.output, "ringloader_batches_served_total") == 10.0);
+  CHECK(Value(after.output, "ringloader_images_decoded_total") == 40.0);
+  // Each batch: 4 uint8 images of 32 x 32 x 3 plus labels and indices, 256-byte aligned.
+  CHECK(Value(after.output, "ringloader_bytes_served_total") == 10.0 * (12288 + 256 + 256));
+  double errors = 0;
+  for (std::string_view reason : {"not_jpeg", "corrupt", "truncated", "read_error"}) {
+    errors += Value(after.output, "ringloader_decode_errors_total{reason=\"" +
+                                      std::string(reason) + "\"}")
+                  .value_or(-100);
+  }
+  CHECK(errors == 1.0);
+  const double decodes = Value(after.output, "ringloader_decode_duration_seconds_count").value_or(0);
+  CHECK(decodes >= 40);
+  CHECK(Value(after.output, "ringloader_decode_duration_seconds_bucket{le=\"+Inf\"}") == decodes);
+  CHECK(Value(after.output, "ringloader_decode_duration_seconds_sum").value_or(0) > 0);
+
+  // A stream held open shows its ring; a SIGKILL of the daemon counts as a restart.
+  Subprocess trainer({CtlPath(), "--endpoint", daemon.endpoint(), "consume", "--dataset", "synth",
+                      "--batch-size", "4", "--image-size", "32", "--epochs", "1000"},
+                     {}, daemon.dir() + "/trainer.log");
+  REQUIRE(WaitFor(
+      [&] { return Value(Scrape(address).output, "ringloader_streams_open") == 1.0; },
+      std::chrono::seconds(20)));
+  const std::string open = Scrape(address).output;
+  double slots = 0;
+  for (const char* state : {"free", "filling", "ready", "leased"}) {
+    slots += Value(open, std::string("ringloader_ring_slots{state=\"") + state + "\"}").value_or(0);
+  }
+  CHECK(slots == 4);  // ring_slots = 4, each in exactly one state
+  trainer.Kill(SIGKILL);
+  trainer.Wait();
+  const pid_t child = daemon.ServingPid();
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  REQUIRE(WaitFor(
+      [&] { return Value(Scrape(address).output, "ringloader_daemon_restarts_total") == 1.0; },
+      std::chrono::seconds(20)));
+  CHECK(Value(Scrape(address).output, "ringloader_batches_served_total") == 0.0);  // a new one
+  CHECK(daemon.Stop() == 0);
+  CHECK(Scrape(address).exit_code != 0);  // gone with the daemon
+}
+
+TEST_CASE("12.2: a metrics_listen address in use stops the start, naming the key",
+          "[integration][metrics]") {
+  const std::string address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.server_extra = "metrics_listen = \"" + address + "\"";
+  DaemonFixture first(options);
+  REQUIRE(first.Start());
+  DaemonFixture second(options);
+  second.Launch();
+  CHECK(second.process().WaitExitCode(std::chrono::seconds(30)) == 1);
+  CHECK_THAT(second.Log(), Catch::Contains("server.metrics_listen: cannot listen on " + address));
+  CHECK(first.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace ringloader::testing
