@@ -225,8 +225,8 @@ struct Stream::Impl {
     while (!ended) {
       auto wait = kWait;
       if (timeout) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
+        // Rounded up: a truncated 0.7 ms would give up before the caller's timeout has passed.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(give_up - Clock::now());
         if (left.count() <= 0) {
           throw Error(ErrorCode::kDeadlineExceeded,
                       absl::StrCat("no batch within ", timeout->count(),
