@@ -62,11 +62,17 @@ def test_manifests_agree_with_the_config_and_each_other(tmp_path: Path) -> None:
     assert daemon_mounts[str(config_path.parent)] == "configMap:" + config_map["metadata"]["name"]
     assert config_path.name in config_map["data"]
 
-    # Probes dial health_listen's port, which the container declares.
+    # Probes dial health_listen's port; Prometheus scrapes metrics_listen's, as the pod's
+    # annotations say; the container declares both.
     port = int(config["server"]["health_listen"].rsplit(":", 1)[1])
-    assert {p["containerPort"] for p in container["ports"]} == {port}
+    metrics_port = int(config["server"]["metrics_listen"].rsplit(":", 1)[1])
+    assert {p["containerPort"] for p in container["ports"]} == {port, metrics_port}
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert container[probe]["grpc"]["port"] == port
+    annotations = daemon_set["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == metrics_port
+    assert annotations["prometheus.io/path"] == "/metrics"
 
     # The socket's directory and shm_dir are the same host directories in both pods.
     socket = config["server"]["listen"].removeprefix("unix:")
