@@ -54,24 +54,25 @@ void HostNotifier::Send(std::string_view message) {
       SPDLOG_DEBUG("sd_notify: {}", std::strerror(-r));
     }
   }
-  if (pipe_fd_ >= 0) {
-    // One write per message, below PIPE_BUF: never interleaved with another thread's.
-    std::string line(message);
-    line += '\n';
-    if (::write(pipe_fd_, line.data(), line.size()) < 0 && errno != EAGAIN) {
-      SPDLOG_DEBUG("supervisor pipe: {}", std::strerror(errno));
-    }
+  SendToSupervisor(message);
+}
+
+void HostNotifier::SendToSupervisor(std::string_view message) {
+  if (pipe_fd_ < 0) return;
+  // One write per message, below PIPE_BUF: never interleaved with another thread's.
+  std::string line(message);
+  line += '\n';
+  if (::write(pipe_fd_, line.data(), line.size()) < 0 && errno != EAGAIN) {
+    SPDLOG_DEBUG("supervisor pipe: {}", std::strerror(errno));
   }
 }
 
 void HostNotifier::Ready() {
   Send("READY=1");
-  if (supervisor_watchdog_.count() > 0 && pipe_fd_ >= 0) {
-    const std::string line = absl::StrCat(
-        "WATCHDOG_USEC=", std::chrono::microseconds(supervisor_watchdog_).count(), "\n");
-    if (::write(pipe_fd_, line.data(), line.size()) < 0) {
-      SPDLOG_DEBUG("supervisor pipe: {}", std::strerror(errno));
-    }
+  if (supervisor_watchdog_.count() > 0) {
+    // The supervisor's own watchdog interval (systemd's comes from the unit).
+    SendToSupervisor(absl::StrCat("WATCHDOG_USEC=",
+                                  std::chrono::microseconds(supervisor_watchdog_).count()));
   }
 }
 

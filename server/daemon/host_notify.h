@@ -44,7 +44,8 @@ class HostNotifier {
   bool supervised() const { return pipe_fd_ >= 0; }
 
  private:
-  void Send(std::string_view message);
+  void Send(std::string_view message);  // to systemd and the supervisor
+  void SendToSupervisor(std::string_view message);
 
   bool systemd_ = false;
   int pipe_fd_ = -1;
