@@ -103,6 +103,30 @@ int Main(int argc, char** argv) {
   convert_cmd->add_option("--shard-size", convert.shard_size, "samples per shard")
       ->capture_default_str();
 
+  PeekOptions peek;
+  CLI::App* peek_cmd = app.add_subcommand(
+      "peek", "write one batch as a trainer receives it as a contact sheet (PNG or JPEG)");
+  peek_cmd->add_option("--dataset", peek.dataset, "a dataset name from the daemon's config")
+      ->required();
+  peek_cmd->add_option("--epoch", peek.epoch)->capture_default_str();
+  peek_cmd->add_option("--batch", peek.batch, "batch index within the epoch")->capture_default_str();
+  peek_cmd->add_option("--seed", peek.seed)->capture_default_str();
+  peek_cmd->add_option("--rank", peek.rank)->capture_default_str();
+  peek_cmd->add_option("--world-size", peek.world_size)->capture_default_str();
+  peek_cmd->add_option("--batch-size", peek.batch_size)->capture_default_str();
+  peek_cmd->add_option("--augment", peek.augment)
+      ->check(CLI::IsMember({"train", "eval"}))
+      ->capture_default_str();
+  peek_cmd->add_option("--resize", peek.resize)
+      ->check(CLI::IsMember({"fast", "exact"}))
+      ->capture_default_str();
+  bool peek_no_shuffle = false;
+  peek_cmd->add_flag("--no-shuffle", peek_no_shuffle, "dataset order");
+  peek_cmd->add_option("--image-size", peek.image_size)->capture_default_str();
+  peek_cmd->add_option("--columns", peek.columns, "tiles per row")->capture_default_str();
+  peek_cmd->add_option("--out", peek.out, "sheet.png (lossless) or sheet.jpg; legend: sheet.tsv")
+      ->required();
+
   DoctorOptions doctor;
   CLI::App* doctor_cmd = app.add_subcommand(
       "doctor", "check this host against a daemon config (exit 1 on any problem)");
@@ -166,6 +190,11 @@ int Main(int argc, char** argv) {
   if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
   if (*convert_cmd) return RunConvert(convert, std::cout, std::cerr);
   if (*doctor_cmd) return RunDoctor(doctor, std::cout, std::cerr);
+  if (*peek_cmd) {
+    peek.endpoint = endpoint;
+    peek.shuffle = !peek_no_shuffle;
+    return RunPeek(peek, std::cout, std::cerr);
+  }
   if (*validate_cmd) {
     if (*max_pixels_opt) validate.max_pixels = max_pixels;
     return RunValidate(validate, std::cout, std::cerr);

@@ -133,6 +133,32 @@ struct DoctorOptions {
 // "ok: ..." or "problem: ...; fix: ...", then a summary. 0 all ok, 1 any problem.
 int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err);
 
+struct PeekOptions {
+  std::string endpoint;
+  std::string dataset;
+  uint64_t epoch = 0;
+  uint64_t batch = 0;  // batch index within the epoch (for this rank)
+  uint64_t seed = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t batch_size = 64;
+  std::string augment = "train";  // train | eval
+  std::string resize = "fast";    // fast | exact
+  bool shuffle = true;
+  uint32_t image_size = 224;
+  uint32_t columns = 8;
+  std::string out;  // .png (lossless) or .jpg; the legend goes beside it as .tsv
+};
+// Reads batch `batch` of epoch `epoch` exactly as a trainer with those options receives it
+// (uint8 NHWC: the bytes before any float32 normalisation) and writes it as a contact sheet
+// (contact_sheet.h) plus a legend, `out` with the extension .tsv: a header line, then
+// "tile<TAB>sample_index<TAB>label<TAB>path" per tile (paths escaped as proto/wire_text.h says).
+// Prints "wrote OUT (N tiles of S px, C per row: batch B of epoch E) and LEGEND". 2 for bad
+// options or a batch the epoch does not have; 1 on an RPC or write error.
+int RunPeek(const PeekOptions& options, std::ostream& out, std::ostream& err);
+// The legend's path for a sheet at `sheet_path` ("sheet.png" -> "sheet.tsv").
+std::string LegendPath(const std::string& sheet_path);
+
 struct QuarantineOptions {
   std::string endpoint;
   std::string dataset;  // clear only; empty = all

@@ -62,6 +62,12 @@ int RunMakeDataset(const MakeDatasetOptions& options, std::ostream& out, std::os
   if (options.out_dir.empty() || options.count == 0 || options.classes == 0) {
     return usage("--out must be set and --count, --classes must be > 0");
   }
+  if (options.count < options.classes) {
+    return usage(absl::StrCat("--count ", options.count, " is less than --classes ",
+                              options.classes,
+                              ": every class folder needs an image (an empty one is an error, "
+                              "as in torchvision's ImageFolder)"));
+  }
   const bool sharded = options.format == "webdataset" || options.format == "tfrecord";
   if (!sharded && options.format != "imagefolder" && options.format != "arrays") {
     return usage(absl::StrCat("--format must be imagefolder, webdataset, tfrecord or arrays, got '",

@@ -50,6 +50,17 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
     out << absl::StrFormat("%-20s %d (by the supervisor)\n", "daemon restarts", s.daemon_restarts());
   }
 
+  for (const v1::DatasetStats& d : s.datasets()) {
+    out << absl::StrFormat("dataset %s: %s, %d samples", d.name(), d.format(), d.samples());
+    if (d.classes() > 0) out << absl::StrFormat(", %d classes", d.classes());
+    if (d.ignored_files() > 0) {
+      out << absl::StrFormat("; ignored %d file%s without an image extension", d.ignored_files(),
+                             d.ignored_files() == 1 ? "" : "s");
+      if (d.ignored_examples_size() > 0) out << ", e.g. " << d.ignored_examples(0);
+    }
+    out << "\n";
+  }
+
   if (s.streams_size() > 0) {
     out << "\nstreams:\n";
     out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %-10s %s\n", "ID", "DATASET",

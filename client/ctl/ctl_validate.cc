@@ -9,6 +9,7 @@
 #include "client/ctl/ctl.h"
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
+#include "server/image/image_format.h"
 #include "server/image/sample_decoder.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/sample_reader.h"
@@ -89,6 +90,7 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   }
   // Each sample as the daemon reads it: its image decoded, its label, its extra tensors.
   std::vector<absl::Status> results(ds.size());
+  std::vector<image::ImageFormat> formats(ds.size(), image::ImageFormat::kUnknown);
   pool.ParallelFor(ds.size(), [&](uint64_t i, uint32_t worker) {
     absl::StatusOr<pipeline::SampleReader> reader =
         pipeline::SampleReader::Open(ds, i, limits.max_file_bytes);
@@ -103,6 +105,7 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
         return;
       }
       image::ImageInfo info;
+      formats[i] = image::SniffFormat(bytes->image());
       results[i] = decoders[worker]->DecodeRgb(bytes->image(), reader->where(), &info).status();
       if (!results[i].ok()) return;
     }
@@ -132,6 +135,7 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     // Messages start with where the sample is (absolute or relative): the line names it.
     absl::string_view message = WithoutPathPrefix(results[i].message(), relative);
     message = WithoutPathPrefix(message, ds.AbsolutePath(i));
+    message = WithoutPathPrefix(message, reason);  // the line says the reason once
     out << "BAD " << wire::EscapeBytes(relative) << ": " << reason << ": "
         << wire::EscapeBytes(std::string_view(message.data(), message.size())) << "\n";
   }
@@ -145,6 +149,13 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     out << " (" << absl::StrJoin(by_reason, ", ", absl::PairFormatter(": ")) << ")";
   }
   out << "\n";
+  if (ds.has_images() && ds.size() > 0) {
+    // By content: a PNG named .jpg counts as png. Files that could not be read count as unknown.
+    std::map<std::string, uint64_t> by_format;
+    for (image::ImageFormat f : formats) ++by_format[std::string(image::FormatName(f))];
+    out << "formats: " << absl::StrJoin(by_format, ", ", absl::PairFormatter(" ")) << "\n";
+  }
+  if (ds.ignored_count() > 0) out << ds.IgnoredText() << "\n";
   return bad == 0 && damaged_files == 0 ? kExitOk : kExitFailure;
 }
 

@@ -292,6 +292,53 @@ class Loader:
         self._fingerprint = saved["dataset_fingerprint"]
         self._chosen = True
 
+    def peek(self, epoch: Optional[int] = None, batch: int = 0,
+             columns: int = 8) -> "numpy.ndarray":
+        """One batch as a contact sheet, to look at what the model sees before training on it.
+
+        Returns a ``uint8`` array of shape ``(rows * image_size, columns * image_size, 3)``:
+        tile ``k`` (row-major, ``columns`` per row, no borders) is sample ``k`` of batch
+        ``batch`` of epoch ``epoch`` (default: the loader's current epoch) exactly as this
+        loader's options deliver it, in ``uint8`` before any float32 normalisation. The same
+        sheet as ``ringloaderctl peek --out sheet.png``. Tiles past the batch's last sample are
+        black. The loader's own position does not move::
+
+            import matplotlib.pyplot as plt
+            plt.imshow(loader.peek(batch=3)); plt.axis("off")
+        """
+        import numpy as np
+        self._check_process()
+        if epoch is None:
+            epoch = self.epoch
+        for name, value, least in (("epoch", epoch, 0), ("batch", batch, 0), ("columns", columns, 1)):
+            if not isinstance(value, int) or value < least:
+                raise InvalidArgument(f"peek: {name} must be an int >= {least}, got {value!r}")
+        if self._client is None:
+            self._client = _ringloader.Client(self._endpoint)
+        # From the epoch's first batch: which samples a batch holds depends on the files before it.
+        options = dict(self._options, dtype="uint8", layout="NHWC", writable_batches=False,
+                       end_epoch=epoch + 1, start={"epoch": epoch, "sequence": 0, "cursor": 0},
+                       client_name=f"{self._options['client_name']} (peek)")
+        stream = self._client.open(options)
+        try:
+            native = None
+            for taken in range(batch + 1):
+                native = stream.next(self._timeout)
+                if native is None:
+                    raise InvalidArgument(
+                        f"peek: epoch {epoch} has {taken} batches: there is no batch {batch}")
+            images = np.array(Batch(native, "numpy")["images"])  # a copy: the slot goes back
+        finally:
+            stream.close()
+        n, size = images.shape[0], images.shape[1]
+        cols = max(1, min(columns, n))
+        rows = max(1, -(-n // cols))
+        sheet = np.zeros((rows * size, cols * size, 3), dtype=np.uint8)
+        for k in range(n):
+            y, x = (k // cols) * size, (k % cols) * size
+            sheet[y:y + size, x:x + size] = images[k]
+        return sheet
+
     def close(self) -> None:
         """Closes the stream on the daemon (the next ``iter()`` opens a new one)."""
         self._close_stream()

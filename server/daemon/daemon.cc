@@ -231,6 +231,10 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
               pipeline::DatasetFormatName(dc.format), (*ds)->root(), (*ds)->size(),
               classes > 0 ? absl::StrCat(", ", classes, " classes") : "",
               (*ds)->loaded_from_cache() ? " (index cache)" : "", TensorsText(**ds));
+  if ((*ds)->ignored_count() > 0) {
+    SPDLOG_WARN("dataset {}: {} (not served, as torchvision's ImageFolder does not list them)",
+                dc.name, (*ds)->IgnoredText());
+  }
   if (!(*ds)->cache_warning().empty()) {
     SPDLOG_WARN("dataset {}: {}", dc.name, wire::EscapeBytes((*ds)->cache_warning()));
   }

@@ -478,6 +478,14 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     b->set_message(wire::EscapeBytes(r.message));
   }
   for (const ServedDataset* served : deps_.datasets->All()) {
+    const pipeline::Dataset& ds = *served->dataset;
+    v1::DatasetStats* d = response->add_datasets();
+    d->set_name(served->config.name);
+    d->set_format(std::string(pipeline::DatasetFormatName(ds.format())));
+    d->set_samples(ds.size());
+    d->set_classes(ds.class_names().size());
+    d->set_ignored_files(ds.ignored_count());
+    for (const std::string& e : ds.ignored_examples()) d->add_ignored_examples(wire::EscapeBytes(e));
     for (const pipeline::IndexProblem& p : served->dataset->index_problems()) {
       v1::BadFile* b = response->add_damaged_files();
       b->set_dataset(served->config.name);

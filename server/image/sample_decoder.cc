@@ -12,7 +12,9 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "server/image/image_format.h"
 #include "server/image/jpeg_decompressor.h"
+#include "server/image/raster_codec.h"
 #include "server/image/resample.h"
 #include "shm/base/text.h"
 
@@ -23,6 +25,9 @@
 //              horizontally as it arrives (CMYK converted first);
 //   transform  WriteSample: the vertical pass, then dtype and layout, into the batch.
 // libjpeg's jumps stay inside JpegDecompressor; everything here is ordinary C++.
+// The other formats (raster_codec.h) go header -> plan -> DecodeRaster (the whole image as RGB,
+// then the same horizontal pass over the rows the filter reads) -> WriteSample. The format is
+// told by the file's first bytes, once per call.
 
 namespace ringloader::image {
 namespace {
@@ -71,15 +76,10 @@ int32_t CeilDiv(double v, int32_t d) { return static_cast<int32_t>(std::ceil(v /
 }  // namespace
 
 std::string_view ErrorReason(const absl::Status& status) {
-  static constexpr std::array<std::string_view, 14> kKnown = {
-      "read_error",       "empty",          "not_jpeg",     "too_large",
-      "truncated",        "corrupt",        "unsupported",  "too_many_scans",
-      "quarantined",      "not_regular_file", "deadline_exceeded", "io_error",
-      "crc_mismatch",     "other"};
   const auto payload = status.GetPayload(kReasonPayload);
   if (!payload.has_value()) return "other";
   const std::string text(*payload);
-  for (std::string_view known : kKnown) {
+  for (std::string_view known : kErrorReasons) {
     if (known == text) return known;
   }
   return "other";
@@ -129,6 +129,7 @@ struct Scratch {
   std::vector<uint8_t> out_row;
   std::vector<int32_t> acc;
   std::vector<float> float_row;
+  std::vector<uint8_t> raster;   // a non-JPEG image decoded whole, as RGB
   AxisTaps htaps, vtaps;
   std::array<std::array<float, 256>, 3> lut{};
   std::array<float, 3> lut_mean{}, lut_std{};
@@ -148,7 +149,7 @@ struct Scratch {
   void ReleaseBigScratch() {
     const size_t held = row.capacity() + rgb_row.capacity() + hrows.capacity() +
                         out_row.capacity() + acc.capacity() * sizeof(int32_t) +
-                        float_row.capacity() * sizeof(float);
+                        float_row.capacity() * sizeof(float) + raster.capacity();
     if (held <= kKeepScratchBytes) return;
     std::vector<uint8_t>().swap(row);
     std::vector<uint8_t>().swap(rgb_row);
@@ -156,6 +157,7 @@ struct Scratch {
     std::vector<uint8_t>().swap(out_row);
     std::vector<int32_t>().swap(acc);
     std::vector<float>().swap(float_row);
+    std::vector<uint8_t>().swap(raster);
   }
 
 };
@@ -231,6 +233,52 @@ DecodePlan PlanFor(uint64_t width, uint64_t height, uint64_t components, uint64_
   return plan;
 }
 
+// ---- other formats: header ----
+
+// What a non-JPEG file is, checked against the limits like a JPEG header. Unknown content and
+// TIFF fail here, as does anything the format's header reader refuses.
+absl::StatusOr<RasterInfo> ReadRasterHeader(ImageFormat format, const DecodeLimits& limits,
+                                            std::span<const uint8_t> bytes,
+                                            std::string_view path, ImageInfo& info) {
+  if (bytes.empty()) return DataError(path, "empty", "file is empty (0 bytes)");
+  const RasterCodec* codec = RasterCodecFor(format);
+  if (codec == nullptr) {
+    if (format == ImageFormat::kTiff) {
+      return DataError(path, "unsupported",
+                       "TIFF images are not decoded (no TIFF decoder is built in; convert them, "
+                       "e.g. to PNG)");
+    }
+    return DataError(path, "not_image",
+                     "not an image: its first bytes match no JPEG, PNG, WebP, BMP or PPM/PGM "
+                     "signature");
+  }
+  absl::StatusOr<RasterInfo> raster = codec->read_header(bytes, path);
+  if (!raster.ok()) return raster.status();
+  info.width = raster->width;
+  info.height = raster->height;
+  info.components = raster->channels;
+  info.progressive = false;
+  const uint64_t pixels = uint64_t(std::max(0, raster->width)) * uint64_t(std::max(0, raster->height));
+  if (raster->width <= 0 || raster->height <= 0) {
+    return DataError(path, "corrupt",
+                     absl::StrCat("image has zero size ", raster->width, "x", raster->height));
+  }
+  if (pixels > limits.max_pixels) {
+    return DataError(path, "too_large",
+                     absl::StrCat("image is ", raster->width, "x", raster->height, " = ", pixels,
+                                  " pixels, above max_pixels ", limits.max_pixels));
+  }
+  return raster;
+}
+
+// The whole image as RGB, the library's own work space, and the filter's rows.
+DecodePlan RasterPlan(const RasterInfo& raster, uint32_t image_size) {
+  DecodePlan plan;
+  plan.scratch_bytes = uint64_t(raster.width) * uint64_t(raster.height) * 3 + raster.work_bytes +
+                       uint64_t(raster.height) * image_size * 3 + (64 << 10);
+  return plan;
+}
+
 // ---- plan ----
 
 // Which source pixels make the sample, before any pixel is decoded.
@@ -242,7 +290,9 @@ struct SourcePlan {
   int32_t denom = 1;              // DCT scaling 1/denom
 };
 
-SourcePlan PlanSource(const ImageInfo& info, const TransformSpec& spec, SampleRng& rng) {
+// `dct_scaling`: JPEG only (libjpeg decodes at 1/2, 1/4, 1/8 for free).
+SourcePlan PlanSource(const ImageInfo& info, const TransformSpec& spec, SampleRng& rng,
+                      bool dct_scaling) {
   SourcePlan plan;
   plan.x1 = info.width;
   plan.y1 = info.height;
@@ -262,7 +312,7 @@ SourcePlan PlanSource(const ImageInfo& info, const TransformSpec& spec, SampleRn
   }
   // The largest power-of-two DCT reduction that keeps the scaled box >= the output in both axes.
   const auto size = static_cast<int32_t>(spec.image_size);
-  while (!spec.exact_resize && plan.denom < 8 && plan.box.width / (plan.denom * 2) >= size &&
+  while (dct_scaling && !spec.exact_resize && plan.denom < 8 && plan.box.width / (plan.denom * 2) >= size &&
          plan.box.height / (plan.denom * 2) >= size) {
     plan.denom *= 2;
   }
@@ -294,10 +344,16 @@ absl::StatusOr<DecodePlan> SampleDecoder::PlanFromHeader(std::span<const uint8_t
                                                          std::string_view path,
                                                          const DecodeLimits& limits,
                                                          const TransformSpec& spec) try {
+  ImageInfo info;
+  if (const ImageFormat format = SniffFormat(head);
+      format != ImageFormat::kJpeg && !head.empty()) {
+    absl::StatusOr<RasterInfo> raster = ReadRasterHeader(format, limits, head, path, info);
+    if (!raster.ok()) return raster.status();
+    return RasterPlan(*raster, spec.image_size);
+  }
   // A header cut off by the end of `head` must say "truncated" (the caller's cue), whatever the
   // dataset's warnings setting.
   JpegDecompressor jpeg(/*warnings_are_errors=*/true, limits.max_scans);
-  ImageInfo info;
   if (absl::Status s = ReadHeader(jpeg, limits, head, path, info); !s.ok()) return s;
   bool multiple_scans = false;
   if (!jpeg.HasMultipleScans(&multiple_scans)) return JpegError(path, jpeg.failure());
@@ -322,12 +378,26 @@ absl::StatusOr<DecodePlan> SampleDecoder::PlanFromHeader(std::span<const uint8_t
 
 DecodePlan SampleDecoder::WorstCasePlan(const DecodeLimits& limits, const TransformSpec& spec) {
   // 4 components, every one at full resolution, multi-scan; the widest and tallest sides JPEG has.
-  return PlanFor(kMaxJpegSide, kMaxJpegSide, 4, limits.max_pixels * 4 * 2, spec.image_size);
+  DecodePlan jpeg = PlanFor(kMaxJpegSide, kMaxJpegSide, 4, limits.max_pixels * 4 * 2, spec.image_size);
+  // Any other format: the largest image the limits admit, decoded whole through 16-bit RGBA.
+  RasterInfo raster;
+  raster.width = static_cast<int32_t>(std::min<uint64_t>(limits.max_pixels, INT32_MAX));
+  raster.height = 1;
+  raster.work_bytes = limits.max_pixels * 8 + (17 << 20);
+  DecodePlan other = RasterPlan(raster, spec.image_size);
+  other.scratch_bytes += kMaxJpegSide * spec.image_size * 3;  // the filter's rows, at most
+  return other.bytes() > jpeg.bytes() ? other : jpeg;
 }
 
 absl::StatusOr<ImageInfo> SampleDecoder::ReadInfo(std::span<const uint8_t> jpeg,
                                                   std::string_view path) {
   ImageInfo info;
+  if (const ImageFormat format = SniffFormat(jpeg);
+      format != ImageFormat::kJpeg && !jpeg.empty()) {
+    absl::StatusOr<RasterInfo> raster = ReadRasterHeader(format, limits_, jpeg, path, info);
+    if (!raster.ok()) return raster.status();
+    return info;
+  }
   if (absl::Status s = ReadHeader(state_->jpeg, limits_, jpeg, path, info); !s.ok()) return s;
   state_->jpeg.Abort();
   return info;
@@ -339,6 +409,17 @@ absl::StatusOr<std::vector<uint8_t>> SampleDecoder::DecodeRgb(std::span<const ui
   JpegDecompressor& jpeg = state_->jpeg;
   Scratch& st = state_->scratch;
   ImageInfo info;
+  if (const ImageFormat format = SniffFormat(bytes);
+      format != ImageFormat::kJpeg && !bytes.empty()) {
+    absl::StatusOr<RasterInfo> raster = ReadRasterHeader(format, limits_, bytes, path, info);
+    if (!raster.ok()) return raster.status();
+    if (info_out != nullptr) *info_out = info;
+    std::vector<uint8_t> rgb(size_t(info.width) * size_t(info.height) * 3);
+    if (absl::Status s = RasterCodecFor(format)->decode_rgb(bytes, path, *raster, rgb); !s.ok()) {
+      return s;
+    }
+    return rgb;
+  }
   if (absl::Status s = ReadHeader(jpeg, limits_, bytes, path, info); !s.ok()) return s;
   if (info_out != nullptr) *info_out = info;
   const bool cmyk = SetOutColor(jpeg);
@@ -367,6 +448,21 @@ namespace {
 
 // ---- decode ----
 
+// The two filters for an image of sw x sh pixels (at 1/plan.denom), and room in st.hrows for
+// every source row the vertical one reads.
+void BuildFilters(Scratch& st, const SourcePlan& plan, int32_t sw, int32_t sh, int32_t size) {
+  // The window in scaled coordinates: scaled pixel j covers source pixels [j*d, (j+1)*d).
+  const int32_t d = plan.denom;
+  const int32_t cx0 = std::clamp(FloorDiv(plan.x0, d), 0, sw - 1);
+  const int32_t cx1 = std::clamp(CeilDiv(plan.x1, d), cx0 + 1, sw);
+  const int32_t cy0 = std::clamp(FloorDiv(plan.y0, d), 0, sh - 1);
+  const int32_t cy1 = std::clamp(CeilDiv(plan.y1, d), cy0 + 1, sh);
+  BuildTaps(plan.box.x / d, plan.box.width / d, size, cx0, cx1, plan.flip, st.htaps);
+  BuildTaps(plan.box.y / d, plan.box.height / d, size, cy0, cy1, false, st.vtaps);
+  st.hrows.resize(static_cast<size_t>(st.vtaps.in_end - st.vtaps.in_begin) * size * 3 +
+                  kRowSlack);
+}
+
 // Decodes, at 1/plan.denom, the rows and columns the filters read (all of them when `partial` is
 // off), resampling each row horizontally into st.hrows as it arrives. Sets *refused when libjpeg
 // refused the partial decode (crop or skip), after which a full decode is worth a try.
@@ -377,14 +473,8 @@ absl::Status DecodeRows(JpegDecompressor& jpeg, Scratch& st, const SourcePlan& p
   if (!jpeg.CalcOutputDimensions(static_cast<unsigned>(plan.denom))) return st.Fail(jpeg, path);
   const auto sw = static_cast<int32_t>(jpeg.info().output_width);
   const auto sh = static_cast<int32_t>(jpeg.info().output_height);
-  // The window in scaled coordinates: scaled pixel j covers source pixels [j*d, (j+1)*d).
   const int32_t d = plan.denom;
-  const int32_t cx0 = std::clamp(FloorDiv(plan.x0, d), 0, sw - 1);
-  const int32_t cx1 = std::clamp(CeilDiv(plan.x1, d), cx0 + 1, sw);
-  const int32_t cy0 = std::clamp(FloorDiv(plan.y0, d), 0, sh - 1);
-  const int32_t cy1 = std::clamp(CeilDiv(plan.y1, d), cy0 + 1, sh);
-  BuildTaps(plan.box.x / d, plan.box.width / d, size, cx0, cx1, plan.flip, st.htaps);
-  BuildTaps(plan.box.y / d, plan.box.height / d, size, cy0, cy1, false, st.vtaps);
+  BuildFilters(st, plan, sw, sh, size);
   const int32_t need_x0 = partial ? st.htaps.in_begin : 0;
   const int32_t need_x1 = partial ? st.htaps.in_end : sw;
   const int32_t need_y0 = partial ? st.vtaps.in_begin : 0;
@@ -394,8 +484,6 @@ absl::Status DecodeRows(JpegDecompressor& jpeg, Scratch& st, const SourcePlan& p
   const size_t row_stride = static_cast<size_t>(sw) * comps + kRowSlack;
   st.row.resize(row_stride * kBatchRows);
   if (cmyk) st.rgb_row.resize(static_cast<size_t>(sw) * 3 + kRowSlack);
-  st.hrows.resize(static_cast<size_t>(st.vtaps.in_end - st.vtaps.in_begin) * hrow_bytes +
-                  kRowSlack);
 
   JDIMENSION xoff = static_cast<JDIMENSION>(need_x0);
   JDIMENSION xwidth = static_cast<JDIMENSION>(need_x1 - need_x0);
@@ -450,6 +538,40 @@ absl::Status DecodeRows(JpegDecompressor& jpeg, Scratch& st, const SourcePlan& p
   return absl::OkStatus();
 }
 
+// Decodes a non-JPEG image whole with its codec, then resamples the rows and columns the filters
+// read horizontally into st.hrows, as DecodeRows does for a JPEG at scale 1.
+absl::Status DecodeRaster(ImageFormat format, const DecodeLimits& limits, Scratch& st,
+                          std::span<const uint8_t> bytes, std::string_view path,
+                          const TransformSpec& spec, SampleRng& rng, DecodeStats& stats) {
+  ImageInfo info;
+  absl::StatusOr<RasterInfo> raster = ReadRasterHeader(format, limits, bytes, path, info);
+  if (!raster.ok()) return raster.status();
+  const size_t row_bytes = static_cast<size_t>(info.width) * 3;
+  st.raster.resize(row_bytes * static_cast<size_t>(info.height) + kRowSlack);
+  if (absl::Status s = RasterCodecFor(format)->decode_rgb(bytes, path, *raster, st.raster);
+      !s.ok()) {
+    st.ReleaseBigScratch();
+    return s;
+  }
+  const SourcePlan plan = PlanSource(info, spec, rng, /*dct_scaling=*/false);
+  const auto size = static_cast<int32_t>(spec.image_size);
+  BuildFilters(st, plan, info.width, info.height, size);
+  const size_t hrow_bytes = static_cast<size_t>(size) * 3;
+  for (int32_t y = st.vtaps.in_begin; y < st.vtaps.in_end; ++y) {
+    ResampleRowH(st.raster.data() + static_cast<size_t>(y) * row_bytes, 0, st.htaps,
+                 st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
+  }
+  stats = DecodeStats{};
+  stats.scale_denom = 1;
+  stats.scaled_width = info.width;
+  stats.scaled_height = info.height;
+  stats.decoded_x = 0;
+  stats.decoded_width = info.width;
+  stats.decoded_y = st.vtaps.in_begin;
+  stats.decoded_rows = st.vtaps.in_end - st.vtaps.in_begin;
+  return absl::OkStatus();
+}
+
 // ---- transform ----
 
 // The vertical pass from st.hrows straight into `out` (through one row for any output other than
@@ -495,10 +617,21 @@ absl::Status SampleDecoder::DecodeInto(std::span<const uint8_t> bytes, std::stri
   }
   JpegDecompressor& jpeg = state_->jpeg;
   Scratch& st = state_->scratch;
+  if (const ImageFormat format = SniffFormat(bytes);
+      format != ImageFormat::kJpeg && !bytes.empty()) {
+    DecodeStats stats;
+    if (absl::Status s = DecodeRaster(format, limits_, st, bytes, path, spec, rng, stats); !s.ok()) {
+      return s;
+    }
+    WriteSample(st, spec, out);
+    last_decode_ = stats;
+    st.ReleaseBigScratch();
+    return absl::OkStatus();
+  }
   ImageInfo info;
   if (absl::Status s = ReadHeader(jpeg, limits_, bytes, path, info); !s.ok()) return s;
   jpeg.set_memory_cap(memory_cap_);
-  const SourcePlan plan = PlanSource(info, spec, rng);
+  const SourcePlan plan = PlanSource(info, spec, rng, /*dct_scaling=*/true);
   const auto size = static_cast<int32_t>(spec.image_size);
   DecodeStats stats;
   bool refused = false;

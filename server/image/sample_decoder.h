@@ -1,5 +1,8 @@
 #pragma once
-// Decodes one JPEG and writes one transformed sample straight into its place in a batch.
+// Decodes one image and writes one transformed sample straight into its place in a batch. The
+// format is told by the file's content (image_format.h): JPEG as below; PNG, WebP, BMP and
+// PPM/PGM decoded whole by their libraries (raster_codec.h), then through the same crop, resize
+// and output code.
 //
 // One SampleDecoder per worker thread (decoder state is not shared; no locks on the hot path).
 // Decoding reads only what the output needs: the header first (dimensions checked against
@@ -43,7 +46,8 @@ struct DecodeLimits {
 };
 
 // A short machine-readable reason for a failed sample; the Status message carries the details.
-// Reasons: "read_error", "empty", "not_jpeg", "too_large", "truncated", "corrupt",
+// Reasons: "read_error", "empty", "not_image" (content of no format we read), "not_jpeg" (a
+// JPEG signature libjpeg refuses), "too_large", "truncated", "corrupt",
 // "unsupported", "too_many_scans", "quarantined", "not_regular_file", "deadline_exceeded",
 // "crc_mismatch" (a container's checksum), "io_error" (an I/O error that may pass, still failing
 // after server.io_retry_ms of retries), "other".
@@ -51,7 +55,7 @@ struct DecodeLimits {
 std::string_view ErrorReason(const absl::Status& status);
 // Every reason above, for reports that list each one even at 0 (metrics).
 inline constexpr std::string_view kErrorReasons[] = {
-    "read_error",       "empty",           "not_jpeg",         "too_large",
+    "read_error",       "empty",           "not_image",        "not_jpeg",         "too_large",
     "truncated",        "corrupt",         "unsupported",      "too_many_scans",
     "quarantined",      "not_regular_file", "deadline_exceeded", "crc_mismatch",
     "io_error",         "other"};

@@ -1,5 +1,7 @@
 #include "server/pipeline/dataset.h"
 
+#include "proto/wire_text.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -190,12 +192,24 @@ class DatasetLoader {
     dataset->tensors_ = std::move(list->tensors);
     dataset->columns_ = std::move(columns);
     dataset->index_problems_ = std::move(list->problems);
+    dataset->ignored_count_ = list->ignored_count;
+    dataset->ignored_examples_ = std::move(list->ignored_examples);
     dataset->loaded_from_cache_ = from_cache;
     dataset->cache_warning_ = std::move(cache_warning);
     dataset->fingerprint_ = Fingerprint(*dataset);
     return dataset;
   }
 };
+
+std::string Dataset::IgnoredText() const {
+  if (ignored_count_ == 0) return "";
+  std::string text = absl::StrCat("ignored ", ignored_count_, ignored_count_ == 1 ? " file" : " files",
+                                  " without an image extension");
+  if (!ignored_examples_.empty()) {
+    absl::StrAppend(&text, ", e.g. ", wire::EscapeBytes(ignored_examples_.front()));
+  }
+  return text;
+}
 
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetSpec& spec) {
   return DatasetLoader::Open(spec);

@@ -131,6 +131,12 @@ class Dataset {
   // arrays: the columns, tensors() order, then the label column (if any) last.
   const std::vector<ArrayColumn>& columns() const { return columns_; }
   const std::vector<IndexProblem>& index_problems() const { return index_problems_; }
+  // imagefolder: files in the class folders that are not listed (no image extension), and the
+  // first few of them, relative to the root.
+  uint64_t ignored_count() const { return ignored_count_; }
+  const std::vector<std::string>& ignored_examples() const { return ignored_examples_; }
+  // "ignored 3 files, e.g. dattel/README.txt" (escaped for a log line); "" when none.
+  std::string IgnoredText() const;
 
  private:
   Dataset() = default;
@@ -147,6 +153,8 @@ class Dataset {
   std::vector<TensorSchema> tensors_;
   std::vector<ArrayColumn> columns_;
   std::vector<IndexProblem> index_problems_;
+  uint64_t ignored_count_ = 0;
+  std::vector<std::string> ignored_examples_;
   bool loaded_from_cache_ = false;
   std::string cache_warning_;
   uint64_t fingerprint_ = 0;

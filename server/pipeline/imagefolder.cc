@@ -14,8 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/image/image_format.h"
 #include "server/pipeline/dataset.h"
 #include "shm/base/clock.h"
 
@@ -23,26 +24,13 @@ namespace ringloader::pipeline {
 namespace fs = std::filesystem;
 namespace {
 
-bool IsHidden(std::string_view name) { return !name.empty() && name.front() == '.'; }
-
-bool EndsWithIgnoreCase(std::string_view s, std::string_view suffix) {
-  if (s.size() < suffix.size()) return false;
-  s = s.substr(s.size() - suffix.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (absl::ascii_tolower(static_cast<unsigned char>(s[i])) != suffix[i]) return false;
-  }
-  return true;
-}
-
-bool HasJpegExtension(std::string_view name) {
-  return EndsWithIgnoreCase(name, ".jpg") || EndsWithIgnoreCase(name, ".jpeg");
-}
+bool IsDotOrDotDot(std::string_view name) { return name == "." || name == ".."; }
 
 absl::Status FsError(const fs::path& path, const std::error_code& ec, std::string_view what) {
   return absl::UnavailableError(path.string() + ": " + std::string(what) + ": " + ec.message());
 }
 
-// Non-hidden directories directly under root (following symlinks), sorted.
+// The directories directly under root (following symlinks; hidden ones too), sorted.
 absl::StatusOr<std::vector<std::string>> ClassFolders(const fs::path& root) {
   std::error_code ec;
   fs::directory_iterator it(root, ec);
@@ -50,7 +38,6 @@ absl::StatusOr<std::vector<std::string>> ClassFolders(const fs::path& root) {
   std::vector<std::string> classes;
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (IsHidden(name)) continue;
     std::error_code type_ec;
     if (!fs::is_directory(it->path(), type_ec)) continue;  // follows a symlink
     classes.push_back(std::move(name));
@@ -71,6 +58,7 @@ struct FolderFiles {
   std::string path;  // the folder's path, the sort key (as os.walk's `root`)
   std::string relative;  // relative to the dataset root, with a trailing '/' (or "<class>/")
   std::vector<std::string> files;
+  std::vector<std::string> ignored;  // names without an image extension (not directories)
 };
 
 // Walks `dir` like os.walk(followlinks=True), appending every folder with its image names.
@@ -82,7 +70,7 @@ absl::Status WalkClassFolder(const std::string& dir, const std::string& relative
     return absl::UnavailableError(
         absl::StrCat(dir, ": cannot list class folder: ", std::strerror(errno)));
   }
-  FolderFiles folder{dir, relative, {}};
+  FolderFiles folder{dir, relative, {}, {}};
   std::vector<std::string> subdirs;
   while (true) {
     errno = 0;
@@ -95,14 +83,16 @@ absl::Status WalkClassFolder(const std::string& dir, const std::string& relative
       break;
     }
     const std::string_view name = entry->d_name;
-    if (IsHidden(name)) continue;  // also "." and ".."
+    if (IsDotOrDotDot(name)) continue;
     const std::string path = absl::StrCat(dir, "/", std::string(name));
     struct stat st;
     const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     if (is_dir) {
       subdirs.emplace_back(name);
-    } else if (HasJpegExtension(name)) {
+    } else if (image::HasImageFolderExtension(name)) {
       folder.files.emplace_back(name);
+    } else {
+      folder.ignored.emplace_back(name);
     }
   }
   handle.reset();
@@ -133,6 +123,7 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
   if (!classes.ok()) return classes.status();
 
   SampleList list;
+  std::vector<std::string> empty_classes;
   std::vector<FolderFiles> folders;
   std::vector<DirId> ancestors;
   int64_t last_report = base::SteadyNowNs();
@@ -158,12 +149,29 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
     }
     std::sort(folders.begin(), folders.end(),
               [](const FolderFiles& a, const FolderFiles& b) { return a.path < b.path; });
+    const uint64_t before = list.size();
     for (FolderFiles& folder : folders) {
       std::sort(folder.files.begin(), folder.files.end());
       for (const std::string& f : folder.files) {
         list.Add(absl::StrCat(folder.relative, f), static_cast<int64_t>(label));
       }
+      std::sort(folder.ignored.begin(), folder.ignored.end());
+      for (const std::string& f : folder.ignored) {
+        if (list.ignored_examples.size() < SampleList::kIgnoredExamples) {
+          list.ignored_examples.push_back(absl::StrCat(folder.relative, f));
+        }
+        ++list.ignored_count;
+      }
     }
+    if (list.size() == before) empty_classes.push_back(cls);
+  }
+  if (!empty_classes.empty()) {
+    // As torchvision's ImageFolder: a class without samples is a mistake, not a label to keep.
+    return absl::FailedPreconditionError(absl::StrCat(
+        root_str, ": no file with an image extension in the class folder",
+        empty_classes.size() == 1 ? " " : "s ", absl::StrJoin(empty_classes, ", "),
+        " (extensions, in any case: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp; torchvision's "
+        "ImageFolder refuses such a folder too: remove it, or add its images)"));
   }
   list.class_names = *std::move(classes);
   list.Shrink();

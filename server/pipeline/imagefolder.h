@@ -1,20 +1,23 @@
 #pragma once
 // Listing of an imagefolder tree (internal to server/pipeline; see dataset.h for the semantics).
 //
-// Rules, on purpose:
-// - Classes are the non-hidden directories directly under the root, symlinks to directories
-//   included (torchvision's scandir is_dir()), sorted bytewise; a class folder without images
-//   keeps its label (labels never shift because one folder is empty).
-// - Samples are the non-directory entries under a class folder (any depth) whose name ends in .jpg
-//   or .jpeg, case-insensitively (torchvision's lower() check). Like torchvision's
-//   os.walk(followlinks=True), symlinked files and folders are followed wherever they point, and
-//   a FIFO, socket or dangling link with an image name is listed too (reading it fails for that
-//   sample, with its reason in stats, instead of the file vanishing silently).
-// - Order: torchvision's sorted(os.walk(class_dir)): folders sorted bytewise by their path, the
-//   files of each folder sorted bytewise by name.
-// - Names starting with '.' (files and folders) are skipped.
+// Rules: exactly torchvision's ImageFolder (its find_classes and make_dataset), so that a
+// dataset lists the same samples, in the same order, with the same labels:
+// - Classes are the directories directly under the root (hidden ones too), symlinks to
+//   directories included (scandir is_dir()), sorted bytewise (UTF-8: as Python sorts str).
+// - Samples are the non-directory entries under a class folder (any depth, hidden names too)
+//   whose name ends in one of torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif
+//   .tiff .webp), case-insensitively (its lower() check). Like os.walk(followlinks=True),
+//   symlinked files and folders are followed wherever they point, and a FIFO, socket or dangling
+//   link with an image name is listed too (reading it fails for that sample, with its reason in
+//   stats, instead of the file vanishing silently).
+// - Every other file in a class tree is counted as ignored, and the first few are named
+//   (SampleList::ignored_count / ignored_examples): never dropped without a word.
+// - A class folder with no sample is an error naming it (torchvision raises too).
+// - Order: sorted(os.walk(class_dir)): folders sorted bytewise by their path, the files of each
+//   folder sorted bytewise by name.
 // - Loops: a folder that is its own ancestor on the current path (by device and inode) is not
-//   entered again.
+//   entered again (os.walk would recurse until it fails).
 
 #include <string>
 

@@ -144,6 +144,12 @@ std::optional<SampleList> LoadIndexCache(const std::string& path, const std::str
     p.message = std::string(r.String());
     list.problems.push_back(std::move(p));
   }
+  list.ignored_count = r.U64();
+  const uint64_t example_count = r.U64();
+  if (!r.ok() || example_count > SampleList::kIgnoredExamples) return std::nullopt;
+  for (uint64_t i = 0; i < example_count && r.ok(); ++i) {
+    list.ignored_examples.push_back(std::string(r.String()));
+  }
   if (!r.ok() || !r.done()) return std::nullopt;
   if (parts > 0 && list.files.empty()) return std::nullopt;
   for (uint32_t f : list.sample_files) {
@@ -199,6 +205,9 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
     PutString(payload, p.reason);
     PutString(payload, p.message);
   }
+  PutU64(payload, list.ignored_count);
+  PutU64(payload, list.ignored_examples.size());
+  for (const std::string& e : list.ignored_examples) PutString(payload, e);
 
   std::string header(kMagic, sizeof(kMagic));
   PutU64(header, kIndexCacheVersion);  // version + zero reserved word

@@ -25,6 +25,7 @@
 //              uint64 rank, uint64 shape[rank]
 //     uint64   problem_count, then per problem: string file, uint64 offset, string reason,
 //              string message
+//     uint64   ignored_count, uint64 example_count, then example_count strings (imagefolder)
 // A file whose header, checksum, key or contents do not check out is ignored (and then replaced):
 // the cache is never trusted beyond what it proves.
 
@@ -37,7 +38,7 @@
 
 namespace ringloader::pipeline {
 
-inline constexpr uint32_t kIndexCacheVersion = 2;  // bump on ANY format change above
+inline constexpr uint32_t kIndexCacheVersion = 3;  // bump on ANY format change above
 
 // `kind`: "imagefolder", "webdataset", "tfrecord"; `identity`: the absolute root or pattern.
 std::string IndexCachePath(const std::string& state_dir, const std::string& kind,

@@ -44,6 +44,11 @@ struct SampleList {
   std::vector<Extent> extents;         // sample i's parts: [i * parts, (i + 1) * parts)
   std::vector<TensorSchema> tensors;   // the extra tensors every sample has (see Dataset)
   std::vector<IndexProblem> problems;  // container formats: damage met while indexing
+  // imagefolder: files in class folders without an image extension, and the first few of them
+  // (relative paths, in listing order).
+  static constexpr size_t kIgnoredExamples = 5;
+  uint64_t ignored_count = 0;
+  std::vector<std::string> ignored_examples;
 
   uint64_t size() const { return labels.size(); }
   void Add(std::string_view relative_path, int64_t label) {

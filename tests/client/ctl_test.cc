@@ -145,7 +145,7 @@ TEST_CASE("ringloaderctl make-dataset then validate: all good, exit 0", "[ctl][v
   auto r = RunCommand(
       {kCtl, "validate", "--format", "imagefolder", "--path", dir.Join("ds"), "--jobs", "2"});
   CHECK(r.exit_code == 0);
-  CHECK(r.output == "checked 24 files: 24 good, 0 bad\n");
+  CHECK(r.output == "checked 24 files: 24 good, 0 bad\nformats: jpeg 24\n");
 }
 
 TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix datasets",
@@ -161,7 +161,7 @@ TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix 
                                 dir.Join("tfr") + " as tfrecord (3 shards)\n");
   auto v = RunCommand({kCtl, "validate", "--format", "tfrecord", "--path", dir.Join("tfr")});
   CHECK(v.exit_code == 0);
-  CHECK(v.output == "checked 10 samples: 10 good, 0 bad\n");
+  CHECK(v.output == "checked 10 samples: 10 good, 0 bad\nformats: jpeg 10\n");
   // Shards already there: a second run would leave old ones mixed with new ones.
   auto again = RunCommand({kCtl, "convert", "--to", "tfrecord", "--path", dir.Join("ds"),
                            "--out", dir.Join("tfr"), "--shard-size", "5"});
@@ -173,8 +173,10 @@ TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix 
   CHECK(RunCommand({kCtl, "make-dataset", "--out", dir.Join("w"), "--format", "webdataset",
                     "--label-base", "1"})
             .exit_code == 2);
+  CHECK(RunCommand({kCtl, "make-dataset", "--out", dir.Join("few"), "--count", "6"}).exit_code ==
+        2);  // 10 classes for 6 images: empty class folders
   auto arrays = RunCommand({kCtl, "make-dataset", "--out", dir.Join("a"), "--count", "6",
-                            "--format", "arrays", "--image-size", "8"});
+                            "--classes", "3", "--format", "arrays", "--image-size", "8"});
   CHECK(arrays.exit_code == 0);
   v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a")});
   CHECK(v.exit_code == 0);
@@ -209,7 +211,7 @@ TEST_CASE("ringloaderctl validate: a corrupted file exits 1 and is named", "[ctl
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.output, Catch::Contains("BAD " + truncated.substr(root.size()) + ": "));
   CHECK_THAT(r.output,
-             Catch::Contains("BAD " + files[8].string().substr(root.size()) + ": not_jpeg: "));
+             Catch::Contains("BAD " + files[8].string().substr(root.size()) + ": not_image: "));
   CHECK_THAT(r.output, Catch::Contains("checked 12 files: 10 good, 2 bad ("));
 
   CHECK(RunCommand({kCtl, "validate", "--path", dir.Join("missing")}).exit_code == 2);

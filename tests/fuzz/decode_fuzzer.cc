@@ -1,6 +1,7 @@
 // libFuzzer target: decode + augment of one sample, as a decode worker does it.
 //
-// Input: one control byte, then the bytes of the file (fed as a JPEG). The control byte picks
+// Input: one control byte, then the bytes of the file (any format: the decoder tells JPEG, PNG,
+// WebP, BMP and PPM/PGM by content). The control byte picks
 //   bit 0     augment: 0 train (random crop + flip), 1 eval (resize + center crop)
 //   bit 1     dtype: 0 uint8, 1 float32 (normalised)
 //   bit 2     layout: 0 NHWC, 1 NCHW
@@ -8,7 +9,8 @@
 //   bit 5     warnings_are_errors: 0 true (the default), 1 false (libjpeg's grey fill goes on)
 //   bit 6     also run DecodeRgb (the full-size decode `ringloaderctl validate` uses)
 //   bit 7     the seed of the sample's random stream (the train crop)
-// Seed files in corpus/decode are such inputs (see make_corpus.cc).
+// Seed files in corpus/decode are such inputs (make_corpus.cc writes the JPEGs,
+// make_raster_corpus.py the other formats).
 //
 // Besides "no crash, no leak, no undefined behaviour", each input checks the decoder's contract:
 //   - a failure is DataLoss (bad data) or ResourceExhausted, its message starts with the path,

@@ -104,11 +104,12 @@ std::vector<BadImage> AllBadImages() {
     b = static_cast<uint8_t>(x >> 56);
   }
   random[0] = 0x42;  // not a JPEG's 0xFF
-  out.push_back({"bad_random.jpg", random, "not_jpeg"});
+  out.push_back({"bad_random.jpg", random, "not_image"});
 
   std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   png.insert(png.end(), random.begin(), random.begin() + 200);
-  out.push_back({"bad_png.jpg", png, "not_jpeg"});
+  // A PNG signature over garbage: the content says PNG, and libspng refuses the chunks.
+  out.push_back({"bad_png.jpg", png, "corrupt"});
 
   // SOF0: FF C0, length(2), precision(1), height(2), width(2).
   const long sof = FindMarker(good, 0xC0);

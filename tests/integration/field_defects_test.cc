@@ -241,12 +241,12 @@ TEST_CASE("defect 5: a file name that is not UTF-8 is a valid sample path end to
   CommandResult stats = daemon.Ctl({"stats"});
   INFO(stats.output);
   CHECK(stats.exit_code == 0);
-  CHECK_THAT(stats.output, Catch::Contains("class_01/bad\\xff\\n.jpg: not_jpeg"));
+  CHECK_THAT(stats.output, Catch::Contains("class_01/bad\\xff\\n.jpg: not_image"));
   CHECK(LogHas(daemon, "class_01/bad\\xff\\n.jpg"));
 
   CommandResult validate = daemon.Ctl({"validate", "--path", daemon.dataset_root()});
   CHECK(validate.exit_code == 1);
-  CHECK_THAT(validate.output, Catch::Contains("BAD class_01/bad\\xff\\n.jpg: not_jpeg"));
+  CHECK_THAT(validate.output, Catch::Contains("BAD class_01/bad\\xff\\n.jpg: not_image"));
   CHECK_THAT(validate.output, !Catch::Contains("caf"));  // read fine
   CHECK(daemon.Stop() == 0);
 }

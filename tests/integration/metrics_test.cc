@@ -57,7 +57,7 @@ TEST_CASE("12.2: GET /metrics serves every series from the start at 0, and the v
   for (const char* zero :
        {"ringloader_batches_served_total", "ringloader_images_decoded_total",
         "ringloader_bytes_served_total", "ringloader_decode_errors_total{reason=\"corrupt\"}",
-        "ringloader_decode_errors_total{reason=\"not_jpeg\"}",
+        "ringloader_decode_errors_total{reason=\"not_image\"}",
         "ringloader_decode_errors_total{reason=\"deadline_exceeded\"}",
         "ringloader_quarantines_total", "ringloader_requests_rejected_total",
         "ringloader_daemon_restarts_total", "ringloader_streams_open",
@@ -80,7 +80,7 @@ TEST_CASE("12.2: GET /metrics serves every series from the start at 0, and the v
   // Each batch: 4 uint8 images of 32 x 32 x 3 plus labels and indices, 256-byte aligned.
   CHECK(Value(after.output, "ringloader_bytes_served_total") == 10.0 * (12288 + 256 + 256));
   double errors = 0;
-  for (std::string_view reason : {"not_jpeg", "corrupt", "truncated", "read_error"}) {
+  for (std::string_view reason : {"not_image", "corrupt", "truncated", "read_error"}) {
     errors += Value(after.output, "ringloader_decode_errors_total{reason=\"" +
                                       std::string(reason) + "\"}")
                   .value_or(-100);

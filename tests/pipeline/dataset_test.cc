@@ -39,14 +39,16 @@ void Backdate(const std::string& root) {
   SetMtime(root, std::chrono::hours(1));
 }
 
-// bird/z.Jpg, cat/x.jpg (+ hidden and non-image files), dog/{b.jpg,a.JPEG,sub/c.jpeg}, and a
-// hidden class folder. Contents do not matter: Dataset never decodes.
+// bird/z.Jpg, cat/{x.jpg,y.PNG} (+ a hidden image and a text file),
+// dog/{b.jpg,a.JPEG,d.webp,e.gif,sub/c.jpeg}, a hidden class folder and a stray file at the
+// root. Contents do not matter: Dataset never decodes.
 void MakeTree(const std::string& root) {
-  for (const char* d : {"bird", "cat", "dog/sub", ".hidden_class", "empty"}) {
+  for (const char* d : {"bird", "cat", "dog/sub", ".hidden_class"}) {
     fs::create_directories(fs::path(root) / d);
   }
-  for (const char* f : {"bird/z.Jpg", "cat/x.jpg", "cat/.hidden.jpg", "cat/notes.txt", "dog/b.jpg",
-                        "dog/a.JPEG", "dog/sub/c.jpeg", ".hidden_class/y.jpg", "stray.jpg"}) {
+  for (const char* f : {"bird/z.Jpg", "cat/x.jpg", "cat/y.PNG", "cat/.hidden.jpg", "cat/notes.txt",
+                        "dog/b.jpg", "dog/a.JPEG", "dog/d.webp", "dog/e.gif", "dog/sub/c.jpeg",
+                        ".hidden_class/y.jpg", "stray.jpg"}) {
     WriteFile(root + "/" + f, "x");
   }
 }
@@ -69,18 +71,42 @@ DatasetSpec ManifestSpec(const std::string& root, const std::string& manifest) {
   return spec;
 }
 
-TEST_CASE("Dataset: imagefolder sorts classes and paths and skips hidden and other files",
+TEST_CASE("Dataset: imagefolder lists what torchvision's ImageFolder lists: its extensions in any "
+          "case, hidden names too, sorted, with other files counted and named",
           "[pipeline]") {
   TempDir dir;
   MakeTree(dir.path());
   auto ds = Dataset::Open(FolderSpec(dir.path()));
   REQUIRE(ds.ok());
-  CHECK((*ds)->class_names() == std::vector<std::string>{"bird", "cat", "dog", "empty"});
-  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/x.jpg", "dog/a.JPEG",
-                                                "dog/b.jpg", "dog/sub/c.jpeg"});
-  CHECK(Labels(**ds) == std::vector<int64_t>{0, 1, 2, 2, 2});
-  CHECK((*ds)->AbsolutePath(1) == dir.path() + "/cat/x.jpg");
+  CHECK((*ds)->class_names() == std::vector<std::string>{".hidden_class", "bird", "cat", "dog"});
+  CHECK(Paths(**ds) == std::vector<std::string>{".hidden_class/y.jpg", "bird/z.Jpg",
+                                                "cat/.hidden.jpg", "cat/x.jpg", "cat/y.PNG",
+                                                "dog/a.JPEG", "dog/b.jpg", "dog/d.webp",
+                                                "dog/sub/c.jpeg"});
+  CHECK(Labels(**ds) == std::vector<int64_t>{0, 1, 2, 2, 2, 3, 3, 3, 3});
+  CHECK((*ds)->AbsolutePath(3) == dir.path() + "/cat/x.jpg");
   CHECK_FALSE((*ds)->loaded_from_cache());
+  // The stray file at the root belongs to no class: torchvision never sees it either.
+  CHECK((*ds)->ignored_count() == 2);
+  CHECK((*ds)->ignored_examples() == std::vector<std::string>{"cat/notes.txt", "dog/e.gif"});
+  CHECK((*ds)->IgnoredText() == "ignored 2 files without an image extension, e.g. cat/notes.txt");
+}
+
+TEST_CASE("Dataset: an imagefolder class folder without a single image is an error naming it, "
+          "as in torchvision",
+          "[pipeline]") {
+  TempDir dir;
+  MakeTree(dir.path());
+  fs::create_directories(dir.Join("empty"));
+  fs::create_directories(dir.Join("text_only"));
+  WriteFile(dir.Join("text_only/README.txt"), "x");
+  auto ds = Dataset::Open(FolderSpec(dir.path()));
+  REQUIRE_FALSE(ds.ok());
+  CHECK_THAT(std::string(ds.status().message()),
+             Catch::Contains("dataset 'folder'") &&
+                 Catch::Contains("no file with an image extension in the class folders empty, "
+                                 "text_only") &&
+                 Catch::Contains(".png"));
 }
 
 TEST_CASE("Dataset: imagefolder follows symlinked files and folders like torchvision, with "
@@ -104,12 +130,14 @@ TEST_CASE("Dataset: imagefolder follows symlinked files and folders like torchvi
   // torchvision: classes = scandir is_dir() (symlinks followed), files = sorted(os.walk(
   // followlinks=True)): folder by folder in path order, each folder's files sorted.
   CHECK((*ds)->class_names() ==
-        std::vector<std::string>{"bird", "cat", "dog", "empty", "linked_class"});
-  CHECK(Paths(**ds) == std::vector<std::string>{"bird/z.Jpg", "cat/inside.jpg", "cat/leak.jpg",
-                                                "cat/x.jpg", "cat/more/m.jpg", "dog/a.JPEG",
-                                                "dog/b.jpg", "dog/sub/c.jpeg",
+        std::vector<std::string>{".hidden_class", "bird", "cat", "dog", "linked_class"});
+  CHECK(Paths(**ds) == std::vector<std::string>{".hidden_class/y.jpg", "bird/z.Jpg",
+                                                "cat/.hidden.jpg", "cat/inside.jpg",
+                                                "cat/leak.jpg", "cat/x.jpg", "cat/y.PNG",
+                                                "cat/more/m.jpg", "dog/a.JPEG", "dog/b.jpg",
+                                                "dog/d.webp", "dog/sub/c.jpeg",
                                                 "linked_class/m.jpg"});
-  CHECK((*ds)->label(8) == 4);
+  CHECK((*ds)->label(12) == 4);
 }
 
 TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class folder changes",
@@ -128,13 +156,15 @@ TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class f
   CHECK(Paths(**second) == Paths(**first));
   CHECK(Labels(**second) == Labels(**first));
   CHECK((*second)->class_names() == (*first)->class_names());
+  CHECK((*second)->ignored_count() == 2);
+  CHECK((*second)->ignored_examples() == (*first)->ignored_examples());
 
   WriteFile(dir.Join("cat/w.jpg"), "x");
   SetMtime(dir.Join("cat"), std::chrono::minutes(30));  // what the kernel does, made explicit
   auto third = Dataset::Open(FolderSpec(dir.path(), state.path()));
   REQUIRE(third.ok());
   CHECK_FALSE((*third)->loaded_from_cache());
-  CHECK(Paths(**third)[1] == "cat/w.jpg");
+  CHECK(Paths(**third)[3] == "cat/w.jpg");
   CHECK((*third)->size() == (*first)->size() + 1);
 
   auto fourth = Dataset::Open(FolderSpec(dir.path(), state.path()));
@@ -157,7 +187,7 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
   REQUIRE(good.size() > 32);
   CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
-  CHECK(good.substr(8, 8) == std::string("\x02\0\0\0\0\0\0\0", 8));  // version 2, reserved 0
+  CHECK(good.substr(8, 8) == std::string("\x03\0\0\0\0\0\0\0", 8));  // version 3, reserved 0
   uint64_t payload_bytes = 0;
   std::memcpy(&payload_bytes, good.data() + 16, 8);
   CHECK(payload_bytes == good.size() - 32);
@@ -165,9 +195,9 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
              Catch::StartsWith("imagefolder-") && Catch::EndsWith(".index"));
 
   std::string flipped = good;
-  // Inside the last label (32 bytes of empty container sections follow it): only the checksum
-  // can tell.
-  flipped[good.size() - 36] ^= 0x01;
+  // Inside the last label (32 bytes of empty container sections, then the ignored files' count
+  // and their two names, 86 bytes in all, follow it): only the checksum can tell.
+  flipped[good.size() - 90] ^= 0x01;
   for (const std::string& bad : {flipped, good.substr(0, good.size() / 2), std::string()}) {
     WriteFile(caches[0], bad);
     auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
@@ -223,7 +253,8 @@ TEST_CASE("Dataset: errors name the dataset, the file and the line", "[pipeline]
   fs::create_directories(dir.Join("empty_root/cls"));
   auto empty = Dataset::Open(FolderSpec(dir.Join("empty_root")));
   REQUIRE_FALSE(empty.ok());
-  CHECK_THAT(std::string(empty.status().message()), Catch::Contains("no samples"));
+  CHECK_THAT(std::string(empty.status().message()),
+             Catch::Contains("no file with an image extension in the class folder cls"));
 
   const std::string m = dir.Join("m.csv");
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -1,0 +1,89 @@
+// ringloaderctl peek: one batch, exactly as a trainer with those options receives it, as a
+// contact sheet and its legend.
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/ctl/contact_sheet.h"
+#include "client/ctl/ctl.h"
+#include "proto/wire_text.h"
+
+namespace ringloader::ctl {
+
+std::string LegendPath(const std::string& sheet_path) {
+  return std::filesystem::path(sheet_path).replace_extension(".tsv").string();
+}
+
+int RunPeek(const PeekOptions& o, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](absl::string_view message, int code) {
+    err << "ringloaderctl peek: " << message << "\n";
+    return code;
+  };
+  const std::string lower = absl::AsciiStrToLower(o.out);
+  if (!absl::EndsWith(lower, ".png") && !absl::EndsWith(lower, ".jpg") &&
+      !absl::EndsWith(lower, ".jpeg")) {
+    return fail(absl::StrCat("--out ", o.out, ": must end in .png (lossless: the bytes a trainer "
+                             "gets) or .jpg"),
+                kExitUsage);
+  }
+  if (o.columns == 0 || o.batch_size == 0 || o.image_size == 0) {
+    return fail("--columns, --batch-size and --image-size must be > 0", kExitUsage);
+  }
+  client::StreamOptions s;
+  s.dataset = o.dataset;
+  s.batch_size = o.batch_size;
+  s.seed = o.seed;
+  s.rank = o.rank;
+  s.world_size = o.world_size;
+  s.image_size = o.image_size;
+  s.augment = o.augment == "eval" ? client::Augment::kEval : client::Augment::kTrain;
+  s.resize = o.resize == "exact" ? client::Resize::kExact : client::Resize::kFast;
+  s.shuffle = o.shuffle;
+  s.dtype = client::DType::kUint8;
+  s.layout = client::Layout::kNHWC;
+  // From the epoch's first batch: a batch's samples depend on which files before it were bad.
+  s.start = client::Position{o.epoch, 0, 0};
+  s.end_epoch = o.epoch + 1;
+  s.reconnect_deadline = std::chrono::seconds(10);
+  s.client_name = "ringloaderctl peek";
+  try {
+    client::Client client(o.endpoint);
+    std::unique_ptr<client::Stream> stream = client.Open(s);
+    std::optional<client::Batch> batch;
+    for (uint64_t b = 0; b <= o.batch; ++b) {
+      batch = stream->Next();
+      if (!batch) {
+        return fail(absl::StrCat("epoch ", o.epoch, " has ", b, " batches: there is no batch ",
+                                 o.batch),
+                    kExitUsage);
+      }
+    }
+    const uint32_t n = batch->size();
+    const ContactSheet sheet =
+        ComposeSheet(batch->images().data<uint8_t>(), n, o.image_size, o.columns);
+    if (absl::Status w = WriteSheet(sheet, o.out); !w.ok()) return fail(w.message(), kExitFailure);
+    const std::string legend_path = LegendPath(o.out);
+    std::ofstream legend(legend_path, std::ios::trunc);
+    legend << "tile\tsample_index\tlabel\tpath\n";
+    for (uint32_t k = 0; k < n; ++k) {
+      legend << k << "\t" << batch->indices().data<int64_t>()[k] << "\t"
+             << batch->labels().data<int64_t>()[k] << "\t"
+             << wire::EscapeBytes(batch->relative_path(k)) << "\n";
+    }
+    legend.close();
+    if (!legend) return fail(absl::StrCat("cannot write ", legend_path), kExitFailure);
+    out << "wrote " << o.out << " (" << n << " tiles of " << o.image_size << " px, "
+        << sheet.width / o.image_size << " per row: batch " << o.batch << " of epoch " << o.epoch
+        << ") and " << legend_path << "\n";
+  } catch (const client::Error& e) {
+    return fail(e.what(),
+                e.code() == client::ErrorCode::kUnavailable ? kExitUnavailable : kExitFailure);
+  }
+  return kExitOk;
+}
+
+}  // namespace ringloader::ctl

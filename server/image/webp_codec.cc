@@ -1,0 +1,67 @@
+// WebP through libwebp (still images; an animation is refused).
+#include <webp/decode.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/image/raster_codec.h"
+
+namespace ringloader::image {
+namespace {
+
+absl::Status Failure(std::string_view path, VP8StatusCode code) {
+  switch (code) {
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return ImageDataError(path, "truncated", "libwebp: not enough data (the file is cut short)");
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return ImageDataError(path, "unsupported", "libwebp: unsupported feature");
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return ImageDataError(path, "other", "libwebp: out of memory");
+    default:
+      return ImageDataError(path, "corrupt",
+                            absl::StrCat("libwebp: bitstream error (status ", code, ")"));
+  }
+}
+
+absl::StatusOr<RasterInfo> ReadHeader(std::span<const uint8_t> head, std::string_view path) {
+  WebPBitstreamFeatures features;
+  if (VP8StatusCode s = WebPGetFeatures(head.data(), head.size(), &features);
+      s != VP8_STATUS_OK) {
+    return Failure(path, s);
+  }
+  if (features.has_animation) {
+    return ImageDataError(path, "unsupported", "animated WebP images are not decoded");
+  }
+  RasterInfo info;
+  info.width = features.width;
+  info.height = features.height;
+  info.channels = features.has_alpha ? 4 : 3;
+  // Lossless images are decoded through a whole-image ARGB buffer plus a copy; lossy ones need
+  // far less. Count the lossless case for both.
+  info.work_bytes = uint64_t(features.width) * uint64_t(features.height) * 8 + (1 << 20);
+  return info;
+}
+
+absl::Status DecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
+                       const RasterInfo& info, std::span<uint8_t> rgb) {
+  WebPDecoderConfig config;
+  if (!WebPInitDecoderConfig(&config)) return ImageDataError(path, "other", "libwebp: bad version");
+  // Straight into our buffer as RGB: alpha is dropped, colours are not premultiplied (PIL's
+  // convert("RGB") of the RGBA image it decodes).
+  config.output.colorspace = MODE_RGB;
+  config.output.is_external_memory = 1;
+  config.output.u.RGBA.rgba = rgb.data();
+  config.output.u.RGBA.stride = info.width * 3;
+  config.output.u.RGBA.size = size_t(info.width) * size_t(info.height) * 3;
+  const VP8StatusCode s = WebPDecode(bytes.data(), bytes.size(), &config);
+  WebPFreeDecBuffer(&config.output);  // nothing of ours: external memory
+  if (s != VP8_STATUS_OK) return Failure(path, s);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const RasterCodec& WebpCodec() {
+  static const RasterCodec codec{ImageFormat::kWebp, &ReadHeader, &DecodeRgb};
+  return codec;
+}
+
+}  // namespace ringloader::image
