@@ -21,15 +21,15 @@ absl::StatusOr<RasterInfo> ReadHeader(std::span<const uint8_t> head, std::string
 }
 
 // A file too short for its pixels after the header is cut (stb_image just says "bad PNM").
-absl::Status DecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
-                       const RasterInfo& info, std::span<uint8_t> rgb) {
+absl::Status DecodeBox(std::span<const uint8_t> bytes, std::string_view path,
+                       const RasterInfo& info, const RasterBox& box, std::span<uint8_t> out) {
   const uint64_t pixels = uint64_t(info.width) * uint64_t(info.height) * (info.channels >= 3 ? 3 : 1);
   if (bytes.size() < pixels) {
     return ImageDataError(path, "truncated",
                           absl::StrCat("PPM/PGM data ends at byte ", bytes.size(), " of at least ",
                                        pixels));
   }
-  absl::Status s = StbDecodeRgb(bytes, path, info, rgb);
+  absl::Status s = StbDecodeBox(bytes, path, info, box, out);
   if (!s.ok() && bytes.size() < pixels + 16) {  // "P6 W H 255\n" is at least 7 bytes
     return ImageDataError(path, "truncated", std::string(s.message()));
   }
@@ -39,7 +39,7 @@ absl::Status DecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
 }  // namespace
 
 const RasterCodec& PnmCodec() {
-  static const RasterCodec codec{ImageFormat::kPnm, &ReadHeader, &DecodeRgb};
+  static const RasterCodec codec{ImageFormat::kPnm, &ReadHeader, &DecodeBox};
   return codec;
 }
 

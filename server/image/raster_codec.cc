@@ -1,5 +1,7 @@
 #include "server/image/raster_codec.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "server/image/sample_decoder.h"
 #include "shm/base/text.h"
@@ -17,6 +19,13 @@ const RasterCodec* RasterCodecFor(ImageFormat format) {
     case ImageFormat::kUnknown: break;
   }
   return nullptr;
+}
+
+void CopyBox(const uint8_t* whole, const RasterInfo& info, const RasterBox& box, uint8_t* out) {
+  const size_t row = size_t(box.width()) * 3;
+  for (int32_t y = box.y0; y < box.y1; ++y) {
+    std::memcpy(out + size_t(y - box.y0) * row, whole + (size_t(y) * info.width + box.x0) * 3, row);
+  }
 }
 
 absl::Status ImageDataError(std::string_view path, std::string_view reason,

@@ -271,7 +271,7 @@ absl::StatusOr<RasterInfo> ReadRasterHeader(ImageFormat format, const DecodeLimi
   return raster;
 }
 
-// The whole image as RGB, the library's own work space, and the filter's rows.
+// The image as RGB (at most all of it), the library's own work space, and the filter's rows.
 DecodePlan RasterPlan(const RasterInfo& raster, uint32_t image_size) {
   DecodePlan plan;
   plan.scratch_bytes = uint64_t(raster.width) * uint64_t(raster.height) * 3 + raster.work_bytes +
@@ -415,7 +415,9 @@ absl::StatusOr<std::vector<uint8_t>> SampleDecoder::DecodeRgb(std::span<const ui
     if (!raster.ok()) return raster.status();
     if (info_out != nullptr) *info_out = info;
     std::vector<uint8_t> rgb(size_t(info.width) * size_t(info.height) * 3);
-    if (absl::Status s = RasterCodecFor(format)->decode_rgb(bytes, path, *raster, rgb); !s.ok()) {
+    if (absl::Status s = RasterCodecFor(format)->decode_box(bytes, path, *raster,
+                                                             RasterBox::Whole(*raster), rgb);
+        !s.ok()) {
       return s;
     }
     return rgb;
@@ -546,29 +548,33 @@ absl::Status DecodeRaster(ImageFormat format, const DecodeLimits& limits, Scratc
   ImageInfo info;
   absl::StatusOr<RasterInfo> raster = ReadRasterHeader(format, limits, bytes, path, info);
   if (!raster.ok()) return raster.status();
-  const size_t row_bytes = static_cast<size_t>(info.width) * 3;
-  st.raster.resize(row_bytes * static_cast<size_t>(info.height) + kRowSlack);
-  if (absl::Status s = RasterCodecFor(format)->decode_rgb(bytes, path, *raster, st.raster);
+  const SourcePlan plan = PlanSource(info, spec, rng, /*dct_scaling=*/false);
+  const auto size = static_cast<int32_t>(spec.image_size);
+  BuildFilters(st, plan, info.width, info.height, size);
+  // Only the pixels the filters read (from even offsets, as WebP crops).
+  const RasterBox box{st.htaps.in_begin & ~1, st.vtaps.in_begin & ~1, st.htaps.in_end,
+                      st.vtaps.in_end};
+  const size_t row_bytes = static_cast<size_t>(box.width()) * 3;
+  st.raster.resize(row_bytes * static_cast<size_t>(box.height()) + kRowSlack);
+  if (absl::Status s = RasterCodecFor(format)->decode_box(bytes, path, *raster, box, st.raster);
       !s.ok()) {
     st.ReleaseBigScratch();
     return s;
   }
-  const SourcePlan plan = PlanSource(info, spec, rng, /*dct_scaling=*/false);
-  const auto size = static_cast<int32_t>(spec.image_size);
-  BuildFilters(st, plan, info.width, info.height, size);
   const size_t hrow_bytes = static_cast<size_t>(size) * 3;
   for (int32_t y = st.vtaps.in_begin; y < st.vtaps.in_end; ++y) {
-    ResampleRowH(st.raster.data() + static_cast<size_t>(y) * row_bytes, 0, st.htaps,
+    ResampleRowH(st.raster.data() + static_cast<size_t>(y - box.y0) * row_bytes, box.x0,
+                 st.htaps,
                  st.hrows.data() + static_cast<size_t>(y - st.vtaps.in_begin) * hrow_bytes);
   }
   stats = DecodeStats{};
   stats.scale_denom = 1;
   stats.scaled_width = info.width;
   stats.scaled_height = info.height;
-  stats.decoded_x = 0;
-  stats.decoded_width = info.width;
-  stats.decoded_y = st.vtaps.in_begin;
-  stats.decoded_rows = st.vtaps.in_end - st.vtaps.in_begin;
+  stats.decoded_x = box.x0;
+  stats.decoded_width = box.width();
+  stats.decoded_y = box.y0;
+  stats.decoded_rows = box.height();
   return absl::OkStatus();
 }
 

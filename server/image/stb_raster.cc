@@ -39,8 +39,8 @@ absl::StatusOr<RasterInfo> StbReadHeader(std::span<const uint8_t> head, std::str
   return info;
 }
 
-absl::Status StbDecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
-                          const RasterInfo& info, std::span<uint8_t> rgb) {
+absl::Status StbDecodeBox(std::span<const uint8_t> bytes, std::string_view path,
+                          const RasterInfo& info, const RasterBox& box, std::span<uint8_t> out) {
   int width = 0, height = 0, channels = 0;
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
       stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &width, &height,
@@ -58,7 +58,7 @@ absl::Status StbDecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
   if (width != info.width || height != info.height) {
     return ImageDataError(path, "corrupt", "stb_image: the size changed between header and data");
   }
-  std::memcpy(rgb.data(), pixels.get(), size_t(width) * size_t(height) * 3);
+  CopyBox(pixels.get(), info, box, out.data());
   return absl::OkStatus();
 }
 

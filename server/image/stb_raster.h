@@ -14,7 +14,8 @@ namespace ringloader::image {
 // `format_name` ("BMP", "PPM/PGM") goes into messages.
 absl::StatusOr<RasterInfo> StbReadHeader(std::span<const uint8_t> head, std::string_view path,
                                          std::string_view format_name);
-absl::Status StbDecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
-                          const RasterInfo& info, std::span<uint8_t> rgb);
+// The whole image decoded (BMP and PPM are not compressed: nothing to skip), then `box` copied.
+absl::Status StbDecodeBox(std::span<const uint8_t> bytes, std::string_view path,
+                          const RasterInfo& info, const RasterBox& box, std::span<uint8_t> out);
 
 }  // namespace ringloader::image

@@ -40,17 +40,35 @@ absl::StatusOr<RasterInfo> ReadHeader(std::span<const uint8_t> head, std::string
   return info;
 }
 
-absl::Status DecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
-                       const RasterInfo& info, std::span<uint8_t> rgb) {
+uint32_t Le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+absl::Status DecodeBox(std::span<const uint8_t> bytes, std::string_view path,
+                       const RasterInfo& info, const RasterBox& box, std::span<uint8_t> out) {
+  // A cut file fails whatever the box: the RIFF header says how long the file is.
+  if (bytes.size() < 12 || bytes.size() < uint64_t{Le32(&bytes[4])} + 8) {
+    return ImageDataError(path, "truncated",
+                          absl::StrCat("the file ends at byte ", bytes.size(),
+                                       ", its RIFF header says ",
+                                       bytes.size() < 12 ? 0 : uint64_t{Le32(&bytes[4])} + 8));
+  }
   WebPDecoderConfig config;
   if (!WebPInitDecoderConfig(&config)) return ImageDataError(path, "other", "libwebp: bad version");
-  // Straight into our buffer as RGB: alpha is dropped, colours are not premultiplied (PIL's
-  // convert("RGB") of the RGBA image it decodes).
+  // Only the box, straight into `out` as RGB: alpha is dropped, colours are not premultiplied
+  // (PIL's convert("RGB") of the RGBA image it decodes).
+  if (box.x0 != 0 || box.y0 != 0 || box.x1 != info.width || box.y1 != info.height) {
+    config.options.use_cropping = 1;
+    config.options.crop_left = box.x0;
+    config.options.crop_top = box.y0;
+    config.options.crop_width = box.width();
+    config.options.crop_height = box.height();
+  }
   config.output.colorspace = MODE_RGB;
   config.output.is_external_memory = 1;
-  config.output.u.RGBA.rgba = rgb.data();
-  config.output.u.RGBA.stride = info.width * 3;
-  config.output.u.RGBA.size = size_t(info.width) * size_t(info.height) * 3;
+  config.output.u.RGBA.rgba = out.data();
+  config.output.u.RGBA.stride = box.width() * 3;
+  config.output.u.RGBA.size = size_t(box.width()) * size_t(box.height()) * 3;
   const VP8StatusCode s = WebPDecode(bytes.data(), bytes.size(), &config);
   WebPFreeDecBuffer(&config.output);  // nothing of ours: external memory
   if (s != VP8_STATUS_OK) return Failure(path, s);
@@ -60,7 +78,7 @@ absl::Status DecodeRgb(std::span<const uint8_t> bytes, std::string_view path,
 }  // namespace
 
 const RasterCodec& WebpCodec() {
-  static const RasterCodec codec{ImageFormat::kWebp, &ReadHeader, &DecodeRgb};
+  static const RasterCodec codec{ImageFormat::kWebp, &ReadHeader, &DecodeBox};
   return codec;
 }
 
