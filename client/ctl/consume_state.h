@@ -42,4 +42,9 @@ absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& p
 // "--seed is 1 but the state file was saved with 0".
 absl::Status CheckSameRun(const client::StreamOptions& saved, const client::StreamOptions& flags);
 
+struct ConsumeOptions;
+// The stream `consume` opens for `o` (also peek's, with its own start and client name).
+// InvalidArgument naming the flag for a bad --augment, --dtype, --resize, --epochs, ...
+absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o);
+
 }  // namespace ringloader::ctl

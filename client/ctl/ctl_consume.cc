@@ -96,47 +96,6 @@ std::string ProgressLine(const client::Batch& batch, const client::Stream& strea
                          eta / 60, eta % 60);
 }
 
-absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o) {
-  client::StreamOptions s;
-  s.dataset = o.dataset;
-  s.batch_size = o.batch_size;
-  s.seed = o.seed;
-  s.rank = o.rank;
-  s.world_size = o.world_size;
-  s.image_size = o.image_size;
-  if (o.augment == "train") {
-    s.augment = client::Augment::kTrain;
-  } else if (o.augment == "eval") {
-    s.augment = client::Augment::kEval;
-  } else {
-    return absl::InvalidArgumentError("--augment must be train or eval, got '" + o.augment + "'");
-  }
-  if (o.dtype == "uint8") {
-    s.dtype = client::DType::kUint8;
-  } else if (o.dtype == "float32") {
-    s.dtype = client::DType::kFloat32;
-  } else {
-    return absl::InvalidArgumentError("--dtype must be uint8 or float32, got '" + o.dtype + "'");
-  }
-  if (o.resize == "exact") {
-    s.resize = client::Resize::kExact;
-  } else if (o.resize != "fast") {
-    return absl::InvalidArgumentError("--resize must be fast or exact, got '" + o.resize + "'");
-  }
-  s.shuffle = o.shuffle;
-  s.drop_last = o.drop_last;
-  if (o.epochs == 0) return absl::InvalidArgumentError("--epochs must be >= 1");
-  s.end_epoch = o.epochs;
-  if (!(o.reconnect_deadline_s >= 0)) {
-    return absl::InvalidArgumentError("--reconnect-deadline-s must be >= 0");
-  }
-  s.reconnect_deadline =
-      std::chrono::milliseconds(static_cast<int64_t>(o.reconnect_deadline_s * 1000));
-  s.verify_checksums = o.verify;
-  s.client_name = "ringloaderctl consume";
-  s.restart_epoch_if_dataset_changed = o.restart_epoch_if_changed;
-  return s;
-}
 
 // Everything after the flags are checked; throws client::Error, returns a non-OK status for
 // local failures (files).
@@ -196,6 +155,48 @@ absl::Status Consume(const ConsumeOptions& o, client::StreamOptions stream_optio
 }
 
 }  // namespace
+
+absl::StatusOr<client::StreamOptions> ToStreamOptions(const ConsumeOptions& o) {
+  client::StreamOptions s;
+  s.dataset = o.dataset;
+  s.batch_size = o.batch_size;
+  s.seed = o.seed;
+  s.rank = o.rank;
+  s.world_size = o.world_size;
+  s.image_size = o.image_size;
+  if (o.augment == "train") {
+    s.augment = client::Augment::kTrain;
+  } else if (o.augment == "eval") {
+    s.augment = client::Augment::kEval;
+  } else {
+    return absl::InvalidArgumentError("--augment must be train or eval, got '" + o.augment + "'");
+  }
+  if (o.dtype == "uint8") {
+    s.dtype = client::DType::kUint8;
+  } else if (o.dtype == "float32") {
+    s.dtype = client::DType::kFloat32;
+  } else {
+    return absl::InvalidArgumentError("--dtype must be uint8 or float32, got '" + o.dtype + "'");
+  }
+  if (o.resize == "exact") {
+    s.resize = client::Resize::kExact;
+  } else if (o.resize != "fast") {
+    return absl::InvalidArgumentError("--resize must be fast or exact, got '" + o.resize + "'");
+  }
+  s.shuffle = o.shuffle;
+  s.drop_last = o.drop_last;
+  if (o.epochs == 0) return absl::InvalidArgumentError("--epochs must be >= 1");
+  s.end_epoch = o.epochs;
+  if (!(o.reconnect_deadline_s >= 0)) {
+    return absl::InvalidArgumentError("--reconnect-deadline-s must be >= 0");
+  }
+  s.reconnect_deadline =
+      std::chrono::milliseconds(static_cast<int64_t>(o.reconnect_deadline_s * 1000));
+  s.verify_checksums = o.verify;
+  s.client_name = "ringloaderctl consume";
+  s.restart_epoch_if_dataset_changed = o.restart_epoch_if_changed;
+  return s;
+}
 
 int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
   const auto fail = [&](absl::string_view message, int code) {

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/ctl/consume_state.h"
 #include "client/ctl/contact_sheet.h"
 #include "client/ctl/ctl.h"
 #include "proto/wire_text.h"
@@ -33,26 +34,26 @@ int RunPeek(const PeekOptions& o, std::ostream& out, std::ostream& err) {
   if (o.columns == 0 || o.batch_size == 0 || o.image_size == 0) {
     return fail("--columns, --batch-size and --image-size must be > 0", kExitUsage);
   }
-  client::StreamOptions s;
-  s.dataset = o.dataset;
-  s.batch_size = o.batch_size;
-  s.seed = o.seed;
-  s.rank = o.rank;
-  s.world_size = o.world_size;
-  s.image_size = o.image_size;
-  s.augment = o.augment == "eval" ? client::Augment::kEval : client::Augment::kTrain;
-  s.resize = o.resize == "exact" ? client::Resize::kExact : client::Resize::kFast;
-  s.shuffle = o.shuffle;
-  s.dtype = client::DType::kUint8;
-  s.layout = client::Layout::kNHWC;
+  ConsumeOptions as_consume;  // the same flags mean the same stream
+  as_consume.dataset = o.dataset;
+  as_consume.batch_size = o.batch_size;
+  as_consume.seed = o.seed;
+  as_consume.rank = o.rank;
+  as_consume.world_size = o.world_size;
+  as_consume.image_size = o.image_size;
+  as_consume.augment = o.augment;
+  as_consume.resize = o.resize;
+  as_consume.shuffle = o.shuffle;
+  as_consume.epochs = o.epoch + 1;
+  as_consume.reconnect_deadline_s = 10;
+  absl::StatusOr<client::StreamOptions> s = ToStreamOptions(as_consume);  // uint8 NHWC
+  if (!s.ok()) return fail(s.status().message(), kExitUsage);
   // From the epoch's first batch: a batch's samples depend on which files before it were bad.
-  s.start = client::Position{o.epoch, 0, 0};
-  s.end_epoch = o.epoch + 1;
-  s.reconnect_deadline = std::chrono::seconds(10);
-  s.client_name = "ringloaderctl peek";
+  s->start = client::Position{o.epoch, 0, 0};
+  s->client_name = "ringloaderctl peek";
   try {
     client::Client client(o.endpoint);
-    std::unique_ptr<client::Stream> stream = client.Open(s);
+    std::unique_ptr<client::Stream> stream = client.Open(*s);
     std::optional<client::Batch> batch;
     for (uint64_t b = 0; b <= o.batch; ++b) {
       batch = stream->Next();
