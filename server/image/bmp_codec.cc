@@ -1,5 +1,6 @@
 // BMP through stb_image: uncompressed (BI_RGB, BI_BITFIELDS) files of 1, 4, 8, 16, 24 and 32 bits
 // a pixel; other compressions are refused ("unsupported").
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,33 @@ uint32_t Le32(std::span<const uint8_t> b, size_t at) {
 }
 
 uint32_t Le16(std::span<const uint8_t> b, size_t at) { return uint32_t{b[at]} | uint32_t{b[at + 1]} << 8; }
+
+// A palette image whose pixels name colours the palette does not have: stb_image would read
+// them from memory it never wrote (the fuzzer saw two decodes of one file differ). Refused.
+absl::Status CheckPaletteIndices(std::span<const uint8_t> bytes, std::string_view path, bool core,
+                                 uint32_t header_size, uint32_t bits, int64_t width,
+                                 int64_t height) {
+  const uint64_t data_offset = Le32(bytes, 10);
+  const uint64_t entry_bytes = core ? 3 : 4;
+  const uint64_t header_end = 14 + uint64_t{header_size};
+  const uint64_t colours =
+      data_offset > header_end ? std::min<uint64_t>(256, (data_offset - header_end) / entry_bytes) : 0;
+  const uint64_t row_bytes = (uint64_t(std::llabs(width)) * bits + 31) / 32 * 4;
+  const uint32_t mask = (1u << bits) - 1;
+  for (int64_t y = 0; y < std::llabs(height); ++y) {
+    const uint8_t* row = bytes.data() + data_offset + uint64_t(y) * row_bytes;
+    for (int64_t x = 0; x < std::llabs(width); ++x) {
+      const uint64_t bit = uint64_t(x) * bits;
+      const uint32_t index = (row[bit / 8] >> (8 - bits - bit % 8)) & mask;
+      if (index >= colours) {
+        return ImageDataError(path, "corrupt",
+                              absl::StrCat("pixel (", x, ", ", y, ") names colour ", index,
+                                           " of a ", colours, "-colour palette"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 // What stb_image is handed, checked first: it decodes odd headers leniently and reads past the end
 // of a cut file as zeros (or leaves pixels unwritten: the fuzzer saw a reused decoder and a fresh
@@ -52,6 +80,7 @@ absl::Status CheckHeader(std::span<const uint8_t> bytes, std::string_view path, 
                           absl::StrCat("BMP pixel data ends at byte ", bytes.size(),
                                        ", the header says ", need));
   }
+  if (bits <= 8) return CheckPaletteIndices(bytes, path, core, header_size, bits, width, height);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,11 @@
 #include "tests/integration/bad_images.h"
 
+#include <spng.h>
+#include <webp/encode.h>
+
+#include <cstdlib>
+#include <memory>
+
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -139,7 +145,69 @@ std::vector<BadImage> AllBadImages() {
   out.push_back({"bad_lossless.jpg", lossless, "unsupported"});
 
   out.push_back({"maybe_arithmetic.jpg", ArithmeticJpeg(), ""});
+
+  // The other formats an ImageFolder holds (issue 18): each damage its decoder must report.
+  const std::vector<uint8_t> good_png = GoodPngBytes();
+  std::vector<uint8_t> cut_png(good_png.begin(),
+                               good_png.begin() + static_cast<long>(good_png.size() / 2));
+  out.push_back({"bad_cut.png", cut_png, "truncated"});
+  std::vector<uint8_t> crc_png = good_png;
+  crc_png[crc_png.size() - 20] ^= 0x10;  // inside the last IDAT chunk: its CRC fails
+  out.push_back({"bad_crc.png", crc_png, "corrupt"});
+  std::vector<uint8_t> webp = GoodWebpBytes();
+  webp.resize(webp.size() * 2 / 3);
+  out.push_back({"bad_cut.webp", webp, "truncated"});
+  // A BMP header declaring RLE8 compression (not decoded: refused before any pixel).
+  std::vector<uint8_t> bmp(1078 + 64, 0);
+  const uint32_t fields[][2] = {{2, uint32_t(bmp.size())}, {10, 1078}, {14, 40}, {18, 8},
+                                {22, 8}, {30, 1}};
+  bmp[0] = 'B', bmp[1] = 'M';
+  for (const auto& [at, value] : fields) {
+    for (int k = 0; k < 4; ++k) bmp[at + k] = static_cast<uint8_t>(value >> (8 * k));
+  }
+  bmp[26] = 1, bmp[28] = 8;  // planes, bits a pixel
+  out.push_back({"bad_rle.bmp", bmp, "unsupported"});
+  out.push_back({"bad_scan.tiff", {'I', 'I', '*', 0, 8, 0, 0, 0, 0, 0}, "unsupported"});
+  const std::string text = "a text file named like a PNG";
+  out.push_back({"bad_text.png", std::vector<uint8_t>(text.begin(), text.end()), "not_image"});
   return out;
+}
+
+std::vector<uint8_t> GoodPngBytes() {
+  constexpr uint32_t kWidth = 48, kHeight = 32;
+  std::vector<uint8_t> rgb(kWidth * kHeight * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>((i * 7) ^ (i >> 5));
+  std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> ctx(spng_ctx_new(SPNG_CTX_ENCODER),
+                                                      &spng_ctx_free);
+  spng_set_option(ctx.get(), SPNG_ENCODE_TO_BUFFER, 1);
+  spng_ihdr ihdr{};
+  ihdr.width = kWidth;
+  ihdr.height = kHeight;
+  ihdr.bit_depth = 8;
+  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
+  spng_set_ihdr(ctx.get(), &ihdr);
+  if (spng_encode_image(ctx.get(), rgb.data(), rgb.size(), SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE) != 0) {
+    std::abort();
+  }
+  size_t size = 0;
+  int error = 0;
+  std::unique_ptr<void, void (*)(void*)> png(spng_get_png_buffer(ctx.get(), &size, &error),
+                                             &std::free);
+  if (!png) std::abort();
+  const auto* bytes = static_cast<const uint8_t*>(png.get());
+  return std::vector<uint8_t>(bytes, bytes + size);
+}
+
+std::vector<uint8_t> GoodWebpBytes() {
+  constexpr int kWidth = 64, kHeight = 48;
+  std::vector<uint8_t> rgb(kWidth * kHeight * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 3 + (i >> 7));
+  uint8_t* out = nullptr;
+  const size_t size = WebPEncodeRGB(rgb.data(), kWidth, kHeight, kWidth * 3, 80.0f, &out);
+  if (size == 0) std::abort();
+  std::vector<uint8_t> bytes(out, out + size);
+  WebPFree(out);
+  return bytes;
 }
 
 }  // namespace ringloader::testing

@@ -27,9 +27,15 @@ std::vector<uint8_t> ManyScansJpeg(int scans_at_least);
 // arithmetic decoding refuses them as "unsupported". Its `reason` in AllBadImages() is empty.
 std::vector<uint8_t> ArithmeticJpeg();
 
-// One of each kind: truncated, zero bytes, random bytes, PNG named .jpg, a header claiming
-// 60000x60000 (> any max_pixels), > 500 progressive scans, a bad Huffman table, 12-bit precision,
-// lossless (SOF3), and the arithmetic-coded file (reason empty: decoded or "unsupported").
+// Valid small images of the other formats (libspng, libwebp), for damaging.
+std::vector<uint8_t> GoodPngBytes();
+std::vector<uint8_t> GoodWebpBytes();
+
+// One of each kind: truncated, zero bytes, random bytes, a PNG signature over garbage named .jpg,
+// a header claiming 60000x60000 (> any max_pixels), > 500 progressive scans, a bad Huffman table,
+// 12-bit precision, lossless (SOF3), the arithmetic-coded file (reason empty: decoded or
+// "unsupported"); and of the other formats: a cut PNG, a PNG whose CRC fails, a cut WebP, an
+// RLE BMP, a TIFF, and text named .png.
 std::vector<BadImage> AllBadImages();
 
 }  // namespace ringloader::testing
