@@ -48,6 +48,8 @@ class ChildProgress {
       ready_ = true;
     } else if (line == "WATCHDOG=1") {
       last_ping_ = now;
+    } else if (line == "STOPPING=1") {
+      stopping_ = true;  // shutting down on its own: no more pings, and none owed
     } else if (absl::StartsWith(line, "WATCHDOG_USEC=")) {
       uint64_t usec = 0;
       if (absl::SimpleAtoi(line.substr(14), &usec)) {
@@ -61,7 +63,7 @@ class ChildProgress {
 
   // Milliseconds until Act() is due, for poll(); -1 when nothing is due.
   int MillisecondsToAct(Clock::time_point now) const {
-    if (watchdog_.count() == 0 || killed_) return -1;
+    if (watchdog_.count() == 0 || killed_ || stopping_) return -1;
     const Clock::time_point due = aborted_ ? *aborted_ + kAbortGrace : last_ping_ + watchdog_;
     return static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(due - now).count() + 1));
@@ -91,6 +93,7 @@ class ChildProgress {
   Clock::time_point last_ping_;
   std::optional<Clock::time_point> aborted_;
   bool killed_ = false;
+  bool stopping_ = false;
 };
 
 Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask,

@@ -8,7 +8,8 @@
 // (host_notify.h): READY=1 once it serves, then WATCHDOG_USEC=N (server.watchdog_ms) and a
 // WATCHDOG=1 ping about every N/2 while it makes progress. A child that stops pinging for N (a
 // decode stuck past its deadline) is killed with SIGABRT, so its crash journal strikes the samples
-// it had in flight, and restarted like any child that died while serving. Under systemd
+// it had in flight, and restarted like any child that died while serving (a child that said
+// STOPPING=1 is shutting down and owes no pings). Under systemd
 // (NOTIFY_SOCKET) the supervisor passes READY=1, STATUS= and WATCHDOG=1 on to systemd.
 //
 // Restart policy.
