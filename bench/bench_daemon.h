@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "server/image/synthetic.h"
 
@@ -21,9 +23,37 @@ struct BenchDaemon {
   pid_t pid = -1;        // the daemon (or its supervisor); -1 if it could not be started
 };
 
-// Prints the reason and returns pid -1 when the dataset cannot be written.
+// Grows the imagefolder at `root` (its `images` JPEGs) to `samples` samples in 1,000 more class
+// folders of hard links to those files: an ImageNet-sized tree in seconds, for what scales with
+// the number of samples (indexing, restarts), not with their bytes.
+inline bool AddHardLinkedSamples(const std::string& root, int images, uint64_t samples) {
+  std::vector<std::string> sources;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (e.is_regular_file()) sources.push_back(e.path().string());
+  }
+  if (sources.empty()) return false;
+  constexpr uint64_t kClasses = 1000;
+  char name[64];
+  for (uint64_t c = 0; c < kClasses; ++c) {
+    std::snprintf(name, sizeof(name), "/n%04llu", static_cast<unsigned long long>(c));
+    std::filesystem::create_directories(root + name);
+  }
+  for (uint64_t i = static_cast<uint64_t>(images); i < samples; ++i) {
+    std::snprintf(name, sizeof(name), "/n%04llu/link_%08llu.jpg",
+                  static_cast<unsigned long long>(i % kClasses), static_cast<unsigned long long>(i));
+    if (::link(sources[i % sources.size()].c_str(), (root + name).c_str()) != 0) {
+      std::perror("link");
+      return false;
+    }
+  }
+  return true;
+}
+
+// Prints the reason and returns pid -1 when the dataset cannot be written. `samples` > images:
+// AddHardLinkedSamples makes the dataset that large.
 inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string& name, int images,
-                                    const std::string& memory_limit, bool supervise) {
+                                    const std::string& memory_limit, bool supervise,
+                                    uint64_t samples = 0) {
   BenchDaemon d;
   std::string tmpl = "/tmp/ringloader-" + name + "-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
@@ -38,6 +68,10 @@ inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string
   dataset.count = images;
   if (auto written = image::WriteSyntheticDataset(dataset); !written.ok()) {
     std::fprintf(stderr, "%s\n", written.status().ToString().c_str());
+    return d;
+  }
+  if (samples > static_cast<uint64_t>(images) &&
+      !AddHardLinkedSamples(dataset.out_dir, images, samples)) {
     return d;
   }
   const std::string config = d.dir + "/rl.toml";

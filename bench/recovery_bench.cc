@@ -3,7 +3,8 @@
 // Starts `ringloaderd --supervise` over a synthetic dataset, reads batches through the C++ client
 // on one thread, and SIGKILLs the serving daemon N times at random moments. For each kill it
 // measures the time from the kill to the next batch the client delivers. Prints median and max.
-// Target: median under 1 s with --supervise.
+// Goal: median under 250 ms with --supervise, also at ImageNet's size (--samples 1281000), so a
+// restart costs the same whatever the dataset.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,15 +47,20 @@ int main(int argc, char** argv) {
   std::string daemon_path = RINGLOADERD_PATH;
   CLI::App app{"recovery_bench: kill-to-next-batch latency under ringloaderd --supervise"};
   app.add_option("--kills", kills, "how many times to SIGKILL the daemon");
-  app.add_option("--images", images, "synthetic dataset size");
+  app.add_option("--images", images, "synthetic JPEGs written");
+  uint64_t samples = 0;
+  app.add_option("--samples", samples,
+                 "dataset size: hard links to the JPEGs fill 1,000 more class folders up to it "
+                 "(1281000: ImageNet's train set)");
   app.add_option("--image-size", image_size);
   app.add_option("--batch-size", batch_size);
   app.add_option("--ringloaderd", daemon_path, "path of the ringloaderd binary");
   CLI11_PARSE(app, argc, argv);
 
   const ringloader::bench::BenchDaemon bench_daemon = ringloader::bench::StartBenchDaemon(
-      daemon_path, "recovery", images, "1GiB", /*supervise=*/true);
+      daemon_path, "recovery", images, "1GiB", /*supervise=*/true, samples);
   if (bench_daemon.pid < 0) return 1;
+  const Clock::time_point launched = Clock::now();
   const std::string& dir = bench_daemon.dir;
   const std::string& endpoint = bench_daemon.endpoint;
   const pid_t supervisor = bench_daemon.pid;
@@ -83,6 +89,8 @@ int main(int argc, char** argv) {
     return delivered.empty() ? Clock::time_point{} : delivered.back();
   };
   while (last_delivery() == Clock::time_point{}) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::printf("first start (index built): %.0f ms to the first batch\n",
+              std::chrono::duration<double, std::milli>(last_delivery() - launched).count());
 
   std::mt19937 rng(42);
   std::vector<double> latencies_ms;
@@ -104,10 +112,12 @@ int main(int argc, char** argv) {
 
   std::sort(latencies_ms.begin(), latencies_ms.end());
   const double median = latencies_ms[latencies_ms.size() / 2];
-  std::printf("recovery_bench: %zu SIGKILLs of the supervised daemon, %llu client reconnects\n",
-              latencies_ms.size(), static_cast<unsigned long long>(reconnects.load()));
-  std::printf("kill -> next delivered batch: median %.1f ms   max %.1f ms   (target: median < "
-              "1000 ms: %s)\n",
-              median, latencies_ms.back(), median < 1000 ? "met" : "NOT met");
+  std::printf("recovery_bench: %zu SIGKILLs of the supervised daemon, %llu client reconnects, "
+              "%llu samples\n",
+              latencies_ms.size(), static_cast<unsigned long long>(reconnects.load()),
+              static_cast<unsigned long long>(std::max<uint64_t>(samples, images)));
+  std::printf("kill -> next delivered batch: median %.1f ms   max %.1f ms   (goal: median < "
+              "250 ms: %s)\n",
+              median, latencies_ms.back(), median < 250 ? "met" : "NOT met");
   return 0;
 }

@@ -1,5 +1,9 @@
 #include "server/pipeline/index_cache.h"
 
+#include <unistd.h>
+
+#include <fcntl.h>
+
 #include <sys/stat.h>
 #include <xxhash.h>
 
@@ -84,15 +88,26 @@ std::optional<SampleList> LoadIndexCache(const std::string& path, const std::str
   // Only a regular file is a cache (a directory at its name made the stream read throw).
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
+  // One read of the whole file (a 1.28M-sample index is ~50 MB: a byte-at-a-time stream read
+  // took most of a restart's 160 ms).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
   std::string file;
   try {
-    file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    file.resize(static_cast<size_t>(st.st_size));
   } catch (const std::exception&) {
+    ::close(fd);
     return std::nullopt;
   }
-  if (in.bad() || file.size() < kHeaderBytes) return std::nullopt;
+  size_t got = 0;
+  while (got < file.size()) {
+    const ssize_t n = ::read(fd, file.data() + got, file.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got != file.size() || file.size() < kHeaderBytes) return std::nullopt;
   if (std::memcmp(file.data(), kMagic, sizeof(kMagic)) != 0) return std::nullopt;
   Reader header(std::string_view(file).substr(8, kHeaderBytes - 8));
   const uint64_t version_word = header.U64();  // version (low 32) + reserved (high 32)
