@@ -9,7 +9,8 @@ NHWC/CHW tensors. torch: torchvision's ImageFolder + PIL + PILToTensor in a Data
 num_workers = cores. ringloader: a private daemon with decode_threads = cores, Loader with torch
 output. Prints images/s into the training loop and the summed PSS (proportional set size, shared
 pages split fairly) of every process involved, sampled every 100 ms. Goal: >= 2.0x images/s at
-<= 0.5x PSS. Figures only, never pass/fail.
+<= 0.5x PSS. Also reads the same stream with `ringloaderctl consume` (C++) to show what the Python
+layer costs (goal: within 5%). Figures only, never pass/fail.
 """
 
 from __future__ import annotations
@@ -145,6 +146,19 @@ def main() -> None:
                                   image_size=args.image_size, output="torch", drop_last=True)
             with PssSampler(lambda: [os.getpid(), daemon.pid or 0]) as rl_pss:
                 rl_rate = run(rl_loader, args.batches, args.batch_size)
+            # The same stream read by ringloaderctl consume (C++, no Python): what the Python
+            # layer costs on top. Interleaved rounds, best of each, so that page cache and CPU
+            # noise fall on both alike.
+            consume_rate = 0.0
+            for _ in range(3):
+                consumed = subprocess.run(
+                    [rl.find_binary("ringloaderctl"), "--endpoint", daemon.endpoint, "consume",
+                     "--dataset", "bench", "--batch-size", str(args.batch_size), "--image-size",
+                     str(args.image_size), "--epochs", "100", "--max-batches",
+                     str(args.batches + 1)],
+                    check=True, capture_output=True, text=True).stdout
+                consume_rate = max(consume_rate, float(consumed.rsplit(":", 1)[1].split()[0]))
+                rl_rate = max(rl_rate, run(rl_loader, args.batches, args.batch_size))
             rl_loader.close()
 
     print(f"{'':28}{'images/s':>10}{'PSS peak MiB':>14}{'PSS mean MiB':>14}"
@@ -153,6 +167,9 @@ def main() -> None:
                             ("ringloader Loader", rl_rate, rl_pss)):
         print(f"{name:28}{rate:10.0f}{pss.peak_mib():14.0f}{pss.mean_mib():14.0f}"
               f"{pss.trainer_peak_mib():15.0f}")
+    print(f"{'ringloaderctl consume (C++)':28}{consume_rate:10.0f}")
+    print(f"the Python layer: {rl_rate / consume_rate:.2f}x consume's images/s "
+          "(goal: within 5%)")
     print(f"ratio: {rl_rate / torch_rate:.2f}x images/s at "
           f"{rl_pss.peak_mib() / max(1e-9, torch_pss.peak_mib()):.2f}x peak PSS "
           "(goal: >= 2.0x at <= 0.5x)")
