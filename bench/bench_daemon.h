@@ -50,10 +50,11 @@ inline bool AddHardLinkedSamples(const std::string& root, int images, uint64_t s
 }
 
 // Prints the reason and returns pid -1 when the dataset cannot be written. `samples` > images:
-// AddHardLinkedSamples makes the dataset that large.
+// AddHardLinkedSamples makes the dataset that large. `dataset_extra`: more keys of its
+// [[datasets]] table (e.g. cache = "memory").
 inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string& name, int images,
                                     const std::string& memory_limit, bool supervise,
-                                    uint64_t samples = 0) {
+                                    uint64_t samples = 0, const std::string& dataset_extra = "") {
   BenchDaemon d;
   std::string tmpl = "/tmp/ringloader-" + name + "-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
@@ -78,7 +79,8 @@ inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string
   std::ofstream(config) << "[server]\nlisten = \"" << d.endpoint << "\"\nstate_dir = \"" << d.dir
                         << "/state\"\nmemory_limit = \"" << memory_limit
                         << "\"\n[[datasets]]\nname = \"bench\"\nformat = \"imagefolder\"\npath = \""
-                        << dataset.out_dir << "\"\n";
+                        << dataset.out_dir << "\"\n"
+                        << dataset_extra << "\n";
   d.pid = fork();
   if (d.pid == 0) {
     FILE* f = std::fopen(d.log.c_str(), "w");

@@ -50,6 +50,14 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
     out << absl::StrFormat("%-20s %d (by the supervisor)\n", "daemon restarts", s.daemon_restarts());
   }
 
+  if (s.has_cache() && (s.cache().entries() > 0 || s.cache().misses() > 0)) {
+    const v1::CacheStats& c = s.cache();
+    out << absl::StrFormat("%-20s %d samples, %s of %s, %d hits, %d misses%s\n", "eval cache",
+                           c.entries(), base::FormatBytes(c.bytes()),
+                           base::FormatBytes(c.cap_bytes()), c.hits(), c.misses(),
+                           c.full() ? "; full: it holds what fits, the rest is decoded each time"
+                                    : "");
+  }
   for (const v1::DatasetStats& d : s.datasets()) {
     out << absl::StrFormat("dataset %s: %s, %d samples", d.name(), d.format(), d.samples());
     if (d.classes() > 0) out << absl::StrFormat(", %d classes", d.classes());

@@ -312,6 +312,9 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
   r.Integer("label_offset", &d->label_offset, -(int64_t{1} << 40), int64_t{1} << 40);
   r.String("label", &d->label);
   r.StringList("ragged", &d->ragged);
+  int cache = -1;
+  r.Enum("cache", {"none", "memory"}, &cache);
+  if (cache >= 0) d->cache_memory = cache == 1;
   int on_error = -1;
   r.Enum("on_error", {"skip", "fail"}, &on_error);
   if (on_error == 1) d->on_error = pipeline::OnError::kFail;

@@ -34,6 +34,9 @@ struct DatasetConfig {
   int64_t label_offset = 0;
   std::string label;                 // arrays: the label column
   std::vector<std::string> ragged;   // webdataset: tensors padded per batch
+  // cache = "memory": eval streams' decoded samples are kept (sample_cache.h) and served from
+  // memory on later epochs and to other streams with the same options. false = "none".
+  bool cache_memory = false;
   pipeline::OnError on_error = pipeline::OnError::kSkip;
   // The decode limits; defaults are image::DecodeLimits' (one set for the daemon and
   // `ringloaderctl validate`).

@@ -44,6 +44,7 @@
 #include "server/daemon/oom_kills.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/request_guard.h"
+#include "server/daemon/sample_cache.h"
 #include "server/daemon/sample_gate.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
@@ -158,6 +159,7 @@ struct DaemonState {
   std::unique_ptr<ProgressWatch> progress;
   std::unique_ptr<pipeline::BatchFiller> filler;
   std::unique_ptr<SampleGate> gate;
+  std::unique_ptr<MemorySampleCache> cache;  // eval cache of datasets with cache = "memory"
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
   std::unique_ptr<grpc::Server> server;
@@ -445,9 +447,11 @@ absl::Status StartUp(DaemonState& d) {
       d.pool->size(), std::chrono::milliseconds(2 * uint64_t{server.decode_deadline_ms}));
   d.gate = std::make_unique<SampleGate>(*d.journal, *d.progress, *d.quarantine, *d.failpoints,
                                         d.pool->size());
+  // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
+  d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
-                         d.started,      d.pool.get()};
+                         d.started,      d.pool.get(), d.cache.get()};
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation);

@@ -132,6 +132,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
     slots.metric.push_back(Value(kGauge, static_cast<double>(count), {{"state", state}}));
   }
   out.push_back(std::move(slots));
+  out.push_back(Single("cache_hits_total", "Eval samples copied from the cache, not decoded",
+                       kCounter, static_cast<double>(s.cache().hits())));
+  out.push_back(Single("cache_bytes", "Bytes the eval cache holds (reserved from memory_limit)",
+                       kGauge, static_cast<double>(s.cache().bytes())));
   out.push_back(Single("quarantined_samples", "Samples in quarantine (skipped)", kGauge,
                        static_cast<double>(s.quarantined_size())));
   out.push_back(Single("memory_limit_bytes", "server.memory_limit", kGauge,

@@ -192,6 +192,10 @@ void Stream::ProducerLoop() {
     request.limits = setup_.limits;
     request.seed = spec.seed();
     request.epoch = pos.epoch();
+    if (!setup_.cache_key.empty()) {
+      request.cache = deps_.cache;
+      request.cache_key = setup_.cache_key;
+    }
     absl::StatusOr<pipeline::FilledBatch> filled =
         deps_.filler->Fill(request, ring_->Payload(f.slot), deps_.observer);
     if (!filled.ok()) {

@@ -59,6 +59,9 @@ struct StreamSetup {
   pipeline::OnError on_error = pipeline::OnError::kSkip;
   image::DecodeLimits limits;  // the dataset's max_pixels, max_file_bytes, warnings, scans
   image::TransformSpec transform;
+  // Set when the stream's samples may come from the eval cache (an eval stream of a dataset with
+  // cache = "memory"): the cache's key for (dataset, transform). Empty = no cache.
+  std::string cache_key;
   pipeline::BatchLayout layout;
   v1::Position start;
 };
@@ -69,6 +72,7 @@ struct StreamDeps {
   pipeline::SampleObserver* observer;
   DaemonStats* stats;
   const Failpoints* failpoints;
+  pipeline::SampleCache* cache = nullptr;  // used when setup.cache_key is set
 };
 
 class Stream {

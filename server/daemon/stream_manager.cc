@@ -233,6 +233,15 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   setup.on_error = dataset_config.on_error;
   setup.limits = DecodeLimitsOf(dataset_config);
   setup.transform = ToTransform(spec);
+  if (dataset_config.cache_memory && setup.transform.augment == image::Augment::kEval &&
+      deps_.cache != nullptr) {
+    // Everything the bytes of an eval sample depend on, besides the file.
+    const image::TransformSpec& t = setup.transform;
+    setup.cache_key = absl::StrFormat(
+        "%s|%u|%d|%d|%d|%a,%a,%a|%a,%a,%a", dataset_config.name, t.image_size,
+        static_cast<int>(t.dtype), static_cast<int>(t.layout), t.exact_resize ? 1 : 0,
+        t.mean[0], t.mean[1], t.mean[2], t.std[0], t.std[1], t.std[2]);
+  }
   setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform, &dataset);
   setup.start = request.start();
 
@@ -312,7 +321,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     SPDLOG_WARN("stream open refused: {}", Text(ring.status()));
     return Reject(ring.status());
   }
-  StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints};
+  StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints,
+                         deps_.cache};
   stream = std::make_shared<Stream>(std::move(setup), std::move(*ring), std::move(*reservation),
                                     stream_deps);
   response->set_stream_id(id);
@@ -512,6 +522,16 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_bytes_served(stats.bytes_served.load());
   response->set_quarantines(stats.quarantines.load());
   response->set_daemon_restarts(stats.daemon_restarts.load());
+  if (deps_.cache != nullptr) {
+    const SampleCacheStats c = deps_.cache->stats();
+    v1::CacheStats* cache = response->mutable_cache();
+    cache->set_entries(c.entries);
+    cache->set_bytes(c.bytes);
+    cache->set_cap_bytes(deps_.cache->cap_bytes());
+    cache->set_hits(c.hits);
+    cache->set_misses(c.misses);
+    cache->set_full(c.full);
+  }
   for (const QuarantineEntry& e : deps_.quarantine->Quarantined()) {
     ToProto(e, response->add_quarantined());
   }

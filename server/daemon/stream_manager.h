@@ -38,6 +38,7 @@
 #include "server/daemon/dataset_registry.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/quarantine.h"
+#include "server/daemon/sample_cache.h"
 #include "server/daemon/stream.h"
 
 namespace ringloader::server {
@@ -54,6 +55,7 @@ struct StreamManagerDeps {
   uint64_t incarnation;
   std::chrono::steady_clock::time_point started;
   const pipeline::WorkerPool* pool = nullptr;  // for stats; may be null
+  MemorySampleCache* cache = nullptr;           // eval cache; null = none
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host

@@ -160,6 +160,9 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
           const std::chrono::milliseconds io_retry = options_.io_retry;
           SampleObserver* const sample_observer = observer;
           const Dataset* const sample_dataset = &dataset;
+          // A cached image is neither read nor decoded: copied into its place after the commit.
+          SampleCache* const cache = has_images ? request.cache : nullptr;
+          const bool cached = cache != nullptr && cache->Contains(request.cache_key, index);
           const std::string where = sample_dataset->AbsolutePath(index);
           uint64_t drawn = 0;
           uint64_t libjpeg_cap = 0;  // given to the decoder once committed
@@ -186,7 +189,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             return;
           }
           absl::StatusOr<ImageBytes> image;
-          if (has_images && memory != nullptr) {
+          if (has_images && memory != nullptr && !cached) {
             bool whole = false;
             absl::StatusOr<std::vector<uint8_t>> head =
                 reader->ReadImageHead(kHeaderPeekBytes, &whole);
@@ -219,9 +222,9 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             drawn = need;
             libjpeg_cap = plan->libjpeg_bytes;
           }
-          if (has_images) image = reader->ReadImage();
+          if (has_images && !cached) image = reader->ReadImage();
           if (!finish(absl::OkStatus())) return;  // abandoned while reading: the draw went back
-          absl::Status status = has_images ? image.status() : absl::OkStatus();
+          absl::Status status = has_images && !cached ? image.status() : absl::OkStatus();
           const uint64_t slot = first_slot + i;
           // The observer watches everything after the commit (labels and extra tensors are read
           // here too): no deadline can abandon the task any more.
@@ -238,7 +241,12 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             if (rows.ok()) sample_rows[i * schemas.size() + t] = *rows;
             status = rows.status();
           }
-          if (status.ok() && has_images) {
+          if (status.ok() && cached) {
+            std::span<uint8_t> out(images + slot * sample_bytes, sample_bytes);
+            if (!cache->Lookup(request.cache_key, index, out)) {  // never evicted: cannot happen
+              status = absl::InternalError("sample cache: an entry it held is gone");
+            }
+          } else if (status.ok() && has_images) {
             image::SampleDecoder& decoder = *decoders_[worker_id];
             decoder.set_limits(limits);
             decoder.set_memory_cap(libjpeg_cap);
@@ -248,6 +256,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             image::SampleRng rng(request.seed, request.epoch, index);
             std::span<uint8_t> out(images + slot * sample_bytes, sample_bytes);
             status = decoder.DecodeInto(image->image(), where, request.transform, rng, out);
+            if (status.ok() && cache != nullptr) cache->Insert(request.cache_key, index, out);
           }
           if (observed) observer->AfterDecode(dataset, index, worker_id);
           image = absl::StatusOr<ImageBytes>();  // the file's bytes go before the draw

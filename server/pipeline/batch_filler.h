@@ -104,6 +104,22 @@ class DecodeMemory {
   virtual void Release(uint64_t bytes) = 0;
 };
 
+// Outputs of deterministic transforms (eval: resize + center crop) kept across epochs and
+// streams: a sample's image bytes depend only on (dataset, sample, transform), so a later epoch,
+// or another stream with the same options, copies them instead of reading and decoding again.
+// Entries are never evicted (a full cache keeps what it holds and takes no more), so an entry
+// Contains() reports stays there. Thread-safe.
+class SampleCache {
+ public:
+  virtual ~SampleCache() = default;
+  virtual bool Contains(const std::string& key, uint64_t sample_index) = 0;
+  // Copies the cached image bytes into `out`; false when not cached (or of another size).
+  virtual bool Lookup(const std::string& key, uint64_t sample_index, std::span<uint8_t> out) = 0;
+  // Offers a freshly decoded sample; kept if it fits the cache's share of memory_limit.
+  virtual void Insert(const std::string& key, uint64_t sample_index,
+                      std::span<const uint8_t> image) = 0;
+};
+
 struct FillRequest {
   const Dataset* dataset = nullptr;
   const EpochShard* shard = nullptr;
@@ -116,6 +132,10 @@ struct FillRequest {
   // Decode limits of this dataset (max_pixels, max_file_bytes, warnings, scans); unset = the
   // limits the BatchFiller was built with.
   std::optional<image::DecodeLimits> limits;
+  // Set for streams whose samples may come from (and go to) a cache: eval transforms of a
+  // dataset with cache = "memory". `cache_key` names the dataset and every transform setting.
+  SampleCache* cache = nullptr;
+  std::string cache_key;
 };
 
 // How a BatchFiller reads and decodes, beyond the per-dataset limits.

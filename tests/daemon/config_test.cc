@@ -71,7 +71,7 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
       "ring_slots = 6\nmax_ring_slots = 8\nmax_batch_size = 100\nmax_image_size = 300\n"
       "max_streams = 5\nmax_streams_per_client = 2\nstream_idle_timeout_ms = 500\n"
       "max_wait_ms = 50\nwatchdog_ms = 1234\nmetrics_listen = \"127.0.0.1:9464\"",
-      "on_error = \"fail\"\nmax_pixels = 1000\nmax_file_bytes = \"1MiB\"\n"
+      "on_error = \"fail\"\ncache = \"memory\"\nmax_pixels = 1000\nmax_file_bytes = \"1MiB\"\n"
       "warnings_are_errors = false\nmax_scans = 7\n"
       "[[datasets]]\nname = \"val\"\nformat = \"manifest\"\npath = \"/v\"\n"
       "manifest = \"/v/m.csv\"\n[failpoints]\naction = \"abort\"\nafter_batches = 9"));
@@ -101,6 +101,8 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
   CHECK(c->datasets[0].max_file_bytes == 1 << 20);
   CHECK_FALSE(c->datasets[0].warnings_are_errors);
   CHECK(c->datasets[0].max_scans == 7);
+  CHECK(c->datasets[0].cache_memory);
+  CHECK_FALSE(c->datasets[1].cache_memory);
   CHECK(c->datasets[1].format == pipeline::DatasetFormat::kManifest);
   CHECK(c->datasets[1].manifest == "/v/m.csv");
   CHECK(c->failpoints.action == FailpointConfig::Action::kAbort);
@@ -170,6 +172,8 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
               "t.toml: datasets[0].max_pixels: must be an integer (got \"big\")");
   ExpectError(Config("", "max_pixels = 0"),
               "t.toml: datasets[0].max_pixels: must be in [1, 1099511627776] (got 0)");
+  ExpectError(Config("", "cache = \"disk\""),
+              "t.toml: datasets[0].cache: must be one of none, memory (got \"disk\")");
   ExpectError(Config("", "on_error = \"ignore\""),
               "t.toml: datasets[0].on_error: must be one of skip, fail (got \"ignore\")");
   ExpectError(Config("", "warnings_are_errors = 1"),

@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Dict
 
+import numpy as np
 import pytest
 
 import ringloader as rl
@@ -130,3 +131,22 @@ def test_a_stuck_decoder_is_killed_by_the_watchdog_and_the_loop_goes_on(tiny_dat
         seen = [i for b in loader for i in b["indices"].tolist()]
         assert len(seen) == len(set(seen)) == TINY_COUNT - 1
         assert d.log().count("sent no progress ping") == 2
+
+
+def test_a_cached_validation_set_gives_the_same_batches_every_epoch_from_memory(tiny_dataset):
+    with rl.Daemon(datasets={"val": {"path": str(tiny_dataset), "cache": "memory"}}) as d:
+        loader = rl.Loader("val", endpoint=d.endpoint, batch_size=16, image_size=32,
+                           augment="eval", shuffle=False, output="numpy")
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            epochs.append(np.concatenate([np.array(b["images"]) for b in loader]))
+        stats = subprocess.run([rl.find_binary("ringloaderctl"), "--endpoint", d.endpoint,
+                                "stats"], capture_output=True, text=True, check=True).stdout
+    assert np.array_equal(epochs[0], epochs[1])
+    import re
+    cache = re.search(r"eval cache\s+(\d+) samples, .*, (\d+) hits, (\d+) misses", stats)
+    assert cache, stats
+    entries, hits, misses = (int(v) for v in cache.groups())
+    assert entries == misses == TINY_COUNT  # epoch 0 decoded each sample once
+    assert hits >= TINY_COUNT  # epoch 1 (and what the ring read ahead) came from memory

@@ -1,0 +1,123 @@
+// Issue 13 item 2: eval epochs from cache (a dataset with cache = "memory").
+#include <catch2/catch.hpp>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/integration/daemon_fixture.h"
+
+namespace ringloader::testing {
+namespace {
+
+struct CacheLine {
+  uint64_t entries = 0, hits = 0, misses = 0;
+  bool full = false;
+};
+
+// The "eval cache" line of `ringloaderctl stats`.
+CacheLine ParseCache(const std::string& stats) {
+  std::smatch m;
+  static const std::regex line(R"(eval cache\s+(\d+) samples, .*, (\d+) hits, (\d+) misses(; full)?)");
+  CacheLine c;
+  if (std::regex_search(stats, m, line)) {
+    c.entries = std::stoull(m[1]);
+    c.hits = std::stoull(m[2]);
+    c.misses = std::stoull(m[3]);
+    c.full = m[4].matched;
+  }
+  return c;
+}
+
+std::vector<std::string> Consume(const DaemonFixture& daemon, const std::string& out,
+                                 const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"consume", "--dataset", "synth", "--batch-size", "8",
+                                   "--samples-out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const CommandResult r = daemon.Ctl(args);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<std::string> lines;
+  for (const SampleLine& l : ReadSamplesOut(out)) {
+    lines.push_back(std::to_string(l.epoch) + " " + std::to_string(l.sample_index) + " " +
+                    l.path + " " + l.digest);
+  }
+  return lines;
+}
+
+TEST_CASE("13.2: with cache = \"memory\", later eval epochs and other eval streams come from "
+          "memory, byte for byte what decoding gives",
+          "[integration][cache]") {
+  DaemonFixtureOptions plain;
+  plain.images = 60;
+  DaemonFixtureOptions cached = plain;
+  cached.config_extra = "cache = \"memory\"\n";
+  DaemonFixture uncached_daemon(plain);
+  DaemonFixture daemon(cached);
+  REQUIRE(uncached_daemon.Start());
+  REQUIRE(daemon.Start());
+  const std::vector<std::string> eval = {"--augment", "eval", "--image-size", "32", "--epochs",
+                                         "3", "--seed", "1"};
+  const std::vector<std::string> reference =
+      Consume(uncached_daemon, uncached_daemon.dir() + "/ref.tsv", eval);
+  const std::vector<std::string> got = Consume(daemon, daemon.dir() + "/got.tsv", eval);
+  CHECK(got.size() == 180);
+  CHECK(got == reference);
+  CacheLine c = ParseCache(daemon.Ctl({"stats"}).output);
+  CHECK(c.entries == 60);
+  CHECK(c.misses == 60);  // epoch 0 decoded them
+  CHECK(c.hits == 120);   // epochs 1 and 2 copied them
+  CHECK_FALSE(c.full);
+
+  // Another stream with the same eval options (another seed: eval does not draw from it) is
+  // served from the cache too; a train stream never touches it.
+  const std::vector<std::string> again =
+      Consume(daemon, daemon.dir() + "/again.tsv",
+              {"--augment", "eval", "--image-size", "32", "--epochs", "1", "--seed", "9"});
+  CHECK(again.size() == 60);
+  Consume(daemon, daemon.dir() + "/train.tsv", {"--image-size", "32", "--epochs", "1"});
+  c = ParseCache(daemon.Ctl({"stats"}).output);
+  CHECK(c.hits == 180);
+  CHECK(c.misses == 60);
+  // Other eval options are other samples: a new key, decoded once.
+  Consume(daemon, daemon.dir() + "/other.tsv",
+          {"--augment", "eval", "--image-size", "24", "--epochs", "2"});
+  c = ParseCache(daemon.Ctl({"stats"}).output);
+  CHECK(c.entries == 120);
+  CHECK(c.misses == 120);
+  CHECK(c.hits == 240);
+  // The uncached daemon keeps nothing.
+  CHECK(ParseCache(uncached_daemon.Ctl({"stats"}).output).entries == 0);
+}
+
+TEST_CASE("13.2: a cache that cannot hold the dataset keeps what fits within half of "
+          "memory_limit, says so, and the bytes stay the same",
+          "[integration][cache]") {
+  DaemonFixtureOptions plain;
+  plain.images = 60;
+  plain.memory_limit = "64MiB";  // the cache may hold 32 MiB: ~53 float32 224-px samples
+  DaemonFixtureOptions cached = plain;
+  cached.config_extra = "cache = \"memory\"\n";
+  DaemonFixture uncached_daemon(plain);
+  DaemonFixture daemon(cached);
+  REQUIRE(uncached_daemon.Start());
+  REQUIRE(daemon.Start());
+  const std::vector<std::string> eval = {"--augment", "eval", "--image-size", "224", "--dtype",
+                                         "float32", "--epochs", "2"};
+  const std::vector<std::string> reference =
+      Consume(uncached_daemon, uncached_daemon.dir() + "/ref.tsv", eval);
+  const std::vector<std::string> got = Consume(daemon, daemon.dir() + "/got.tsv", eval);
+  CHECK(got.size() == 120);
+  CHECK(got == reference);
+  const CommandResult stats = daemon.Ctl({"stats"});
+  INFO(stats.output);
+  const CacheLine c = ParseCache(stats.output);
+  CHECK(c.full);
+  CHECK(c.entries > 0);
+  CHECK(c.entries < 60);
+  CHECK(c.hits == c.entries);  // epoch 1: what it holds came from it, the rest was decoded
+  CHECK_THAT(stats.output, Catch::Contains("full: it holds what fits"));
+}
+
+}  // namespace
+}  // namespace ringloader::testing
