@@ -3,7 +3,8 @@
 // a buffer), each with 1 thread and with all cores, over the same files. Both read every file
 // from disk (page cache) per image, so file I/O costs the same on both sides.
 //
-//   pipeline_bench [--dataset DIR | --generate N] [--batch-size 64] [--image-size 224]
+//   pipeline_bench [--dataset DIR | --generate N [--large 0.01] [--progressive 0.03]]
+//                  [--batch-size 64] [--image-size 224]
 //                  [--seconds 4] [--formats] [--index-records 100000]
 // --formats: the same images also as WebDataset shards and TFRecord files (ringloaderctl
 // convert's writer), the pipeline's images/s over each against the imagefolder's (issue 11's
@@ -43,6 +44,8 @@ using pipeline::Dataset;
 struct Options {
   std::string dataset;
   uint32_t generate = 400;
+  double large = 0.01;
+  double progressive = 0.03;
   uint32_t batch_size = 64;
   uint32_t image_size = 224;
   double seconds = 4.0;
@@ -220,6 +223,8 @@ int Run(Options opt) {
     image::SyntheticDatasetOptions gen;
     gen.out_dir = opt.dataset;
     gen.count = opt.generate;
+    gen.large_fraction = opt.large;
+    gen.progressive_fraction = opt.progressive;
     const Clock::time_point start = Clock::now();
     auto written = image::WriteSyntheticDataset(gen);
     if (!written.ok()) {
@@ -261,12 +266,12 @@ int Run(Options opt) {
   std::printf("(b) pipeline, %u threads                 : %8.1f img/s\n\n", cores, bn);
 
   std::printf(
-      "b/a, 1 thread        : %5.2fx   (target >= 1.00x; plain crop+resize after a full "
+      "b/a, 1 thread        : %5.2fx   (goal >= 1.05x; plain crop+resize after a full "
       "decode was ~0.72x)\n",
       b1 / a1);
-  std::printf("b/a, %u threads       : %5.2fx   (target >= 1.00x)\n", cores, bn / an);
+  std::printf("b/a, %u threads       : %5.2fx   (goal >= 1.05x)\n", cores, bn / an);
   std::printf("all-core/1-core, (a) : %5.2fx\n", an / a1);
-  std::printf("all-core/1-core, (b) : %5.2fx   (target >= 1.8x on 2 cores)\n", bn / b1);
+  std::printf("all-core/1-core, (b) : %5.2fx   (goal >= 1.85x on 2 cores)\n", bn / b1);
 
   if (opt.formats) FormatsFigures(**ds, opt, cores);
   if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
@@ -281,6 +286,11 @@ int main(int argc, char** argv) {
   CLI::App app{"pipeline_bench: plain tjDecompress2 vs. the decode pipeline"};
   app.add_option("--dataset", opt.dataset, "imagefolder root (default: generate one)");
   app.add_option("--generate", opt.generate, "synthetic images to generate without --dataset");
+  app.add_option("--large", opt.large, "share of generated images above 2 MP (ImageNet-like: 0.02)")
+      ->capture_default_str();
+  app.add_option("--progressive", opt.progressive,
+                 "share of generated progressive JPEGs (ImageNet-like: 0.15)")
+      ->capture_default_str();
   app.add_option("--batch-size", opt.batch_size, "pipeline batch size")->check(CLI::Range(1, 4096));
   app.add_option("--image-size", opt.image_size, "output side")->check(CLI::Range(8, 2048));
   app.add_option("--seconds", opt.seconds, "seconds per configuration (4 of them)");

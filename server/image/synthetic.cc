@@ -212,7 +212,7 @@ absl::StatusOr<uint32_t> WriteSyntheticDataset(const SyntheticDatasetOptions& op
     SyntheticImageOptions o;
     o.seed = rng.NextU64();
     const double kind = rng.NextUniform();
-    if (kind < 0.01) {  // ~1% large, above 2 MP
+    if (kind < options.large_fraction) {  // large, above 2 MP
       o.width = 1800 + static_cast<int32_t>(rng.NextUniform() * 800);
       o.height = 1200 + static_cast<int32_t>(rng.NextUniform() * 600);
     } else {
@@ -222,7 +222,7 @@ absl::StatusOr<uint32_t> WriteSyntheticDataset(const SyntheticDatasetOptions& op
     if (rng.NextUniform() < 0.2) std::swap(o.width, o.height);  // portrait
     o.quality = 75 + static_cast<int>(rng.NextUniform() * 21);
     o.grayscale = rng.NextUniform() < 0.03;
-    o.progressive = rng.NextUniform() < 0.03;
+    o.progressive = rng.NextUniform() < options.progressive_fraction;
     // A fresh compressor after a progressive image: libjpeg-turbo 2.1.5's TurboJPEG writes
     // corrupt baseline files ("bad Huffman code") from a handle that last compressed a
     // progressive one.

@@ -32,10 +32,14 @@ struct SyntheticDatasetOptions {
   uint32_t count = 2000;
   uint32_t classes = 10;
   uint64_t seed = 0;
+  // Shares of large (> 2 MP) and progressive images (ImageNet-like mixes: 0.02 and 0.15).
+  double large_fraction = 0.01;
+  double progressive_fraction = 0.03;
 };
 
 // Writes an imagefolder dataset: out_dir/class_XX/img_NNNNNN.jpg, sizes varying around 500x375,
-// some portrait, ~1% large (> 2 MP), ~3% grayscale, ~3% progressive. Returns the file count.
+// some portrait, large_fraction large (> 2 MP), ~3% grayscale, progressive_fraction progressive.
+// Returns the file count.
 absl::StatusOr<uint32_t> WriteSyntheticDataset(const SyntheticDatasetOptions& options);
 
 }  // namespace ringloader::image
