@@ -52,24 +52,38 @@ std::vector<std::string> Consume(const DaemonFixture& daemon, const std::string&
   return lines;
 }
 
+// Two daemons over the same dataset, one with cache = "memory": the uncached one is the
+// reference for what decoding gives.
+struct CachedAndPlain {
+  explicit CachedAndPlain(DaemonFixtureOptions plain)
+      : uncached(plain), cached([&] {
+          plain.config_extra = "cache = \"memory\"\n";
+          return plain;
+        }()) {
+    REQUIRE(uncached.Start());
+    REQUIRE(cached.Start());
+  }
+  // Reads `eval` from both; the cached daemon's lines, checked equal to the uncached one's.
+  std::vector<std::string> ConsumeBoth(const std::vector<std::string>& eval) {
+    const std::vector<std::string> reference = Consume(uncached, uncached.dir() + "/ref.tsv", eval);
+    const std::vector<std::string> got = Consume(cached, cached.dir() + "/got.tsv", eval);
+    CHECK(got == reference);
+    return got;
+  }
+  DaemonFixture uncached;
+  DaemonFixture cached;
+};
+
 TEST_CASE("13.2: with cache = \"memory\", later eval epochs and other eval streams come from "
           "memory, byte for byte what decoding gives",
           "[integration][cache]") {
   DaemonFixtureOptions plain;
   plain.images = 60;
-  DaemonFixtureOptions cached = plain;
-  cached.config_extra = "cache = \"memory\"\n";
-  DaemonFixture uncached_daemon(plain);
-  DaemonFixture daemon(cached);
-  REQUIRE(uncached_daemon.Start());
-  REQUIRE(daemon.Start());
-  const std::vector<std::string> eval = {"--augment", "eval", "--image-size", "32", "--epochs",
-                                         "3", "--seed", "1"};
-  const std::vector<std::string> reference =
-      Consume(uncached_daemon, uncached_daemon.dir() + "/ref.tsv", eval);
-  const std::vector<std::string> got = Consume(daemon, daemon.dir() + "/got.tsv", eval);
+  CachedAndPlain pair(plain);
+  DaemonFixture& daemon = pair.cached;
+  const std::vector<std::string> got = pair.ConsumeBoth(
+      {"--augment", "eval", "--image-size", "32", "--epochs", "3", "--seed", "1"});
   CHECK(got.size() == 180);
-  CHECK(got == reference);
   CacheLine c = ParseCache(daemon.Ctl({"stats"}).output);
   CHECK(c.entries == 60);
   CHECK(c.misses == 60);  // epoch 0 decoded them
@@ -94,7 +108,7 @@ TEST_CASE("13.2: with cache = \"memory\", later eval epochs and other eval strea
   CHECK(c.misses == 120);
   CHECK(c.hits == 240);
   // The uncached daemon keeps nothing.
-  CHECK(ParseCache(uncached_daemon.Ctl({"stats"}).output).entries == 0);
+  CHECK(ParseCache(pair.uncached.Ctl({"stats"}).output).entries == 0);
 }
 
 TEST_CASE("13.2: a cache that cannot hold the dataset keeps what fits within half of "
@@ -103,20 +117,11 @@ TEST_CASE("13.2: a cache that cannot hold the dataset keeps what fits within hal
   DaemonFixtureOptions plain;
   plain.images = 60;
   plain.memory_limit = "64MiB";  // the cache may hold 32 MiB: ~53 float32 224-px samples
-  DaemonFixtureOptions cached = plain;
-  cached.config_extra = "cache = \"memory\"\n";
-  DaemonFixture uncached_daemon(plain);
-  DaemonFixture daemon(cached);
-  REQUIRE(uncached_daemon.Start());
-  REQUIRE(daemon.Start());
-  const std::vector<std::string> eval = {"--augment", "eval", "--image-size", "224", "--dtype",
-                                         "float32", "--epochs", "2"};
-  const std::vector<std::string> reference =
-      Consume(uncached_daemon, uncached_daemon.dir() + "/ref.tsv", eval);
-  const std::vector<std::string> got = Consume(daemon, daemon.dir() + "/got.tsv", eval);
+  CachedAndPlain pair(plain);
+  const std::vector<std::string> got = pair.ConsumeBoth(
+      {"--augment", "eval", "--image-size", "224", "--dtype", "float32", "--epochs", "2"});
   CHECK(got.size() == 120);
-  CHECK(got == reference);
-  const CommandResult stats = daemon.Ctl({"stats"});
+  const CommandResult stats = pair.cached.Ctl({"stats"});
   INFO(stats.output);
   const CacheLine c = ParseCache(stats.output);
   CHECK(c.full);
