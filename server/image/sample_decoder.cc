@@ -38,9 +38,9 @@ constexpr int32_t kBatchRows = 16;         // scanlines per ReadScanlines (one i
 
 using base::Sv;
 
+// The JPEG path's errors read like the other formats' (raster_codec.h).
 absl::Status DataError(std::string_view path, std::string_view reason, std::string_view detail) {
-  return WithReason(absl::DataLossError(absl::StrCat(Sv(path), ": ", Sv(reason), ": ", Sv(detail))),
-                    reason);
+  return ImageDataError(path, reason, detail);
 }
 
 absl::Status JpegError(std::string_view path, const JpegFailure& failure) {
