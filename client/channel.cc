@@ -76,21 +76,45 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
-std::string DiagnoseNoConnection(const std::string& endpoint) {
+namespace {
+
+// The Unix socket path of `endpoint`, or "" for other endpoints.
+std::string UnixSocketPath(const std::string& endpoint) {
   absl::StatusOr<std::string> target = GrpcTarget(endpoint);
-  if (!target.ok() || !absl::StartsWith(*target, "unix:")) {
-    return "no connection (is ringloaderd running and the endpoint right?)";
-  }
-  const std::string path = target->substr(5);
+  if (!target.ok() || !absl::StartsWith(*target, "unix:")) return "";
+  return target->substr(5);
+}
+
+// One connect() to the Unix socket at `path`, closed at once: 0 when it was accepted, else errno.
+int ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return absl::StrCat("socket path too long: ", path);
+  if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::StrCat("no connection: socket(): ", std::strerror(errno));
+  if (fd < 0) return errno;
   const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-  const int err = errno;
+  const int err = rc == 0 ? 0 : errno;
   ::close(fd);
+  return err;
+}
+
+}  // namespace
+
+std::optional<bool> UnixSocketAccepts(const std::string& endpoint) {
+  const std::string path = UnixSocketPath(endpoint);
+  if (path.empty()) return std::nullopt;
+  return ConnectUnix(path) == 0;
+}
+
+std::string DiagnoseNoConnection(const std::string& endpoint) {
+  const std::string path = UnixSocketPath(endpoint);
+  if (path.empty()) return "no connection (is ringloaderd running and the endpoint right?)";
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::StrCat("socket path too long: ", path);
+  }
+  const int err = ConnectUnix(path);
+  const int rc = err == 0 ? 0 : -1;
   if (rc == 0) return "no connection (the socket accepts connections, but ringloaderd does not answer)";
   if (err == EACCES || err == EPERM) {
     struct stat st {};

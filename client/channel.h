@@ -3,6 +3,7 @@
 // ringloaderctl alike). Internal to client/ (includes gRPC).
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,10 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint);
 // follow a restarting daemon), keepalive pings every 10 s during calls (5 s timeout) so a hung
 // peer is noticed, and a private subchannel pool so one Client's backoff state is its own.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+// For a Unix socket endpoint: whether something accepts connections on it now (one connect(),
+// closed at once); nullopt for other endpoints.
+std::optional<bool> UnixSocketAccepts(const std::string& endpoint);
 
 // Why nothing answers at `endpoint`, for "no connection" messages. For a Unix socket, what a
 // connect() says: "permission denied connecting to PATH: only members of group 'G' may connect

@@ -73,6 +73,8 @@ class Connection {
 
  private:
   void SessionLoop();
+  // Returns once the channel is connected again (or stopping_), trying every few ms.
+  void AwaitReconnect();
 
   const std::string endpoint_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "server/daemon/host_notify.h"
 #include "server/daemon/logging.h"
 #include "spdlog/spdlog.h"
@@ -258,11 +259,13 @@ int RunSupervisor(const SupervisorOptions& options) {
                    options.restart_window.count());
       return 1;
     }
-    // Died while serving: come back at once. Died before serving: back off, more each time.
-    const auto delay = ready ? options.initial_backoff : backoff;
+    // Died while serving: come back at once (trainers wait for us; the rate limit above stops a
+    // loop). Died before serving: back off, more each time.
+    const auto delay = ready ? std::chrono::milliseconds(0) : backoff;
     backoff = ready ? options.initial_backoff : std::min(options.max_backoff, backoff * 2);
-    SPDLOG_WARN("ringloaderd pid={} died {} ({}); restarting in {} ms", child.pid,
-                ready ? "while serving" : "before it was ready", Describe(status), delay.count());
+    SPDLOG_WARN("ringloaderd pid={} died {} ({}); restarting {}", child.pid,
+                ready ? "while serving" : "before it was ready", Describe(status),
+                delay.count() == 0 ? std::string("now") : absl::StrCat("in ", delay.count(), " ms"));
     if (!SleepUnlessStopped(signal_fd, delay)) {
       return 0;
     }

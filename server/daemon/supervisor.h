@@ -14,9 +14,9 @@
 //
 // Restart policy.
 //   - died before it was ready (a start-up crash loop): capped exponential backoff;
-//   - died while serving (killed, or a crash on some sample): restart after initial_backoff, so
-//     trainers wait as little as possible; poison samples stop crashing it after two strikes
-//     (quarantine), and the rate limit below catches anything else;
+//   - died while serving (killed, or a crash on some sample): restart at once, so trainers wait
+//     as little as possible; poison samples stop crashing it after two strikes (quarantine), and
+//     the rate limit below catches anything else;
 //   - exit code 1 before ready is a start-up error (bad config, socket in use): no restart;
 //   - more than max_restarts within restart_window: give up with exit code 1.
 
@@ -29,6 +29,7 @@ namespace ringloader::server {
 struct SupervisorOptions {
   // The daemon's argv; argv[0] is only its name (the supervisor execs /proc/self/exe).
   std::vector<std::string> child_argv;
+  // Backoff before restarting a child that died before it was ready, doubled each time.
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{5000};
   // More restarts than this within `restart_window` and the supervisor gives up (exit 1).

@@ -33,33 +33,57 @@ absl::Status Prefixed(const DatasetSpec& spec, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("dataset '", spec.name, "': ", status.message()));
 }
 
-absl::StatusOr<SampleList> LoadImageFolder(const DatasetSpec& spec, bool* from_cache,
-                                           std::string* cache_warning) {
-  *from_cache = false;
-  if (spec.state_dir.empty()) return ListImageFolder(spec.root, &spec);
+// What a format's loader found: a fresh list, or a valid index cache.
+struct Loaded {
+  SampleList list;  // fresh; or, from the cache, all but the per-sample arrays
+  std::optional<SampleIndex> cached_samples;
+  uint64_t cached_fingerprint = 0;
+  // Fresh lists of cached formats: where to write the cache once the fingerprint is known (empty
+  // path: do not write it, e.g. the tree changed too recently).
+  std::string cache_path;
+  std::string cache_key;
+};
+
+// The cache at `cache_path` if it is valid for `key`; else the `list()` it is to be written from.
+template <typename ListFn>
+absl::StatusOr<Loaded> CachedOrListed(const std::string& cache_path, std::string key,
+                                      int64_t newest_mtime_ns, const ListFn& list) {
+  Loaded loaded;
+  if (std::optional<CachedIndex> cached = LoadIndexCache(cache_path, key)) {
+    loaded.list = std::move(cached->description);
+    loaded.cached_samples = std::move(cached->samples);
+    loaded.cached_fingerprint = cached->fingerprint;
+    return loaded;
+  }
+  absl::StatusOr<SampleList> listed = list();
+  if (!listed.ok()) return listed.status();
+  loaded.list = *std::move(listed);
+  if (loaded.list.size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
+    loaded.cache_path = cache_path;
+    loaded.cache_key = std::move(key);
+  }
+  return loaded;
+}
+
+absl::StatusOr<Loaded> Fresh(absl::StatusOr<SampleList> list) {
+  if (!list.ok()) return list.status();
+  Loaded loaded;
+  loaded.list = *std::move(list);
+  return loaded;
+}
+
+absl::StatusOr<Loaded> LoadImageFolder(const DatasetSpec& spec) {
+  if (spec.state_dir.empty()) return Fresh(ListImageFolder(spec.root, &spec));
   int64_t newest_mtime_ns = 0;
   absl::StatusOr<std::string> key = ImageFolderKey(spec.root, &newest_mtime_ns);
   if (!key.ok()) return key.status();
-  const std::string cache_path = IndexCachePath(spec.state_dir, "imagefolder", spec.root);
-  if (std::optional<SampleList> cached = LoadIndexCache(cache_path, *key)) {
-    *from_cache = true;
-    return *std::move(cached);
-  }
-  absl::StatusOr<SampleList> list = ListImageFolder(spec.root, &spec);
-  if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
-    // Best effort: without a cache the next Open walks again; the caller logs why.
-    if (absl::Status s = SaveIndexCache(cache_path, *key, *list); !s.ok()) {
-      *cache_warning = std::string(s.message());
-    }
-  }
-  return list;
+  return CachedOrListed(IndexCachePath(spec.state_dir, "imagefolder", spec.root), *std::move(key),
+                        newest_mtime_ns, [&] { return ListImageFolder(spec.root, &spec); });
 }
 
 // webdataset and tfrecord: resolve the files, then the cached index or a scan of every file.
 // `spec.root` becomes the files' root.
-absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache,
-                                          std::string* cache_warning) {
-  *from_cache = false;
+absl::StatusOr<Loaded> LoadContainers(DatasetSpec& spec) {
   const bool tar = spec.format == DatasetFormat::kWebDataset;
   const std::string pattern = spec.root;
   absl::StatusOr<ShardFiles> files = ResolveShardFiles(pattern, tar ? ".tar" : "");
@@ -68,23 +92,12 @@ absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache,
   const auto index = [&]() {
     return tar ? IndexWebDataset(spec, *files) : IndexTfRecords(spec, *files);
   };
-  if (spec.state_dir.empty()) return index();
+  if (spec.state_dir.empty()) return Fresh(index());
   int64_t newest_mtime_ns = 0;
   absl::StatusOr<std::string> key = ContainerIndexKey(spec, *files, &newest_mtime_ns);
   if (!key.ok()) return key.status();
-  const std::string cache_path =
-      IndexCachePath(spec.state_dir, DatasetFormatName(spec.format), pattern);
-  if (std::optional<SampleList> cached = LoadIndexCache(cache_path, *key)) {
-    *from_cache = true;
-    return *std::move(cached);
-  }
-  absl::StatusOr<SampleList> list = index();
-  if (list.ok() && list->size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
-    if (absl::Status s = SaveIndexCache(cache_path, *key, *list); !s.ok()) {
-      *cache_warning = std::string(s.message());
-    }
-  }
-  return list;
+  return CachedOrListed(IndexCachePath(spec.state_dir, DatasetFormatName(spec.format), pattern),
+                        *std::move(key), newest_mtime_ns, index);
 }
 
 }  // namespace
@@ -93,21 +106,20 @@ absl::StatusOr<SampleList> LoadContainers(DatasetSpec& spec, bool* from_cache,
 class DatasetLoader {
  public:
   // XXH3-64 over every (relative path, label) in order, each length-prefixed so that no two
-  // different lists hash the same input.
-  // XXH3-64 over every (relative path, label) in order, each length-prefixed so that no two
   // different lists hash the same input; for container formats also every sample's extents (a
-  // shard rewritten with other contents moves them), for arrays every column's header.
-  static uint64_t Fingerprint(const Dataset& d) {
+  // shard rewritten with other contents moves them), for arrays every column's header. The index
+  // cache stores it: a change here needs a new kIndexCacheVersion.
+  static uint64_t Fingerprint(const SampleIndex& samples, const std::vector<ArrayColumn>& columns) {
     XXH3_state_t* state = XXH3_createState();
     XXH3_64bits_reset(state);
-    for (uint64_t i = 0; i < d.size(); ++i) {
-      const std::string_view path = d.relative_path(i);
-      const uint64_t header[2] = {path.size(), static_cast<uint64_t>(d.label(i))};
+    for (uint64_t i = 0; i < samples.size(); ++i) {
+      const std::string_view path = samples.path(i);
+      const uint64_t header[2] = {path.size(), static_cast<uint64_t>(samples.label(i))};
       XXH3_64bits_update(state, header, sizeof(header));
       XXH3_64bits_update(state, path.data(), path.size());
     }
-    XXH3_64bits_update(state, d.extents_.data(), d.extents_.size() * sizeof(Extent));
-    for (const ArrayColumn& c : d.columns_) {
+    XXH3_64bits_update(state, samples.extents().data(), samples.extents().size_bytes());
+    for (const ArrayColumn& c : columns) {
       const uint64_t words[3] = {static_cast<uint64_t>(c.header.type), c.header.data_offset,
                                  c.header.row_bytes};
       XXH3_64bits_update(state, c.name.data(), c.name.size() + 1);
@@ -137,30 +149,32 @@ class DatasetLoader {
       return Prefixed(spec, absl::InvalidArgumentError("image_key names no extension"));
     }
 
-    bool from_cache = false;
-    std::string cache_warning;
-    absl::StatusOr<SampleList> list;
+    absl::StatusOr<Loaded> loaded;
     std::vector<ArrayColumn> columns;
     switch (spec.format) {
       case DatasetFormat::kImageFolder:
-        list = LoadImageFolder(spec, &from_cache, &cache_warning);
+        loaded = LoadImageFolder(spec);
         break;
       case DatasetFormat::kManifest:
         if (spec.manifest_path.empty()) {
           return Prefixed(spec, absl::InvalidArgumentError("manifest_path is empty"));
         }
-        list = ParseManifest(spec.manifest_path);
+        loaded = Fresh(ParseManifest(spec.manifest_path));
         break;
       case DatasetFormat::kWebDataset:
       case DatasetFormat::kTfRecord:
-        list = LoadContainers(spec, &from_cache, &cache_warning);
+        loaded = LoadContainers(spec);
         break;
       case DatasetFormat::kArrays:
-        list = IndexArrays(spec, &columns);
+        loaded = Fresh(IndexArrays(spec, &columns));
         break;
     }
-    if (!list.ok()) return Prefixed(spec, list.status());
-    if (list->size() == 0) {
+    if (!loaded.ok()) return Prefixed(spec, loaded.status());
+    SampleList* const list = &loaded->list;
+    const bool from_cache = loaded->cached_samples.has_value();
+    const SampleIndex samples =
+        from_cache ? *loaded->cached_samples : SampleIndex::Adopt(loaded->list);
+    if (samples.size() == 0) {
       std::string where = spec.format == DatasetFormat::kManifest ? spec.manifest_path : root;
       if (!list->problems.empty()) {
         absl::StrAppend(&where, " (", list->problems.size(), " damaged files, the first: ",
@@ -168,7 +182,7 @@ class DatasetLoader {
       }
       return Prefixed(spec, absl::InvalidArgumentError(absl::StrCat("no samples in ", where)));
     }
-    if (list->size() >= (uint64_t{1} << 32) - 1) {
+    if (samples.size() >= (uint64_t{1} << 32) - 1) {
       return Prefixed(spec, absl::InvalidArgumentError("more than 2^32-2 samples"));
     }
     for (const std::string& name : spec.ragged) {
@@ -179,16 +193,23 @@ class DatasetLoader {
       }
     }
 
+    const uint64_t fingerprint =
+        from_cache ? loaded->cached_fingerprint : Fingerprint(samples, columns);
+    std::string cache_warning;
+    if (!loaded->cache_path.empty()) {
+      // Best effort: without a cache the next Open walks again; the caller logs why.
+      if (absl::Status s =
+              SaveIndexCache(loaded->cache_path, loaded->cache_key, *list, samples, fingerprint);
+          !s.ok()) {
+        cache_warning = std::string(s.message());
+      }
+    }
+
     std::unique_ptr<Dataset> dataset(new Dataset());
     dataset->spec_ = std::move(spec);
-    dataset->path_blob_ = std::move(list->path_blob);
-    dataset->path_ends_ = std::move(list->path_ends);
-    dataset->labels_ = std::move(list->labels);
+    dataset->samples_ = samples;
     dataset->class_names_ = std::move(list->class_names);
     dataset->files_ = std::move(list->files);
-    dataset->sample_files_ = std::move(list->sample_files);
-    dataset->parts_ = list->parts;
-    dataset->extents_ = std::move(list->extents);
     dataset->tensors_ = std::move(list->tensors);
     dataset->columns_ = std::move(columns);
     dataset->index_problems_ = std::move(list->problems);
@@ -196,7 +217,7 @@ class DatasetLoader {
     dataset->ignored_examples_ = std::move(list->ignored_examples);
     dataset->loaded_from_cache_ = from_cache;
     dataset->cache_warning_ = std::move(cache_warning);
-    dataset->fingerprint_ = Fingerprint(*dataset);
+    dataset->fingerprint_ = fingerprint;
     return dataset;
   }
 };
@@ -213,11 +234,6 @@ std::string Dataset::IgnoredText() const {
 
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetSpec& spec) {
   return DatasetLoader::Open(spec);
-}
-
-std::string_view Dataset::relative_path(uint64_t index) const {
-  const uint64_t begin = index == 0 ? 0 : path_ends_[index - 1];
-  return std::string_view(path_blob_).substr(begin, path_ends_[index] - begin);
 }
 
 std::string Dataset::AbsolutePath(uint64_t index) const {
@@ -256,15 +272,14 @@ bool Dataset::has_labels() const {
 }
 
 std::string Dataset::SampleFilePath(uint64_t index) const {
-  const std::string& file = files_[sample_files_[index]];
+  const std::string& file = files_[samples_.sample_file(index)];
   return spec_.root == "/" ? "/" + file : absl::StrCat(spec_.root, "/", file);
 }
 
 uint64_t Dataset::MemoryBytes() const {
-  uint64_t bytes = sizeof(Dataset) + path_blob_.capacity() +
-                   path_ends_.capacity() * sizeof(uint64_t) + labels_.capacity() * sizeof(int64_t) +
-                   sample_files_.capacity() * sizeof(uint32_t) +
-                   extents_.capacity() * sizeof(Extent);
+  // A mapped index is page cache rather than heap, but its pages are charged to the daemon's
+  // cgroup as they are read: counted the same.
+  uint64_t bytes = sizeof(Dataset) + samples_.Bytes();
   for (const std::string& f : files_) bytes += sizeof(std::string) + f.capacity();
   for (const std::string& c : class_names_) bytes += sizeof(std::string) + c.capacity();
   return bytes;

@@ -93,16 +93,18 @@ class Dataset {
   const std::string& name() const { return spec_.name; }
   // The root as an absolute, lexically normalised path without a trailing '/' (Open() makes it so).
   const std::string& root() const { return spec_.root; }
-  uint64_t size() const { return labels_.size(); }
-  std::string_view relative_path(uint64_t index) const;  // REQUIRES: index < size()
+  uint64_t size() const { return samples_.size(); }
+  // REQUIRES: index < size()
+  std::string_view relative_path(uint64_t index) const { return samples_.path(index); }
   std::string AbsolutePath(uint64_t index) const;
-  int64_t label(uint64_t index) const { return labels_[index]; }
+  int64_t label(uint64_t index) const { return samples_.label(index); }
   // imagefolder: class names in label order; manifest: empty.
   const std::vector<std::string>& class_names() const { return class_names_; }
   // XXH3-64 of the sample list (every relative path and label, in order); never 0. Equal for
   // equal lists: a resume compares it to tell that the dataset changed under a saved position.
   uint64_t fingerprint() const { return fingerprint_; }
-  // True when Open() used the index cache instead of walking the tree.
+  // True when Open() used the index cache instead of walking the tree; its per-sample arrays are
+  // then the mapped cache file itself.
   bool loaded_from_cache() const { return loaded_from_cache_; }
   // Empty, or why the index cache could not be written ("<path>: cannot write: <errno text>"):
   // the dataset works, the next start walks again. For the log (libraries do not log).
@@ -127,7 +129,7 @@ class Dataset {
   // Container formats: sample i's file (absolute path) and its parts. webdataset parts: 0 = the
   // image member, 1 = the label member, 2 + k = tensors()[k]'s member; tfrecord: 0 = the record.
   std::string SampleFilePath(uint64_t index) const;
-  Extent part(uint64_t index, uint32_t k) const { return extents_[index * parts_ + k]; }
+  Extent part(uint64_t index, uint32_t k) const { return samples_.part(index, k); }
   // arrays: the columns, tensors() order, then the label column (if any) last.
   const std::vector<ArrayColumn>& columns() const { return columns_; }
   const std::vector<IndexProblem>& index_problems() const { return index_problems_; }
@@ -142,14 +144,9 @@ class Dataset {
   Dataset() = default;
   friend class DatasetLoader;
   DatasetSpec spec_;
-  std::string path_blob_;            // all relative paths, concatenated
-  std::vector<uint64_t> path_ends_;  // end offset of each path in path_blob_
-  std::vector<int64_t> labels_;
+  SampleIndex samples_;  // paths, labels, files and extents of every sample
   std::vector<std::string> class_names_;
   std::vector<std::string> files_;
-  std::vector<uint32_t> sample_files_;
-  uint32_t parts_ = 0;
-  std::vector<Extent> extents_;
   std::vector<TensorSchema> tensors_;
   std::vector<ArrayColumn> columns_;
   std::vector<IndexProblem> index_problems_;

@@ -4,14 +4,14 @@
 
 #include <fcntl.h>
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -38,7 +38,7 @@ class Reader {
  public:
   explicit Reader(std::string_view data) : data_(data) {}
   bool ok() const { return ok_; }
-  bool done() const { return pos_ == data_.size(); }
+  size_t position() const { return pos_; }
   uint64_t U64() {
     uint64_t v = 0;
     if (!Need(8)) return 0;
@@ -53,18 +53,6 @@ class Reader {
     return s;
   }
   std::string_view String() { return Bytes(U64()); }
-  // Reads n fixed-width values into `out` (n bounded by the remaining bytes first).
-  template <typename T>
-  void Array(uint64_t n, std::vector<T>& out) {
-    if (n > (data_.size() - pos_) / sizeof(T)) {
-      ok_ = false;
-      return;
-    }
-    out.resize(n);
-    if (n == 0) return;  // memcpy of nothing into an empty vector's null data() is still UB
-    std::memcpy(out.data(), data_.data() + pos_, n * sizeof(T));
-    pos_ += n * sizeof(T);
-  }
 
  private:
   bool Need(uint64_t n) {
@@ -84,58 +72,85 @@ std::string IndexCachePath(const std::string& state_dir, const std::string& kind
   return absl::StrFormat("%s/%s-%016x.index", state_dir, kind, h);
 }
 
-std::optional<SampleList> LoadIndexCache(const std::string& path, const std::string& key) {
-  // Only a regular file is a cache (a directory at its name made the stream read throw).
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  // One read of the whole file (a 1.28M-sample index is ~50 MB: a byte-at-a-time stream read
-  // took most of a restart's 160 ms).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string file;
-  try {
-    file.resize(static_cast<size_t>(st.st_size));
-  } catch (const std::exception&) {
+namespace {
+
+// A read-only private mapping of a whole file, unmapped when the last SampleIndex using it goes.
+class Mapping {
+ public:
+  static std::shared_ptr<const Mapping> Of(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    // Only a regular file is a cache (a directory at its name is not).
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
+      ::close(fd);
+      return nullptr;
+    }
+    const size_t bytes = static_cast<size_t>(st.st_size);
+    // MAP_POPULATE: the checksum reads every page next; one populate beats a fault per page.
+    void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     ::close(fd);
-    return std::nullopt;
+    if (base == MAP_FAILED) return nullptr;
+    return std::shared_ptr<const Mapping>(new Mapping(base, bytes));
   }
-  size_t got = 0;
-  while (got < file.size()) {
-    const ssize_t n = ::read(fd, file.data() + got, file.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (got != file.size() || file.size() < kHeaderBytes) return std::nullopt;
+  ~Mapping() { ::munmap(base_, bytes_); }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  std::string_view bytes() const { return {static_cast<const char*>(base_), bytes_}; }
+
+ private:
+  Mapping(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  void* base_;
+  size_t bytes_;
+};
+
+uint64_t PaddingTo8(uint64_t offset) { return (8 - offset % 8) % 8; }
+
+// The per-sample arrays' sizes, in file order.
+struct ArraySizes {
+  uint64_t path_ends, labels, extents, sample_files, path_blob;
+  uint64_t total() const { return path_ends + labels + extents + sample_files + path_blob; }
+};
+
+}  // namespace
+
+std::optional<CachedIndex> LoadIndexCache(const std::string& path, const std::string& key) {
+  std::shared_ptr<const Mapping> mapping = Mapping::Of(path);
+  if (mapping == nullptr) return std::nullopt;
+  const std::string_view file = mapping->bytes();
   if (std::memcmp(file.data(), kMagic, sizeof(kMagic)) != 0) return std::nullopt;
-  Reader header(std::string_view(file).substr(8, kHeaderBytes - 8));
+  Reader header(file.substr(8, kHeaderBytes - 8));
   const uint64_t version_word = header.U64();  // version (low 32) + reserved (high 32)
   const uint64_t payload_bytes = header.U64();
   const uint64_t checksum = header.U64();
   if (static_cast<uint32_t>(version_word) != kIndexCacheVersion) return std::nullopt;
   if (payload_bytes != file.size() - kHeaderBytes) return std::nullopt;
-  const std::string_view payload = std::string_view(file).substr(kHeaderBytes);
+  const std::string_view payload = file.substr(kHeaderBytes);
   if (XXH3_64bits(payload.data(), payload.size()) != checksum) return std::nullopt;
 
   Reader r(payload);
   if (r.String() != key || !r.ok()) return std::nullopt;
-  SampleList list;
+  CachedIndex index;
+  SampleList& d = index.description;
+  const uint64_t sample_count = r.U64();
+  index.fingerprint = r.U64();
+  const uint64_t path_blob_bytes = r.U64();
+  const uint64_t parts = r.U64();
+  const uint64_t has_sample_files = r.U64();
+  // Bounds before any multiplication: each array is at most the file.
+  if (!r.ok() || sample_count > payload.size() / 16 || path_blob_bytes > payload.size() ||
+      parts > 1024 || has_sample_files > 1) {
+    return std::nullopt;
+  }
+  d.parts = static_cast<uint32_t>(parts);
   const uint64_t class_count = r.U64();
   if (!r.ok() || class_count > payload.size()) return std::nullopt;
-  for (uint64_t i = 0; i < class_count && r.ok(); ++i) list.class_names.emplace_back(r.String());
-  const uint64_t sample_count = r.U64();
-  list.path_blob = std::string(r.String());
-  r.Array(sample_count, list.path_ends);
-  r.Array(sample_count, list.labels);
+  for (uint64_t i = 0; i < class_count && r.ok(); ++i) d.class_names.emplace_back(r.String());
   const uint64_t file_count = r.U64();
   if (!r.ok() || file_count > payload.size()) return std::nullopt;
-  for (uint64_t i = 0; i < file_count && r.ok(); ++i) list.files.emplace_back(r.String());
-  r.Array(file_count == 0 ? 0 : sample_count, list.sample_files);
-  const uint64_t parts = r.U64();
-  if (!r.ok() || parts > 1024) return std::nullopt;
-  list.parts = static_cast<uint32_t>(parts);
-  r.Array(sample_count * parts, list.extents);
+  for (uint64_t i = 0; i < file_count && r.ok(); ++i) d.files.emplace_back(r.String());
   const uint64_t tensor_count = r.U64();
   if (!r.ok() || tensor_count > 1024) return std::nullopt;
   for (uint64_t i = 0; i < tensor_count && r.ok(); ++i) {
@@ -146,8 +161,8 @@ std::optional<SampleList> LoadIndexCache(const std::string& path, const std::str
     const uint64_t rank = r.U64();
     if (type > static_cast<uint64_t>(NpyType::kFloat64) || rank > 32) return std::nullopt;
     t.type = static_cast<NpyType>(type);
-    for (uint64_t d = 0; d < rank; ++d) t.shape.push_back(r.U64());
-    list.tensors.push_back(std::move(t));
+    for (uint64_t dim = 0; dim < rank; ++dim) t.shape.push_back(r.U64());
+    d.tensors.push_back(std::move(t));
   }
   const uint64_t problem_count = r.U64();
   if (!r.ok() || problem_count > payload.size()) return std::nullopt;
@@ -157,84 +172,129 @@ std::optional<SampleList> LoadIndexCache(const std::string& path, const std::str
     p.offset = r.U64();
     p.reason = std::string(r.String());
     p.message = std::string(r.String());
-    list.problems.push_back(std::move(p));
+    d.problems.push_back(std::move(p));
   }
-  list.ignored_count = r.U64();
+  d.ignored_count = r.U64();
   const uint64_t example_count = r.U64();
   if (!r.ok() || example_count > SampleList::kIgnoredExamples) return std::nullopt;
   for (uint64_t i = 0; i < example_count && r.ok(); ++i) {
-    list.ignored_examples.push_back(std::string(r.String()));
+    d.ignored_examples.push_back(std::string(r.String()));
   }
-  if (!r.ok() || !r.done()) return std::nullopt;
-  if (parts > 0 && list.files.empty()) return std::nullopt;
-  for (uint32_t f : list.sample_files) {
-    if (f >= list.files.size()) return std::nullopt;
+  if (!r.ok()) return std::nullopt;
+  if ((parts > 0 || has_sample_files) && d.files.empty()) return std::nullopt;
+
+  // The arrays: aligned, sized exactly to the end of the file.
+  const uint64_t description_end = kHeaderBytes + r.position();
+  const uint64_t arrays_at = description_end + PaddingTo8(description_end);
+  const ArraySizes sizes{sample_count * 8, sample_count * 8, sample_count * parts * sizeof(Extent),
+                         has_sample_files ? sample_count * 4 : 0, path_blob_bytes};
+  if (arrays_at > file.size() || file.size() - arrays_at != sizes.total()) return std::nullopt;
+  if (file.substr(description_end, arrays_at - description_end).find_first_not_of('\0') !=
+      std::string_view::npos) {
+    return std::nullopt;
   }
-  // The checksum proves the bytes are what we wrote; still check the invariants we rely on.
+  const char* at = file.data() + arrays_at;  // 8-aligned: the mapping is page-aligned
+  const auto take = [&at](uint64_t bytes) {
+    const char* begin = at;
+    at += bytes;
+    return begin;
+  };
+  const std::span<const uint64_t> path_ends(
+      reinterpret_cast<const uint64_t*>(take(sizes.path_ends)), sample_count);
+  const std::span<const int64_t> labels(reinterpret_cast<const int64_t*>(take(sizes.labels)),
+                                        sample_count);
+  const std::span<const Extent> extents(reinterpret_cast<const Extent*>(take(sizes.extents)),
+                                        sample_count * parts);
+  const std::span<const uint32_t> sample_files(
+      reinterpret_cast<const uint32_t*>(take(sizes.sample_files)),
+      has_sample_files ? sample_count : 0);
+  const std::string_view path_blob(take(sizes.path_blob), path_blob_bytes);
+
+  // The checksum proves the bytes are what we wrote; still check the invariants we rely on, in
+  // one pass over the arrays.
   uint64_t prev = 0;
+  bool ok = true;
+  const bool check_labels = !has_sample_files;  // container formats read labels with the sample
   for (uint64_t i = 0; i < sample_count; ++i) {
-    if (list.path_ends[i] <= prev && i > 0) return std::nullopt;
-    if (list.path_ends[i] > list.path_blob.size()) return std::nullopt;
-    if (file_count == 0 &&  // container formats read labels with the sample (-1 here)
-        (list.labels[i] < 0 || static_cast<uint64_t>(list.labels[i]) >= class_count)) {
-      return std::nullopt;
-    }
-    prev = list.path_ends[i];
+    ok &= path_ends[i] > prev || i == 0;
+    ok &= !check_labels || static_cast<uint64_t>(labels[i]) < class_count;  // negative: huge
+    prev = path_ends[i];
   }
-  if (sample_count > 0 && list.path_ends.back() != list.path_blob.size()) return std::nullopt;
-  return list;
+  for (uint32_t f : sample_files) ok &= f < file_count;
+  ok &= sample_count == 0 ? path_blob_bytes == 0 : prev == path_blob_bytes;
+  if (!ok) return std::nullopt;
+  index.samples = SampleIndex::View(std::move(mapping), path_blob, path_ends, labels,
+                                    sample_files, d.parts, extents, /*mapped=*/true);
+  return index;
 }
 
 absl::Status SaveIndexCache(const std::string& path, const std::string& key,
-                            const SampleList& list) {
-  std::string payload;
-  payload.reserve(key.size() + list.path_blob.size() + list.size() * 16 + 64);
-  PutString(payload, key);
-  PutU64(payload, list.class_names.size());
-  for (const std::string& c : list.class_names) PutString(payload, c);
-  PutU64(payload, list.size());
-  PutString(payload, list.path_blob);
-  payload.append(reinterpret_cast<const char*>(list.path_ends.data()), list.size() * 8);
-  payload.append(reinterpret_cast<const char*>(list.labels.data()), list.size() * 8);
-  PutU64(payload, list.files.size());
-  for (const std::string& f : list.files) PutString(payload, f);
-  if (!list.files.empty()) {
-    payload.append(reinterpret_cast<const char*>(list.sample_files.data()),
-                   list.sample_files.size() * sizeof(uint32_t));
+                            const SampleList& description, const SampleIndex& samples,
+                            uint64_t fingerprint) {
+  const SampleList& d = description;
+  const uint64_t n = samples.size();
+  const bool has_sample_files = !samples.sample_files().empty();
+  std::string meta;
+  PutString(meta, key);
+  PutU64(meta, n);
+  PutU64(meta, fingerprint);
+  PutU64(meta, samples.path_blob().size());
+  PutU64(meta, samples.parts());
+  PutU64(meta, has_sample_files ? 1 : 0);
+  PutU64(meta, d.class_names.size());
+  for (const std::string& c : d.class_names) PutString(meta, c);
+  PutU64(meta, d.files.size());
+  for (const std::string& f : d.files) PutString(meta, f);
+  PutU64(meta, d.tensors.size());
+  for (const TensorSchema& t : d.tensors) {
+    PutString(meta, t.name);
+    PutU64(meta, static_cast<uint64_t>(t.type));
+    PutU64(meta, t.ragged ? 1 : 0);
+    PutU64(meta, t.shape.size());
+    for (uint64_t dim : t.shape) PutU64(meta, dim);
   }
-  PutU64(payload, list.parts);
-  payload.append(reinterpret_cast<const char*>(list.extents.data()),
-                 list.extents.size() * sizeof(Extent));
-  PutU64(payload, list.tensors.size());
-  for (const TensorSchema& t : list.tensors) {
-    PutString(payload, t.name);
-    PutU64(payload, static_cast<uint64_t>(t.type));
-    PutU64(payload, t.ragged ? 1 : 0);
-    PutU64(payload, t.shape.size());
-    for (uint64_t d : t.shape) PutU64(payload, d);
+  PutU64(meta, d.problems.size());
+  for (const IndexProblem& p : d.problems) {
+    PutString(meta, p.file);
+    PutU64(meta, p.offset);
+    PutString(meta, p.reason);
+    PutString(meta, p.message);
   }
-  PutU64(payload, list.problems.size());
-  for (const IndexProblem& p : list.problems) {
-    PutString(payload, p.file);
-    PutU64(payload, p.offset);
-    PutString(payload, p.reason);
-    PutString(payload, p.message);
+  PutU64(meta, d.ignored_count);
+  PutU64(meta, d.ignored_examples.size());
+  for (const std::string& e : d.ignored_examples) PutString(meta, e);
+  meta.append(PaddingTo8(kHeaderBytes + meta.size()), '\0');
+
+  const auto bytes_of = [](auto span) {
+    return std::string_view(reinterpret_cast<const char*>(span.data()), span.size_bytes());
+  };
+  const std::string_view arrays[] = {bytes_of(samples.path_ends()), bytes_of(samples.labels()),
+                                     bytes_of(samples.extents()), bytes_of(samples.sample_files()),
+                                     samples.path_blob()};
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, meta.data(), meta.size());
+  uint64_t payload_bytes = meta.size();
+  for (std::string_view a : arrays) {
+    XXH3_64bits_update(state, a.data(), a.size());
+    payload_bytes += a.size();
   }
-  PutU64(payload, list.ignored_count);
-  PutU64(payload, list.ignored_examples.size());
-  for (const std::string& e : list.ignored_examples) PutString(payload, e);
+  const uint64_t checksum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
 
   std::string header(kMagic, sizeof(kMagic));
   PutU64(header, kIndexCacheVersion);  // version + zero reserved word
-  PutU64(header, payload.size());
-  PutU64(header, XXH3_64bits(payload.data(), payload.size()));
+  PutU64(header, payload_bytes);
+  PutU64(header, checksum);
 
   const std::filesystem::path target(path);
   std::error_code ec;
   std::filesystem::create_directories(target.parent_path(), ec);
   if (ec)
     return absl::UnavailableError(absl::StrCat(target.parent_path().string(), ": ", ec.message()));
-  if (absl::Status s = base::WriteFileAtomically(path, {header, payload}); !s.ok()) {
+  if (absl::Status s = base::WriteFileAtomically(
+          path, {header, meta, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4]});
+      !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot write index cache: ", s.message()));
   }
   return absl::OkStatus();

@@ -5,6 +5,8 @@
 // sample's bytes are. Internal to server/pipeline.
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,6 +70,54 @@ struct SampleList {
     sample_files.shrink_to_fit();
     extents.shrink_to_fit();
   }
+};
+
+// The per-sample arrays of a Dataset, immutable: views into storage they keep alive, either a
+// SampleList's vectors (Adopt) or an index cache file mapped and used in place (index_cache.h),
+// so a restart does not copy or parse a million entries. Cheap to copy; safe to share.
+class SampleIndex {
+ public:
+  SampleIndex() = default;
+  // Takes `list`'s per-sample arrays (path_blob, path_ends, labels, sample_files, extents) and
+  // leaves the rest of it (classes, files, tensors, problems, ...) for the caller.
+  static SampleIndex Adopt(SampleList& list);
+  // Views over bytes `storage` keeps alive (a mapping). The caller has checked the invariants:
+  // path_ends ascending, the last equal to path_blob.size(); sample_files empty or one per
+  // sample; extents `parts` per sample.
+  static SampleIndex View(std::shared_ptr<const void> storage, std::string_view path_blob,
+                          std::span<const uint64_t> path_ends, std::span<const int64_t> labels,
+                          std::span<const uint32_t> sample_files, uint32_t parts,
+                          std::span<const Extent> extents, bool mapped);
+
+  uint64_t size() const { return labels_.size(); }
+  std::string_view path(uint64_t i) const {
+    const uint64_t begin = i == 0 ? 0 : path_ends_[i - 1];
+    return path_blob_.substr(begin, path_ends_[i] - begin);
+  }
+  int64_t label(uint64_t i) const { return labels_[i]; }
+  uint32_t sample_file(uint64_t i) const { return sample_files_[i]; }
+  uint32_t parts() const { return parts_; }
+  Extent part(uint64_t i, uint32_t k) const { return extents_[i * parts_ + k]; }
+  // The arrays as stored (index_cache.h writes them as they are).
+  std::string_view path_blob() const { return path_blob_; }
+  std::span<const uint64_t> path_ends() const { return path_ends_; }
+  std::span<const int64_t> labels() const { return labels_; }
+  std::span<const Extent> extents() const { return extents_; }
+  std::span<const uint32_t> sample_files() const { return sample_files_; }
+  // True when the arrays are a mapped index cache file (page cache, not heap).
+  bool mapped() const { return mapped_; }
+  // Bytes of the arrays (heap for an adopted list; mapped file pages otherwise).
+  uint64_t Bytes() const;
+
+ private:
+  std::shared_ptr<const void> storage_;
+  std::string_view path_blob_;
+  std::span<const uint64_t> path_ends_;
+  std::span<const int64_t> labels_;
+  std::span<const uint32_t> sample_files_;
+  uint32_t parts_ = 0;
+  std::span<const Extent> extents_;
+  bool mapped_ = false;
 };
 
 }  // namespace ringloader::pipeline

@@ -173,6 +173,60 @@ TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class f
   CHECK(Paths(**fourth) == Paths(**third));
 }
 
+// True when this process maps `path`; `deleted`: the mapping of a file since replaced.
+bool Mapped(const fs::path& path, bool deleted = false) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string name = path.string() + (deleted ? " (deleted)" : "");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.size() >= name.size() && line.compare(line.size() - name.size(), name.size(), name) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST_CASE("13.3: a reopened dataset uses its index cache file mapped in place, which stays valid "
+          "while a newer cache replaces the file",
+          "[pipeline]") {
+  TempDir dir;
+  TempDir state;
+  MakeTree(dir.path());
+  Backdate(dir.path());
+  auto walked = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(walked.ok());
+  const fs::path cache = fs::directory_iterator(state.path())->path();
+  CHECK_FALSE(Mapped(cache));  // written, not mapped: the walked dataset keeps its own arrays
+
+  auto mapped = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(mapped.ok());
+  CHECK((*mapped)->loaded_from_cache());
+  CHECK(Mapped(cache));
+  CHECK((*mapped)->fingerprint() == (*walked)->fingerprint());  // stored, not recomputed
+  CHECK(Paths(**mapped) == Paths(**walked));
+  CHECK(Labels(**mapped) == Labels(**walked));
+  CHECK((*mapped)->MemoryBytes() == (*walked)->MemoryBytes());
+
+  // A new class folder: the next Open walks and renames a new cache over the mapped one.
+  fs::create_directories(dir.Join("eel"));
+  WriteFile(dir.Join("eel/e.jpg"), "x");
+  Backdate(dir.path());
+  auto rewalked = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(rewalked.ok());
+  CHECK_FALSE((*rewalked)->loaded_from_cache());
+  CHECK((*rewalked)->size() == (*walked)->size() + 1);
+  CHECK(Mapped(cache, /*deleted=*/true));  // the old file lives on while mapped
+  CHECK(Paths(**mapped) == Paths(**walked));
+  CHECK((*mapped)->fingerprint() != (*rewalked)->fingerprint());
+
+  mapped->reset();
+  CHECK_FALSE(Mapped(cache, /*deleted=*/true));
+  auto remapped = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(remapped.ok());
+  CHECK((*remapped)->loaded_from_cache());
+  CHECK(Paths(**remapped) == Paths(**rewalked));
+  CHECK((*remapped)->fingerprint() == (*rewalked)->fingerprint());
+}
+
 TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten", "[pipeline]") {
   TempDir dir;
   TempDir state;
@@ -187,18 +241,24 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
   REQUIRE(good.size() > 32);
   CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
-  CHECK(good.substr(8, 8) == std::string("\x03\0\0\0\0\0\0\0", 8));  // version 3, reserved 0
+  CHECK(good.substr(8, 8) == std::string("\x04\0\0\0\0\0\0\0", 8));  // version 4, reserved 0
   uint64_t payload_bytes = 0;
   std::memcpy(&payload_bytes, good.data() + 16, 8);
   CHECK(payload_bytes == good.size() - 32);
   CHECK_THAT(caches[0].filename().string(),
              Catch::StartsWith("imagefolder-") && Catch::EndsWith(".index"));
 
+  // The last label (dog's, 3 of 4 classes) is followed by nothing but the paths, stored last;
+  // flipped it is another valid label: only the checksum can tell.
+  uint64_t path_bytes = 0;
+  for (const std::string& p : Paths(**fresh)) path_bytes += p.size();
   std::string flipped = good;
-  // Inside the last label (32 bytes of empty container sections, then the ignored files' count
-  // and their two names, 86 bytes in all, follow it): only the checksum can tell.
-  flipped[good.size() - 90] ^= 0x01;
-  for (const std::string& bad : {flipped, good.substr(0, good.size() / 2), std::string()}) {
+  CHECK(flipped[good.size() - path_bytes - 8] == 3);
+  flipped[good.size() - path_bytes - 8] ^= 0x01;
+  std::string renamed = good;  // a path's byte: "dog/..." becomes "eog/...", still sorted
+  renamed[good.size() - path_bytes + good.substr(good.size() - path_bytes).find("dog/")] = 'e';
+  for (const std::string& bad :
+       {flipped, renamed, good.substr(0, good.size() / 2), good.substr(0, 32), std::string()}) {
     WriteFile(caches[0], bad);
     auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
     REQUIRE(reopened.ok());
