@@ -57,12 +57,17 @@ uint32_t DecodeThreads(const server::ServerConfig& s) {
                                : std::max(1u, std::thread::hardware_concurrency());
 }
 
-// A ring of one stream shaped like `options` (uint8 NHWC, as consume's defaults).
-uint64_t RingBytes(const server::ServerConfig& s, const DoctorOptions& options) {
+// The ring of one stream shaped like `options` (uint8 NHWC, as consume's defaults).
+struct RingShape {
+  uint32_t slots = 0;
+  uint64_t bytes = 0;
+};
+RingShape RingOf(const server::ServerConfig& s, const DoctorOptions& options) {
   image::TransformSpec spec;
   spec.image_size = options.image_size;
   const pipeline::BatchLayout layout = pipeline::ComputeBatchLayout(options.batch_size, spec);
-  return uint64_t{s.ring_slots} * layout.total_bytes;
+  const uint32_t slots = s.DefaultRingSlots(layout.total_bytes);
+  return {slots, uint64_t{slots} * layout.total_bytes};
 }
 
 Check ShmDir(const server::ServerConfig& s, const DoctorOptions& options) {
@@ -72,13 +77,13 @@ Check ShmDir(const server::ServerConfig& s, const DoctorOptions& options) {
                    "create it (a tmpfs), or set server.shm_dir to one");
   }
   const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-  const uint64_t ring = RingBytes(s, options);
-  const uint64_t all = ring * s.max_streams;
+  const RingShape ring = RingOf(s, options);
+  const uint64_t all = ring.bytes * s.max_streams;
   // Rings are drawn from memory_limit: never more than that exists at once.
   const uint64_t need = std::min(all, s.memory_limit_bytes);
   const std::string what = absl::StrCat(
       "shm_dir ", s.shm_dir, ": ", FormatBytes(free_bytes), " free; rings need up to ",
-      FormatBytes(need), " (", s.max_streams, " streams x ", s.ring_slots, " slots of batch ",
+      FormatBytes(need), " (", s.max_streams, " streams x ", ring.slots, " slots of batch ",
       options.batch_size, " at ", options.image_size, " px = ", FormatBytes(all),
       all > s.memory_limit_bytes ? ", capped by memory_limit" : "", ")");
   if (free_bytes < need) {

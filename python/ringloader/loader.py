@@ -143,7 +143,8 @@ class Loader:
             (None: no limit; the loader stays usable after it).
         reconnect_deadline: seconds to keep reconnecting to a dead daemon.
         resize: ``"fast"`` (DCT-scaled decode) or ``"exact"`` (full decode, PIL-exact resize).
-        ring_slots: batches the daemon prepares ahead (0: its default).
+        ring_slots: batches the daemon prepares ahead (0: its ``ring_slots``, by default 4, or
+            3 when one batch is over 8 MiB).
         progress: show a tqdm progress bar per epoch.
         client_name: shown in ``ringloaderctl stats``.
         verify_checksums: check every batch's checksum (one pass over its bytes).

@@ -236,7 +236,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.String("shm_dir", &s->shm_dir);
   r.Mode("segment_mode", &s->segment_mode);
   r.String("segment_group", &s->segment_group);
-  r.Integer("ring_slots", &s->ring_slots, 2, 1024);
+  r.Integer("ring_slots", &s->ring_slots, 0, 1024);
   r.Integer("max_ring_slots", &s->max_ring_slots, 2, 1024);
   r.Integer("max_batch_size", &s->max_batch_size, 1, 1 << 20);
   r.Integer("max_image_size", &s->max_image_size, 8, 16384);
@@ -282,6 +282,9 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
                   "must not let group or others write: trainers map rings read-only, and a ring "
                   "anyone can write is a ring anyone can corrupt",
                   absl::StrFormat("\"%04o\"", s->segment_mode));
+  }
+  if (s->ring_slots == 1) {
+    return r.Fail("ring_slots", "must be 0 (4, or 3 for batches over 8 MiB) or in [2, 1024]", "1");
   }
   if (s->ring_slots > s->max_ring_slots) {
     return r.Fail("ring_slots", absl::StrCat("must be <= max_ring_slots (", s->max_ring_slots, ")"),

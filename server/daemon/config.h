@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -87,8 +88,17 @@ struct ServerConfig {
   // anyone but the daemon (a mode with a group or other write bit is refused).
   mode_t segment_mode = 0640;
   std::string segment_group;    // empty = the daemon's primary group
-  uint32_t ring_slots = 4;              // per stream unless the client asks
+  // Per stream unless the client asks; 0 = AutoRingSlots (4, or 3 for batches over 8 MiB).
+  uint32_t ring_slots = 0;
   uint32_t max_ring_slots = 32;
+  // The slots of a stream whose client does not ask for a number. ring_slots = 0: four batches,
+  // or three when one is over 8 MiB. A trainer spends longer on a big batch, so two ready ahead
+  // hide as much decode jitter (measured: the same images/s at 64 x 224 px), and the ring, most
+  // of what a stream costs in memory, is a quarter smaller.
+  uint32_t DefaultRingSlots(uint64_t slot_bytes) const {
+    if (ring_slots != 0) return ring_slots;
+    return std::min<uint32_t>(slot_bytes > (8u << 20) ? 3 : 4, max_ring_slots);
+  }
   uint32_t max_batch_size = 4096;
   uint32_t max_image_size = 1024;
   uint32_t max_streams = 64;            // open streams in total

@@ -183,7 +183,6 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
-  if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.ring_slots);
   const ServedDataset* served = deps_.datasets->Find(spec.dataset());
   if (served == nullptr) {
     // Shortened: the whole name would be echoed into the status, whatever its size.
@@ -248,6 +247,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   // Ring + one epoch's shard order (4 bytes a sample), reserved before anything is allocated.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t slot_bytes = (setup.layout.total_bytes + page - 1) / page * page;
+  if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.DefaultRingSlots(slot_bytes));
+  setup.spec.set_ring_slots(spec.ring_slots());
   const uint64_t ring_bytes = spec.ring_slots() * slot_bytes + 64 * 1024;
   absl::StatusOr<Reservation> reservation = deps_.budget->Reserve(
       ring_bytes + shard_size * 4,

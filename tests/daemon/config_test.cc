@@ -40,7 +40,7 @@ TEST_CASE("config: defaults", "[daemon][config]") {
   CHECK(s.segment_mode == 0640);
   CHECK(s.state_dir == "/var/lib/ringloader");
   CHECK(s.memory_limit_bytes == 4ull << 30);
-  CHECK(s.ring_slots == 4);
+  CHECK(s.ring_slots == 0);  // auto: 4, or 3 for batches over 8 MiB
   CHECK(s.max_ring_slots == 32);
   CHECK(s.max_batch_size == 4096);
   CHECK(s.max_image_size == 1024);
@@ -139,7 +139,9 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
               "byte count (got \"512Mb\")");
   ExpectError(Config("decode_threads = 1.5"),
               "t.toml: server.decode_threads: must be an integer (got 1.500000)");
-  ExpectError(Config("ring_slots = 1"), "t.toml: server.ring_slots: must be in [2, 1024] (got 1)");
+  ExpectError(Config("ring_slots = 1"),
+              "t.toml: server.ring_slots: must be 0 (4, or 3 for batches over 8 MiB) or in "
+              "[2, 1024] (got 1)");
   ExpectError(Config("ring_slots = 40"),
               "t.toml: server.ring_slots: must be <= max_ring_slots (32) (got 40)");
   ExpectError(Config("max_batch_size = 0"),

@@ -149,6 +149,30 @@ bool SegmentExists(const std::string& name) {
 
 }  // namespace
 
+TEST_CASE("13.4: ring_slots = 0 gives four slots, three for batches over 8 MiB, and a number in "
+          "the config or the request wins",
+          "[daemon][streams]") {
+  const auto big = [] {  // 48 x 256 x 256 x 3 uint8: 9 MiB
+    v1::OpenStreamRequest r = Request(48);
+    r.mutable_spec()->set_image_size(256);
+    return r;
+  };
+  {
+    Harness h;
+    CHECK(h.MustOpen(Request()).slot_count() == 4);
+    v1::OpenStreamRequest under = Request(40);  // 40 x 256 x 256 x 3: 7.5 MiB
+    under.mutable_spec()->set_image_size(256);
+    CHECK(h.MustOpen(under).slot_count() == 4);
+    CHECK(h.MustOpen(big()).slot_count() == 3);
+    v1::OpenStreamRequest asked = big();
+    asked.mutable_spec()->set_ring_slots(5);
+    CHECK(h.MustOpen(asked).slot_count() == 5);
+  }
+  Harness configured([](DaemonConfig& c) { c.server.ring_slots = 6; });
+  CHECK(configured.MustOpen(big()).slot_count() == 6);
+  CHECK(configured.MustOpen(Request()).slot_count() == 6);
+}
+
 TEST_CASE("StreamManager: open, lease, release, close", "[daemon][streams]") {
   Harness h;
   const uint64_t fixed = h.budget->reserved();

@@ -815,7 +815,8 @@ TEST_CASE("memory_limit: a stream whose ring does not fit is RESOURCE_EXHAUSTED 
   huge.set_image_size(1024);
   v1::OpenStreamResponse response;
   grpc::Status s = raw.Open(OpenRequest(huge), &response);
-  ExpectError(s, StatusCode::RESOURCE_EXHAUSTED, "a stream of dataset \"synth\" (ring of 4 slots x ");
+  // 3 slots: the default for batches over 8 MiB.
+  ExpectError(s, StatusCode::RESOURCE_EXHAUSTED, "a stream of dataset \"synth\" (ring of 3 slots x ");
   CHECK_THAT(s.error_message(), Catch::Contains("GiB) needs ") &&
                                     Catch::Contains("; memory_limit 200 MiB has ") &&
                                     Catch::Contains(" free (") && Catch::Contains(" reserved)"));
