@@ -86,12 +86,13 @@ std::string UnixSocketPath(const std::string& endpoint) {
 }
 
 // One connect() to the Unix socket at `path`, closed at once: 0 when it was accepted, else errno.
+// Non-blocking: a listener whose backlog is full (a frozen daemon) gives EAGAIN, never a wait.
 int ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = rc == 0 ? 0 : errno;
@@ -110,12 +111,15 @@ std::optional<bool> UnixSocketAccepts(const std::string& endpoint) {
 std::string DiagnoseNoConnection(const std::string& endpoint) {
   const std::string path = UnixSocketPath(endpoint);
   if (path.empty()) return "no connection (is ringloaderd running and the endpoint right?)";
-  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::StrCat("socket path too long: ", path);
   }
   const int err = ConnectUnix(path);
-  const int rc = err == 0 ? 0 : -1;
-  if (rc == 0) return "no connection (the socket accepts connections, but ringloaderd does not answer)";
+  if (err == 0) return "no connection (the socket accepts connections, but ringloaderd does not answer)";
+  if (err == EAGAIN) {
+    return absl::StrCat("no connection: ", path,
+                        " has a full backlog (ringloaderd is not accepting: stopped or overloaded?)");
+  }
   if (err == EACCES || err == EPERM) {
     struct stat st {};
     std::string who = "the daemon's user";

@@ -27,8 +27,8 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint);
 // peer is noticed, and a private subchannel pool so one Client's backoff state is its own.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 
-// For a Unix socket endpoint: whether something accepts connections on it now (one connect(),
-// closed at once); nullopt for other endpoints.
+// For a Unix socket endpoint: whether something accepts connections on it now (one non-blocking
+// connect(), closed at once; a full backlog counts as not accepting); nullopt for other endpoints.
 std::optional<bool> UnixSocketAccepts(const std::string& endpoint);
 
 // Why nothing answers at `endpoint`, for "no connection" messages. For a Unix socket, what a

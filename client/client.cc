@@ -194,6 +194,11 @@ void Connection::SessionRefused(const std::string& session_id) {
 }
 
 void Connection::SessionLoop() {
+  // Between calls the daemon itself ended (it refused us, or it is shutting down): 50 ms, doubled
+  // while it keeps refusing, so that a refused client never spins.
+  constexpr auto kFirstPause = std::chrono::milliseconds(50);
+  constexpr auto kLongestPause = std::chrono::milliseconds(2000);
+  auto pause = kFirstPause;
   while (true) {
     grpc::ClientContext context;
     context.set_wait_for_ready(true);  // wait out a daemon restart instead of failing fast
@@ -205,7 +210,8 @@ void Connection::SessionLoop() {
     v1::AttachRequest request;
     v1::AttachEvent event;
     std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader = stub_->Attach(&context, request);
-    if (reader->Read(&event)) {
+    const bool attached = reader->Read(&event);
+    if (attached) {
       {
         std::lock_guard<std::mutex> lock(session_mu_);
         session_id_ = event.session_id();
@@ -226,34 +232,58 @@ void Connection::SessionLoop() {
       session_cv_.notify_all();
     }
     if (stop) return;
-    // The daemon went away (it restarts): attach to the next incarnation as soon as it listens.
-    AwaitReconnect();
+    if (ConnectionDropped(status)) {
+      // The daemon went away (it restarts): attach to the next incarnation as soon as it listens.
+      pause = kFirstPause;
+      AwaitReconnect();
+      continue;
+    }
+    if (attached) pause = kFirstPause;
+    std::unique_lock<std::mutex> lock(session_mu_);
+    if (session_cv_.wait_for(lock, pause, [this] { return stopping_; })) return;
+    pause = std::min(pause * 2, kLongestPause);
   }
+}
+
+bool Connection::ConnectionDropped(const grpc::Status& status) {
+  // OK (the daemon shut the session down) and RESOURCE_EXHAUSTED (too many clients) come from a
+  // daemon that still listens. Otherwise the connection of a daemon that died leaves READY
+  // moments after its calls fail; one that stays READY belongs to a daemon shutting down.
+  if (status.ok() || status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
+  const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/false);
+  return state != GRPC_CHANNEL_READY ||
+         channel_->WaitForStateChange(state, std::chrono::system_clock::now() +
+                                                 std::chrono::milliseconds(5));
 }
 
 void Connection::AwaitReconnect() {
   // gRPC 1.51 waits at least 100 ms between connection attempts whatever the channel arguments
   // say, which was most of a trainer's wait for a daemon that restarts in ~20 ms. On a Unix socket
-  // we look for the new daemon ourselves (a refused connect() costs microseconds: 5, 10, 20, 40,
-  // then every 50 ms) and, once it accepts, tell gRPC to try now. Other endpoints keep gRPC's
-  // pacing.
+  // we look for the new daemon ourselves (a refused non-blocking connect() costs microseconds: 5,
+  // 10, 20, 40, then every 50 ms) and, once it accepts, tell gRPC to try now (again every 50 ms
+  // until it is connected). Other endpoints keep gRPC's pacing.
   auto pace = std::chrono::milliseconds(5);
   constexpr auto kMaxPace = std::chrono::milliseconds(50);
+  bool listening = false;  // the new daemon accepted a probe
   std::optional<std::chrono::steady_clock::time_point> last_nudge;
   while (true) {
     const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
     if (state == GRPC_CHANNEL_READY || state == GRPC_CHANNEL_SHUTDOWN) return;
-    const std::optional<bool> accepts = UnixSocketAccepts(endpoint_);
+    std::optional<bool> accepts = true;
+    if (!listening) accepts = UnixSocketAccepts(endpoint_);
     if (accepts.has_value() && !*accepts) {
       std::unique_lock<std::mutex> lock(session_mu_);
       if (session_cv_.wait_for(lock, pace, [this] { return stopping_; })) return;
       pace = std::min(pace * 2, kMaxPace);
       continue;
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (accepts.has_value() && (!last_nudge || now - *last_nudge >= kMaxPace)) {
-      grpc::experimental::ChannelResetConnectionBackoff(channel_.get());  // connect now
-      last_nudge = now;
+    if (accepts.has_value()) {  // a Unix socket that accepts: connect now, and every 50 ms
+      listening = true;
+      const auto now = std::chrono::steady_clock::now();
+      if (!last_nudge.has_value() || now - *last_nudge >= kMaxPace) {
+        grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+        last_nudge = now;
+      }
     }
     {
       std::lock_guard<std::mutex> lock(session_mu_);

@@ -73,6 +73,9 @@ class Connection {
 
  private:
   void SessionLoop();
+  // True when an Attach call that ended with `status` lost its connection (the daemon died),
+  // false when the daemon ended it and still listens (refused, shutting down).
+  bool ConnectionDropped(const grpc::Status& status);
   // Returns once the channel is connected again (or stopping_), trying every few ms.
   void AwaitReconnect();
 

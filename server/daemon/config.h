@@ -88,7 +88,7 @@ struct ServerConfig {
   // anyone but the daemon (a mode with a group or other write bit is refused).
   mode_t segment_mode = 0640;
   std::string segment_group;    // empty = the daemon's primary group
-  // Per stream unless the client asks; 0 = AutoRingSlots (4, or 3 for batches over 8 MiB).
+  // Per stream unless the client asks; 0 = DefaultRingSlots (4, or 3 for batches over 8 MiB).
   uint32_t ring_slots = 0;
   uint32_t max_ring_slots = 32;
   // The slots of a stream whose client does not ask for a number. ring_slots = 0: four batches,

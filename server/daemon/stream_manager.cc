@@ -134,7 +134,7 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
     if (!(v > -1e6f && v < 1e6f)) return invalid("mean: values must be finite (got ", v, ")");
   }
   if (spec.ring_slots() != 0 && (spec.ring_slots() < 2 || spec.ring_slots() > s.max_ring_slots)) {
-    return invalid("ring_slots: must be 0 (server.ring_slots) or in [2, server.max_ring_slots = ",
+    return invalid("ring_slots: must be 0 (the server's default) or in [2, server.max_ring_slots = ",
                    s.max_ring_slots, "] (got ", spec.ring_slots(), ")");
   }
   return absl::OkStatus();

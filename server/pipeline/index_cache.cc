@@ -181,7 +181,9 @@ std::optional<CachedIndex> LoadIndexCache(const std::string& path, const std::st
     d.ignored_examples.push_back(std::string(r.String()));
   }
   if (!r.ok()) return std::nullopt;
-  if ((parts > 0 || has_sample_files) && d.files.empty()) return std::nullopt;
+  // Container formats have files, one per sample, and parts; the others none of them.
+  const bool containers = !d.files.empty();
+  if ((has_sample_files == 1) != containers || (parts > 0) != containers) return std::nullopt;
 
   // The arrays: aligned, sized exactly to the end of the file.
   const uint64_t description_end = kHeaderBytes + r.position();

@@ -31,8 +31,10 @@
 //     char     path_blob[path_blob_bytes]    every relative path, concatenated
 // A file whose header, checksum, key or contents do not check out is ignored (and then replaced):
 // the cache is never trusted beyond what it proves. Loading maps the file, hashes it (XXH3, a
-// few ms for ImageNet's 50 MB) and checks the arrays' invariants in one pass; nothing is copied.
-// The file is only ever replaced by rename, never rewritten in place, so a mapping stays valid.
+// few ms for ImageNet's 50 MB) and checks the arrays' invariants in one pass; the arrays are not
+// copied (the description's strings are). The daemon replaces the file only by rename, so a
+// mapping keeps its bytes; nothing else may write a state_dir file in place (a mapped file that
+// shrinks would fault the reader), and state_dir belongs on a local disk.
 
 #include <cstdint>
 #include <optional>

@@ -335,7 +335,7 @@ TEST_CASE("hostile OpenStream requests: bad sizes, ranks, enums, negative values
       {"world size 2^20", [](auto& r) { r.mutable_spec()->set_world_size(1u << 20); },
        StatusCode::INVALID_ARGUMENT, "world_size: must be in [1, 65536]"},
       {"ring slots 1", [](auto& r) { r.mutable_spec()->set_ring_slots(1); },
-       StatusCode::INVALID_ARGUMENT, "ring_slots: must be 0 (server.ring_slots) or in [2, server.max_ring_slots = 32]"},
+       StatusCode::INVALID_ARGUMENT, "ring_slots: must be 0 (the server's default) or in [2, server.max_ring_slots = 32]"},
       {"ring slots 10^6", [](auto& r) { r.mutable_spec()->set_ring_slots(1'000'000); },
        StatusCode::INVALID_ARGUMENT, "ring_slots"},
       {"unknown augmentation",
@@ -391,7 +391,7 @@ TEST_CASE("hostile OpenStream requests: bad sizes, ranks, enums, negative values
       {5, "world_size: must be in [1, 65536] (got 4294967295)"},
       {6, "image_size: must be in [1, server.max_image_size = 1024] (got 4294967295)"},
       {7, "augmentation: unknown value -1"},
-      {15, "ring_slots: must be 0 (server.ring_slots) or in [2, server.max_ring_slots = 32] (got 4294967295)"},
+      {15, "ring_slots: must be 0 (the server's default) or in [2, server.max_ring_slots = 32] (got 4294967295)"},
   };
   const std::string good_spec = GoodSpec().SerializeAsString();
   for (const Negative& n : negatives) {
@@ -879,6 +879,31 @@ TEST_CASE("max_streams_per_client bounds the streams of one TCP client host",
   REQUIRE(first.Close(a.stream_id(), a.incarnation()).ok());
   CHECK(second.Open(OpenRequest(GoodSpec()), &c).ok());
   CHECK(first.Serving());
+}
+
+TEST_CASE("a client the daemon refuses to attach asks again with growing pauses, never in a loop",
+          "[integration][hostile][limits]") {
+  DaemonFixtureOptions options;
+  options.server_extra = "max_streams = 1";  // so at most 2 attached clients
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  client::StreamOptions stream;
+  stream.dataset = "synth";
+  stream.batch_size = 4;
+  stream.image_size = 32;
+  client::Client first(daemon.endpoint()), second(daemon.endpoint()), third(daemon.endpoint());
+  auto a = first.Open(stream);  // session 1 and the one stream
+  CHECK_THROWS_AS(second.Open(stream), client::Error);  // session 2; no stream left
+  // The third client's session is refused (RESOURCE_EXHAUSTED), and so is its stream.
+  CHECK_THROWS_AS(third.Open(stream), client::Error);
+  Raw raw(daemon.endpoint());
+  const uint64_t before = raw.Stats().requests_rejected();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const uint64_t during = raw.Stats().requests_rejected() - before;
+  INFO("refusals in 1.5 s: " << during);
+  CHECK(during >= 1);  // it does ask again
+  CHECK(during <= 8);  // 50, 100, 200, 400, 800 ms apart, not thousands
+  CHECK(raw.Serving());
 }
 
 }  // namespace ringloader::testing

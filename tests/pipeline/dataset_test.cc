@@ -1,6 +1,8 @@
 #include "server/pipeline/dataset.h"
 
 #include <catch2/catch.hpp>
+#include <xxhash.h>
+
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -266,6 +268,79 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
     CHECK(Labels(**reopened) == Labels(**fresh));
     CHECK(testing::ReadFile(caches[0]) == good);  // rewritten
   }
+}
+
+// `file` with a fresh payload checksum (header bytes 24..32), as a writer with a bug would sign it.
+std::string Resigned(std::string file) {
+  const uint64_t sum = XXH3_64bits(file.data() + 32, file.size() - 32);
+  std::memcpy(file.data() + 24, &sum, 8);
+  return file;
+}
+template <typename T>
+void Put(std::string& file, size_t offset, T value) {
+  std::memcpy(file.data() + offset, &value, sizeof(T));
+}
+
+TEST_CASE("13.3: an index cache whose checksum holds but whose contents break an invariant is "
+          "ignored and rewritten",
+          "[pipeline]") {
+  TempDir dir;
+  TempDir state;
+  MakeTree(dir.path());
+  Backdate(dir.path());
+  auto fresh = Dataset::Open(FolderSpec(dir.path(), state.path()));
+  REQUIRE(fresh.ok());
+  const fs::path cache = fs::directory_iterator(state.path())->path();
+  const std::string good = testing::ReadFile(cache);
+  REQUIRE(Dataset::Open(FolderSpec(dir.path(), state.path())).value()->loaded_from_cache());
+
+  // Offsets from index_cache.h: the description starts with the key, then five words.
+  uint64_t key_bytes = 0;
+  std::memcpy(&key_bytes, good.data() + 32, 8);
+  const size_t words = 32 + 8 + key_bytes;  // sample_count, fingerprint, blob, parts, has_files
+  const uint64_t n = (*fresh)->size();
+  uint64_t blob = 0;
+  for (const std::string& p : Paths(**fresh)) blob += p.size();
+  const size_t path_ends = good.size() - blob - 16 * n;  // then labels, then the paths
+  const size_t labels = path_ends + 8 * n;
+
+  std::vector<std::pair<std::string, std::string>> broken;
+  std::string f = good;
+  Put<uint64_t>(f, path_ends + 8, 0);  // sample 1's path ends before sample 0's
+  broken.emplace_back("path_ends not ascending", f);
+  f = good;
+  Put<int64_t>(f, labels, 4);  // 4 classes: labels 0..3
+  broken.emplace_back("label out of range", f);
+  f = good;
+  Put<int64_t>(f, labels, -1);
+  broken.emplace_back("negative label", f);
+  f = good;
+  Put<uint64_t>(f, words, n + 1);
+  broken.emplace_back("sample count not what the file holds", f);
+  f = good;
+  Put<uint64_t>(f, words, uint64_t{1} << 61);
+  broken.emplace_back("sample count beyond any file", f);
+  f = good;
+  Put<uint64_t>(f, words + 24, 1);
+  broken.emplace_back("parts without container files", f);
+  f = good;
+  Put<uint64_t>(f, words + 32, 1);
+  broken.emplace_back("sample files without container files", f);
+  f = good;
+  Put<uint64_t>(f, words + 16, blob + 8);
+  broken.emplace_back("path blob longer than the file", f);
+  for (const auto& [what, bytes] : broken) {
+    INFO(what);
+    testing::WriteFile(cache, Resigned(bytes));
+    auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
+    REQUIRE(reopened.ok());
+    CHECK_FALSE((*reopened)->loaded_from_cache());
+    CHECK(Paths(**reopened) == Paths(**fresh));
+    CHECK(Labels(**reopened) == Labels(**fresh));
+    CHECK(testing::ReadFile(cache) == good);  // rewritten
+  }
+  testing::WriteFile(cache, Resigned(good));  // re-signing alone changes nothing
+  CHECK(Dataset::Open(FolderSpec(dir.path(), state.path())).value()->loaded_from_cache());
 }
 
 TEST_CASE("Dataset: no cache is written for a tree that changed in the last seconds",
