@@ -2,8 +2,10 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,9 +124,9 @@ std::optional<std::pair<uint64_t, std::string>> CgroupLimit(std::filesystem::pat
   return tightest;
 }
 
-// This process's memory cgroup directory (v2 "0::/path", v1 "N:memory:/path").
-std::string OwnCgroupDir() {
-  std::ifstream in("/proc/self/cgroup");
+// The memory cgroup directory of a process (v2 "0::/path", v1 "N:memory:/path").
+std::string CgroupDirOf(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/cgroup");
   for (std::string line; std::getline(in, line);) {
     if (absl::StartsWith(line, "0::")) return "/sys/fs/cgroup" + line.substr(3);
     const size_t at = line.find(":memory:");
@@ -133,16 +135,55 @@ std::string OwnCgroupDir() {
   return "/sys/fs/cgroup";
 }
 
-Check Memory(const server::ServerConfig& s, const DoctorOptions& options) {
+// The serving daemon, when one answers on the config's Unix socket and its process is visible
+// here: the limits that matter are its own (a systemd unit's MemoryMax=, LimitNOFILE=), not this
+// shell's. The kernel names the process that listens (SO_PEERCRED, 0 from another pid namespace).
+std::optional<pid_t> ServingDaemon(const server::ServerConfig& s) {
+  if (!absl::StartsWith(s.listen, "unix:")) return std::nullopt;
+  std::string path = s.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return std::nullopt;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return std::nullopt;
+  std::optional<pid_t> pid;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0 &&
+      std::filesystem::exists("/proc/" + std::to_string(cred.pid) + "/limits")) {
+    pid = cred.pid;
+  }
+  ::close(fd);
+  return pid;
+}
+
+// Where the limits checked come from: the serving daemon, or this shell (the daemon is not
+// running, or runs elsewhere).
+struct LimitsOf {
+  std::string pid = "self";
+  std::string name = "this shell's";
+};
+LimitsOf LimitsSource(const server::ServerConfig& s) {
+  if (std::optional<pid_t> pid = ServingDaemon(s)) {
+    return {std::to_string(*pid), absl::StrCat("ringloaderd pid ", *pid, "'s")};
+  }
+  return {};
+}
+
+Check Memory(const server::ServerConfig& s, const DoctorOptions& options, const LimitsOf& of) {
   const uint64_t need = s.memory_limit_bytes + FixedOverheadBytes(DecodeThreads(s));
   const uint64_t host = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const std::string dir = options.cgroup.empty() ? OwnCgroupDir() : options.cgroup;
+  const std::string dir = options.cgroup.empty() ? CgroupDirOf(of.pid) : options.cgroup;
   uint64_t limit = host;
   std::string source = "the host's memory";
   if (auto cgroup = CgroupLimit(dir); cgroup && cgroup->first < host) {
     limit = cgroup->first;
-    source = cgroup->second;
+    source = options.cgroup.empty() ? absl::StrCat(of.name, " cgroup: ", cgroup->second)
+                                    : cgroup->second;
   }
   const std::string what = absl::StrCat(
       "memory: memory_limit ", FormatBytes(s.memory_limit_bytes),
@@ -159,17 +200,37 @@ Check Memory(const server::ServerConfig& s, const DoctorOptions& options) {
   return Ok(what);
 }
 
-Check OpenFiles(const server::ServerConfig& s) {
+// The soft "Max open files" of a process (/proc/PID/limits is readable by anyone).
+std::optional<uint64_t> OpenFilesLimitOf(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/limits");
+  for (std::string line; std::getline(in, line);) {
+    if (!absl::StartsWith(line, "Max open files")) continue;
+    std::istringstream fields(line.substr(std::strlen("Max open files")));
+    std::string soft;
+    fields >> soft;
+    uint64_t value = 0;
+    if (soft == "unlimited") return UINT64_MAX;
+    if (absl::SimpleAtoi(soft, &value)) return value;
+  }
+  return std::nullopt;
+}
+
+Check OpenFiles(const server::ServerConfig& s, const LimitsOf& of) {
   // Per stream: its segment, the client's connection and session; per decode thread: a file
   // being read; plus logs, caches, the journal and gRPC's own.
   const uint64_t need = 256 + 4ull * s.max_streams + 2ull * DecodeThreads(s);
-  rlimit rl{};
-  getrlimit(RLIMIT_NOFILE, &rl);
-  const uint64_t soft = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+  uint64_t soft = UINT64_MAX;
+  if (std::optional<uint64_t> limit = OpenFilesLimitOf(of.pid)) {
+    soft = *limit;
+  } else {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    soft = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+  }
   const std::string what =
       absl::StrCat("open files: limit ", soft == UINT64_MAX ? std::string("unlimited")
                                                             : std::to_string(soft),
-                   " (this shell's RLIMIT_NOFILE) vs about ", need, " for ", s.max_streams,
+                   " (", of.name, " RLIMIT_NOFILE) vs about ", need, " for ", s.max_streams,
                    " streams");
   if (soft < need) {
     return Problem(what, absl::StrCat("raise it to at least ", need,
@@ -282,8 +343,9 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
     checks.push_back(Ok(absl::StrCat("config ", options.config, ": loads (",
                                      config->datasets.size(), " datasets)")));
     checks.push_back(ShmDir(s, options));
-    checks.push_back(Memory(s, options));
-    checks.push_back(OpenFiles(s));
+    const LimitsOf limits = LimitsSource(s);
+    checks.push_back(Memory(s, options, limits));
+    checks.push_back(OpenFiles(s, limits));
     checks.push_back(Socket(s));
     checks.push_back(StateDir(s));
     for (const server::DatasetConfig& dc : config->datasets) checks.push_back(Dataset(*config, dc));

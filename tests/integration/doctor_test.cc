@@ -1,4 +1,5 @@
 // Issue 12 item 5: `ringloaderctl doctor` checks the host against a config before anything breaks.
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -45,6 +46,33 @@ TEST_CASE("12.5: doctor on a good config prints one ok line per check and exits 
   CHECK(running.exit_code == 0);
   CHECK_THAT(running.output, Catch::Contains("may connect"));
   CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("12.5: with a daemon serving, doctor checks that daemon's own open-file limit, not the "
+          "shell's",
+          "[integration][doctor]") {
+  DaemonFixture daemon;
+  // The daemon inherits a low soft limit (as from LimitNOFILE= in a unit); doctor does not.
+  rlimit saved{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit low = saved;
+  low.rlim_cur = 400;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  const bool started = daemon.Start();
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  REQUIRE(started);
+  const CommandResult r = RunCommand({CtlPath(), "doctor", "--config", daemon.config_path()});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  const std::string daemon_name = "ringloaderd pid " + std::to_string(daemon.ServingPid()) + "'s";
+  CHECK_THAT(r.output, Catch::Contains("problem: open files: limit 400 (" + daemon_name +
+                                       " RLIMIT_NOFILE) vs about ") &&
+                           Catch::Contains("fix: raise it to at least "));
+  CHECK(Lines(r.output, "problem:").size() == 1);
+  CHECK(daemon.Stop() == 0);
+  // Without a daemon the shell's own limit is what doctor can check.
+  const CommandResult after = RunCommand({CtlPath(), "doctor", "--config", daemon.config_path()});
+  CHECK_THAT(after.output, Catch::Contains("(this shell's RLIMIT_NOFILE)"));
 }
 
 TEST_CASE("12.5: doctor on a bad config names every problem with its fix and exits 1",
