@@ -46,7 +46,8 @@ void CheckAccepted(const ringloader::server::DaemonConfig& config) {
   }
   const auto& s = config.server;
   if (s.listen.empty() || s.state_dir.empty()) Fail("empty listen or state_dir accepted", ok);
-  if (s.ring_slots < 2 || s.ring_slots > s.max_ring_slots) Fail("ring_slots out of range", ok);
+  // 0 = the default rule (4, or 3 for batches over 8 MiB); 1 slot cannot work.
+  if (s.ring_slots == 1 || s.ring_slots > s.max_ring_slots) Fail("ring_slots out of range", ok);
   if (s.max_batch_size == 0 || s.max_image_size == 0 || s.max_streams == 0) {
     Fail("a server bound of 0 accepted", ok);
   }

@@ -73,6 +73,31 @@ DatasetSpec ManifestSpec(const std::string& root, const std::string& manifest) {
   return spec;
 }
 
+// A backdated tree (old enough for its index cache to be written) and the dataset that the first
+// Open() walked, writing the cache.
+struct CachedTree {
+  TempDir dir;
+  TempDir state;
+  std::unique_ptr<Dataset> walked;
+
+  CachedTree() {
+    MakeTree(dir.path());
+    Backdate(dir.path());
+    walked = Open();
+  }
+  std::unique_ptr<Dataset> Open() const {
+    absl::StatusOr<std::unique_ptr<Dataset>> ds = Dataset::Open(FolderSpec(dir.path(), state.path()));
+    REQUIRE(ds.ok());
+    return *std::move(ds);
+  }
+  fs::path CacheFile() const {
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& e : fs::directory_iterator(state.path())) files.push_back(e);
+    REQUIRE(files.size() == 1);
+    return files[0];
+  }
+};
+
 TEST_CASE("Dataset: imagefolder lists what torchvision's ImageFolder lists: its extensions in any "
           "case, hidden names too, sorted, with other files counted and named",
           "[pipeline]") {
@@ -144,35 +169,28 @@ TEST_CASE("Dataset: imagefolder follows symlinked files and folders like torchvi
 
 TEST_CASE("Dataset: the index cache is used on reopen and rebuilt when a class folder changes",
           "[pipeline]") {
-  TempDir dir;
-  TempDir state;
-  MakeTree(dir.path());
-  Backdate(dir.path());
-  auto first = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(first.ok());
-  CHECK_FALSE((*first)->loaded_from_cache());
+  CachedTree tree;
+  const Dataset& first = *tree.walked;
+  CHECK_FALSE(first.loaded_from_cache());
 
-  auto second = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(second.ok());
-  CHECK((*second)->loaded_from_cache());
-  CHECK(Paths(**second) == Paths(**first));
-  CHECK(Labels(**second) == Labels(**first));
-  CHECK((*second)->class_names() == (*first)->class_names());
-  CHECK((*second)->ignored_count() == 2);
-  CHECK((*second)->ignored_examples() == (*first)->ignored_examples());
+  const std::unique_ptr<Dataset> second = tree.Open();
+  CHECK(second->loaded_from_cache());
+  CHECK(Paths(*second) == Paths(first));
+  CHECK(Labels(*second) == Labels(first));
+  CHECK(second->class_names() == first.class_names());
+  CHECK(second->ignored_count() == 2);
+  CHECK(second->ignored_examples() == first.ignored_examples());
 
-  WriteFile(dir.Join("cat/w.jpg"), "x");
-  SetMtime(dir.Join("cat"), std::chrono::minutes(30));  // what the kernel does, made explicit
-  auto third = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(third.ok());
-  CHECK_FALSE((*third)->loaded_from_cache());
-  CHECK(Paths(**third)[3] == "cat/w.jpg");
-  CHECK((*third)->size() == (*first)->size() + 1);
+  WriteFile(tree.dir.Join("cat/w.jpg"), "x");
+  SetMtime(tree.dir.Join("cat"), std::chrono::minutes(30));  // what the kernel does, made explicit
+  const std::unique_ptr<Dataset> third = tree.Open();
+  CHECK_FALSE(third->loaded_from_cache());
+  CHECK(Paths(*third)[3] == "cat/w.jpg");
+  CHECK(third->size() == first.size() + 1);
 
-  auto fourth = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(fourth.ok());
-  CHECK((*fourth)->loaded_from_cache());
-  CHECK(Paths(**fourth) == Paths(**third));
+  const std::unique_ptr<Dataset> fourth = tree.Open();
+  CHECK(fourth->loaded_from_cache());
+  CHECK(Paths(*fourth) == Paths(*third));
 }
 
 // True when this process maps `path`; `deleted`: the mapping of a file since replaced.
@@ -190,56 +208,43 @@ bool Mapped(const fs::path& path, bool deleted = false) {
 TEST_CASE("13.3: a reopened dataset uses its index cache file mapped in place, which stays valid "
           "while a newer cache replaces the file",
           "[pipeline]") {
-  TempDir dir;
-  TempDir state;
-  MakeTree(dir.path());
-  Backdate(dir.path());
-  auto walked = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(walked.ok());
-  const fs::path cache = fs::directory_iterator(state.path())->path();
+  CachedTree tree;
+  const Dataset& walked = *tree.walked;
+  const fs::path cache = tree.CacheFile();
   CHECK_FALSE(Mapped(cache));  // written, not mapped: the walked dataset keeps its own arrays
 
-  auto mapped = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(mapped.ok());
-  CHECK((*mapped)->loaded_from_cache());
+  std::unique_ptr<Dataset> mapped = tree.Open();
+  CHECK(mapped->loaded_from_cache());
   CHECK(Mapped(cache));
-  CHECK((*mapped)->fingerprint() == (*walked)->fingerprint());  // stored, not recomputed
-  CHECK(Paths(**mapped) == Paths(**walked));
-  CHECK(Labels(**mapped) == Labels(**walked));
-  CHECK((*mapped)->MemoryBytes() == (*walked)->MemoryBytes());
+  CHECK(mapped->fingerprint() == walked.fingerprint());  // stored, not recomputed
+  CHECK(Paths(*mapped) == Paths(walked));
+  CHECK(Labels(*mapped) == Labels(walked));
+  CHECK(mapped->MemoryBytes() == walked.MemoryBytes());
 
   // A new class folder: the next Open walks and renames a new cache over the mapped one.
-  fs::create_directories(dir.Join("eel"));
-  WriteFile(dir.Join("eel/e.jpg"), "x");
-  Backdate(dir.path());
-  auto rewalked = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(rewalked.ok());
-  CHECK_FALSE((*rewalked)->loaded_from_cache());
-  CHECK((*rewalked)->size() == (*walked)->size() + 1);
+  fs::create_directories(tree.dir.Join("eel"));
+  WriteFile(tree.dir.Join("eel/e.jpg"), "x");
+  Backdate(tree.dir.path());
+  const std::unique_ptr<Dataset> rewalked = tree.Open();
+  CHECK_FALSE(rewalked->loaded_from_cache());
+  CHECK(rewalked->size() == walked.size() + 1);
   CHECK(Mapped(cache, /*deleted=*/true));  // the old file lives on while mapped
-  CHECK(Paths(**mapped) == Paths(**walked));
-  CHECK((*mapped)->fingerprint() != (*rewalked)->fingerprint());
+  CHECK(Paths(*mapped) == Paths(walked));
+  CHECK(mapped->fingerprint() != rewalked->fingerprint());
 
-  mapped->reset();
+  mapped.reset();
   CHECK_FALSE(Mapped(cache, /*deleted=*/true));
-  auto remapped = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(remapped.ok());
-  CHECK((*remapped)->loaded_from_cache());
-  CHECK(Paths(**remapped) == Paths(**rewalked));
-  CHECK((*remapped)->fingerprint() == (*rewalked)->fingerprint());
+  const std::unique_ptr<Dataset> remapped = tree.Open();
+  CHECK(remapped->loaded_from_cache());
+  CHECK(Paths(*remapped) == Paths(*rewalked));
+  CHECK(remapped->fingerprint() == rewalked->fingerprint());
 }
 
 TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten", "[pipeline]") {
-  TempDir dir;
-  TempDir state;
-  MakeTree(dir.path());
-  Backdate(dir.path());
-  auto fresh = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(fresh.ok());
-  std::vector<fs::path> caches;
-  for (const fs::directory_entry& e : fs::directory_iterator(state.path())) caches.push_back(e);
-  REQUIRE(caches.size() == 1);
-  const std::string good = testing::ReadFile(caches[0]);
+  CachedTree tree;
+  const Dataset& fresh = *tree.walked;
+  const fs::path cache = tree.CacheFile();
+  const std::string good = testing::ReadFile(cache);
   // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
   REQUIRE(good.size() > 32);
   CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
@@ -247,13 +252,13 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   uint64_t payload_bytes = 0;
   std::memcpy(&payload_bytes, good.data() + 16, 8);
   CHECK(payload_bytes == good.size() - 32);
-  CHECK_THAT(caches[0].filename().string(),
+  CHECK_THAT(cache.filename().string(),
              Catch::StartsWith("imagefolder-") && Catch::EndsWith(".index"));
 
   // The last label (dog's, 3 of 4 classes) is followed by nothing but the paths, stored last;
   // flipped it is another valid label: only the checksum can tell.
   uint64_t path_bytes = 0;
-  for (const std::string& p : Paths(**fresh)) path_bytes += p.size();
+  for (const std::string& p : Paths(fresh)) path_bytes += p.size();
   std::string flipped = good;
   CHECK(flipped[good.size() - path_bytes - 8] == 3);
   flipped[good.size() - path_bytes - 8] ^= 0x01;
@@ -261,12 +266,11 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   renamed[good.size() - path_bytes + good.substr(good.size() - path_bytes).find("dog/")] = 'e';
   for (const std::string& bad :
        {flipped, renamed, good.substr(0, good.size() / 2), good.substr(0, 32), std::string()}) {
-    WriteFile(caches[0], bad);
-    auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
-    REQUIRE(reopened.ok());
-    CHECK_FALSE((*reopened)->loaded_from_cache());
-    CHECK(Labels(**reopened) == Labels(**fresh));
-    CHECK(testing::ReadFile(caches[0]) == good);  // rewritten
+    WriteFile(cache, bad);
+    const std::unique_ptr<Dataset> reopened = tree.Open();
+    CHECK_FALSE(reopened->loaded_from_cache());
+    CHECK(Labels(*reopened) == Labels(fresh));
+    CHECK(testing::ReadFile(cache) == good);  // rewritten
   }
 }
 
@@ -284,23 +288,19 @@ void Put(std::string& file, size_t offset, T value) {
 TEST_CASE("13.3: an index cache whose checksum holds but whose contents break an invariant is "
           "ignored and rewritten",
           "[pipeline]") {
-  TempDir dir;
-  TempDir state;
-  MakeTree(dir.path());
-  Backdate(dir.path());
-  auto fresh = Dataset::Open(FolderSpec(dir.path(), state.path()));
-  REQUIRE(fresh.ok());
-  const fs::path cache = fs::directory_iterator(state.path())->path();
+  CachedTree tree;
+  const Dataset& fresh = *tree.walked;
+  const fs::path cache = tree.CacheFile();
   const std::string good = testing::ReadFile(cache);
-  REQUIRE(Dataset::Open(FolderSpec(dir.path(), state.path())).value()->loaded_from_cache());
+  REQUIRE(tree.Open()->loaded_from_cache());
 
   // Offsets from index_cache.h: the description starts with the key, then five words.
   uint64_t key_bytes = 0;
   std::memcpy(&key_bytes, good.data() + 32, 8);
   const size_t words = 32 + 8 + key_bytes;  // sample_count, fingerprint, blob, parts, has_files
-  const uint64_t n = (*fresh)->size();
+  const uint64_t n = fresh.size();
   uint64_t blob = 0;
-  for (const std::string& p : Paths(**fresh)) blob += p.size();
+  for (const std::string& p : Paths(fresh)) blob += p.size();
   const size_t path_ends = good.size() - blob - 16 * n;  // then labels, then the paths
   const size_t labels = path_ends + 8 * n;
 
@@ -332,15 +332,14 @@ TEST_CASE("13.3: an index cache whose checksum holds but whose contents break an
   for (const auto& [what, bytes] : broken) {
     INFO(what);
     testing::WriteFile(cache, Resigned(bytes));
-    auto reopened = Dataset::Open(FolderSpec(dir.path(), state.path()));
-    REQUIRE(reopened.ok());
-    CHECK_FALSE((*reopened)->loaded_from_cache());
-    CHECK(Paths(**reopened) == Paths(**fresh));
-    CHECK(Labels(**reopened) == Labels(**fresh));
+    const std::unique_ptr<Dataset> reopened = tree.Open();
+    CHECK_FALSE(reopened->loaded_from_cache());
+    CHECK(Paths(*reopened) == Paths(fresh));
+    CHECK(Labels(*reopened) == Labels(fresh));
     CHECK(testing::ReadFile(cache) == good);  // rewritten
   }
   testing::WriteFile(cache, Resigned(good));  // re-signing alone changes nothing
-  CHECK(Dataset::Open(FolderSpec(dir.path(), state.path())).value()->loaded_from_cache());
+  CHECK(tree.Open()->loaded_from_cache());
 }
 
 TEST_CASE("Dataset: no cache is written for a tree that changed in the last seconds",
