@@ -47,7 +47,8 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                          s.memory_limit_bytes() == 0 ? "unlimited" : base::FormatBytes(s.memory_limit_bytes()));
   out << absl::StrFormat("%-20s %d\n", "quarantined", s.quarantined_size());
   if (s.daemon_restarts() > 0) {
-    out << absl::StrFormat("%-20s %d (by the supervisor)\n", "daemon restarts", s.daemon_restarts());
+    out << absl::StrFormat("%-20s %d (after an unclean exit)\n", "daemon restarts",
+                           s.daemon_restarts());
   }
 
   if (s.has_cache() && (s.cache().entries() > 0 || s.cache().misses() > 0)) {

@@ -15,7 +15,11 @@ namespace ringloader::server {
 namespace {
 
 constexpr uint32_t kMagic = 0x46494c52;  // "RLIF"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+// The header's state word.
+constexpr uint32_t kExitedCleanly = 0;
+constexpr uint32_t kCrashed = 1;  // what the fatal-signal handler stores
+constexpr uint32_t kRunning = 2;
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kEntryBytes = 16;
 
@@ -25,7 +29,7 @@ std::atomic<uint32_t*> g_crashed_word{nullptr};
 void OnFatalSignal(int sig) {
   // Async-signal-safe: one store into the shared file mapping, then die the default way.
   uint32_t* word = g_crashed_word.load(std::memory_order_relaxed);
-  if (word != nullptr) __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
+  if (word != nullptr) __atomic_store_n(word, kCrashed, __ATOMIC_RELEASE);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -61,7 +65,9 @@ absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::stri
   // Read the previous incarnation's record before resizing.
   uint32_t header[4] = {0, 0, 0, 0};
   ssize_t n = ::pread(fd, header, sizeof(header), 0);
-  if (n == static_cast<ssize_t>(sizeof(header)) && header[0] == kMagic && header[1] == kVersion) {
+  if (n == static_cast<ssize_t>(sizeof(header)) && header[0] == kMagic &&
+      (header[1] == kVersion || header[1] == 1)) {
+    const bool crashed = header[2] == kCrashed;
     uint32_t old_workers = std::min<uint32_t>(header[3], 4096);
     std::vector<uint8_t> old(kHeaderBytes + kEntryBytes * old_workers);
     if (::pread(fd, old.data(), old.size(), 0) == static_cast<ssize_t>(old.size())) {
@@ -73,11 +79,11 @@ absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::stri
           journal->previous_abnormal_ = true;
           const InFlightSample sample{static_cast<uint32_t>(slot >> 32), index};
           journal->killed_in_flight_.push_back(sample);
-          if (header[2] != 0) journal->crashed_in_flight_.push_back(sample);
+          if (crashed) journal->crashed_in_flight_.push_back(sample);
         }
       }
     }
-    if (header[2] != 0) journal->previous_abnormal_ = true;
+    if (header[2] != kExitedCleanly) journal->previous_abnormal_ = true;
   }
   size_t bytes = kHeaderBytes + kEntryBytes * worker_count;
   if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -94,7 +100,7 @@ absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::stri
   journal->base_ = static_cast<uint8_t*>(base);
   journal->bytes_ = bytes;
   journal->worker_count_ = worker_count;
-  uint32_t fresh[4] = {kMagic, kVersion, 0, worker_count};
+  uint32_t fresh[4] = {kMagic, kVersion, kRunning, worker_count};
   std::memcpy(base, fresh, sizeof(fresh));
   return journal;
 }
@@ -128,7 +134,7 @@ void CrashJournal::InstallCrashHandlers() {
 
 void CrashJournal::MarkCleanExit() {
   for (uint32_t w = 0; w < worker_count_; ++w) End(w);
-  __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + 8), 0u, __ATOMIC_RELEASE);
+  __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + 8), kExitedCleanly, __ATOMIC_RELEASE);
 }
 
 }  // namespace ringloader::server

@@ -1,13 +1,16 @@
 #pragma once
 // Which sample each decode worker is on, kept in a small file mapped into memory
 // (<state_dir>/inflight), so that after the daemon dies the next incarnation knows what was being
-// decoded. A fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) sets the header's `crashed`
-// word before the process dies; SIGKILL cannot be caught, so a kill from outside (an operator, a
-// chaos test) leaves `crashed` at 0 and strikes nobody. Stores into a shared file mapping survive
-// the process, so no fsync is needed (only a machine crash loses them, and that is no poison).
+// decoded. A fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) sets the header's `state`
+// word to "crashed" before the process dies; SIGKILL cannot be caught, so a kill from outside (an
+// operator, a chaos test, the OOM killer) leaves it "running" and strikes nobody, but the next
+// incarnation still sees that its predecessor never exited cleanly. Stores into a shared file
+// mapping survive the process, so no fsync is needed (only a machine crash loses them, and that
+// is no poison).
 //
-// File layout (little-endian, version 1):
-//   [0]  u32 magic 'RLIF'  [4] u32 version  [8] u32 crashed  [12] u32 worker_count
+// File layout (little-endian, version 2; version 1 files, whose `state` was 0 or 1, are read):
+//   [0]  u32 magic 'RLIF'  [4] u32 version  [12] u32 worker_count
+//   [8]  u32 state: 0 = exited cleanly, 1 = died of a fatal signal, 2 = running
 //   [16 + 16*w] u64 slot word: 0 = idle, else (name_hash << 32 | 1); [24 + 16*w] u64 sample index
 //
 // Thread-safety: Begin/End for worker w only from the thread that owns worker id w.
@@ -42,7 +45,8 @@ class CrashJournal {
   // whatever killed it (a superset of crashed_in_flight(): also a SIGKILL, e.g. the OOM killer's;
   // see oom_kills.h for telling the OOM killer from anyone else).
   const std::vector<InFlightSample>& killed_in_flight() const { return killed_in_flight_; }
-  // True if the previous incarnation exited without clearing the journal (any abnormal exit).
+  // True if the previous incarnation did not exit cleanly (a fatal signal, a kill from outside,
+  // the machine going down), whether or not it was decoding.
   bool previous_exit_was_abnormal() const { return previous_abnormal_; }
 
   void Begin(uint32_t worker_id, uint32_t dataset_hash, uint64_t sample_index);

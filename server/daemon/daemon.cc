@@ -46,6 +46,7 @@
 #include "server/daemon/request_guard.h"
 #include "server/daemon/sample_cache.h"
 #include "server/daemon/sample_gate.h"
+#include "server/daemon/state_counter.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
@@ -269,6 +270,23 @@ absl::Status OpenDatasets(DaemonState& d) {
   return absl::OkStatus();
 }
 
+constexpr char kUncleanRestartsFile[] = "unclean_restarts";
+
+// daemon_restarts: starts that followed an incarnation which died without shutting down cleanly
+// (a crash, kill -9, the OOM killer, a watchdog's SIGABRT, the host going down), counted in
+// state_dir so that restarts by systemd or Kubernetes count as well as the supervisor's.
+void CountUncleanRestart(DaemonState& d) {
+  const std::string& state_dir = d.config.server.state_dir;
+  uint64_t restarts = LoadStateCounter(state_dir, kUncleanRestartsFile).value_or(0);
+  if (d.journal->previous_exit_was_abnormal()) {
+    ++restarts;
+    if (absl::Status s = StoreStateCounter(state_dir, kUncleanRestartsFile, restarts); !s.ok()) {
+      SPDLOG_WARN("cannot record the restart count: {}", Text(s));
+    }
+  }
+  d.stats.daemon_restarts = restarts;
+}
+
 // Strikes for samples that were being decoded when the previous incarnation crashed.
 absl::Status ApplyStrikes(DaemonState& d) {
   // A fatal signal marked the journal; the OOM killer's SIGKILL cannot, but the memory cgroup
@@ -418,6 +436,7 @@ absl::Status StartUp(DaemonState& d) {
       CrashJournal::Open(server.state_dir, d.pool->size());
   if (!journal.ok()) return journal.status();
   d.journal = std::move(*journal);
+  CountUncleanRestart(d);
   absl::StatusOr<std::unique_ptr<Quarantine>> quarantine = Quarantine::Load(server.state_dir);
   if (!quarantine.ok()) return quarantine.status();
   d.quarantine = std::move(*quarantine);
@@ -648,11 +667,6 @@ int RunDaemon(const DaemonOptions& options) {
   InitLogging(&d.config.server);
   d.incarnation = NewIncarnation();
   d.notifier = std::make_unique<HostNotifier>(std::chrono::milliseconds(d.config.server.watchdog_ms));
-  if (const char* restarts = std::getenv(kRestartsEnv); restarts != nullptr) {
-    uint64_t n = 0;
-    if (absl::SimpleAtoi(restarts, &n)) d.stats.daemon_restarts = n;
-    unsetenv(kRestartsEnv);
-  }
 
   if (absl::Status s = StartUp(d); !s.ok()) {
     SPDLOG_ERROR("start-up failed: {}", Text(s));

@@ -38,7 +38,8 @@ class DaemonStats {
   std::atomic<uint64_t> batches_served{0};
   std::atomic<uint64_t> bytes_served{0};  // payload bytes of the batches served (a slot's layout)
   std::atomic<uint64_t> quarantines{0};   // samples this incarnation put into quarantine
-  std::atomic<uint64_t> daemon_restarts{0};  // by the supervisor before this incarnation
+  // Starts after an unclean exit, over state_dir's life (any service manager; daemon.cc).
+  std::atomic<uint64_t> daemon_restarts{0};
   std::atomic<uint64_t> batches_published{0};
   std::atomic<uint64_t> requests_rejected{0};
   std::atomic<uint64_t> batches_copied_out{0};  // held batches clients copied out of their rings

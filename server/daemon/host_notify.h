@@ -18,8 +18,6 @@ namespace ringloader::server {
 // Environment variable naming a file descriptor on which the daemon writes its notifications
 // (set by `ringloaderd --supervise`).
 inline constexpr char kReadyFdEnv[] = "RINGLOADER_READY_FD";
-// Set by the supervisor for each child: how many times it restarted the daemon so far.
-inline constexpr char kRestartsEnv[] = "RINGLOADER_RESTARTS";
 
 class HostNotifier {
  public:

@@ -104,7 +104,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
   out.push_back(Single("requests_rejected_total", "Invalid requests answered with an error",
                        kCounter, static_cast<double>(s.requests_rejected())));
   out.push_back(Single("daemon_restarts_total",
-                       "Times the --supervise supervisor restarted the daemon", kCounter,
+                       "Times the daemon started after its previous incarnation died without "
+                       "shutting down cleanly (kept in state_dir)", kCounter,
                        static_cast<double>(s.daemon_restarts())));
   out.push_back(Single("batches_copied_out_total", "Held batches trainers copied out of rings",
                        kCounter, static_cast<double>(s.batches_copied_out())));

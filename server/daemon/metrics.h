@@ -8,8 +8,9 @@
 // Series, each prefixed "ringloader_":
 //   counters   batches_served_total, images_decoded_total, bytes_served_total,
 //              decode_errors_total{reason} (every reason image::kErrorReasons lists, and any other
-//              seen), quarantines_total, requests_rejected_total, daemon_restarts_total (by the
-//              supervisor), batches_copied_out_total, decode_threads_abandoned_total,
+//              seen), quarantines_total, requests_rejected_total, daemon_restarts_total (starts
+//              after an unclean exit, kept in state_dir), batches_copied_out_total,
+//              decode_threads_abandoned_total,
 //              cache_hits_total
 //   gauges     serving (1 once the datasets are indexed), streams_open, ring_slots{state =
 //              free|filling|ready|leased}, quarantined_samples, memory_limit_bytes,

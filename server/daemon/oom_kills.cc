@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "shm/base/atomic_file.h"
+#include "server/daemon/state_counter.h"
 
 namespace ringloader::server {
 namespace {
@@ -64,14 +64,11 @@ std::optional<uint64_t> CgroupOomKills() {
 }
 
 std::optional<uint64_t> LoadRecordedOomKills(const std::string& state_dir) {
-  const std::optional<std::string> text = ReadText(state_dir + "/oom_kills");
-  uint64_t n = 0;
-  if (!text || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &n)) return std::nullopt;
-  return n;
+  return LoadStateCounter(state_dir, "oom_kills");
 }
 
 absl::Status RecordOomKills(const std::string& state_dir, uint64_t count) {
-  return base::WriteFileAtomically(state_dir + "/oom_kills", absl::StrCat(count, "\n"));
+  return StoreStateCounter(state_dir, "oom_kills", count);
 }
 
 }  // namespace ringloader::server

@@ -97,8 +97,7 @@ class ChildProgress {
   bool stopping_ = false;
 };
 
-Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask,
-                 int restarts) {
+Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_mask) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return {};
   Child child;
@@ -114,7 +113,6 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
     // we forward what systemd should hear.
     int ready = fcntl(pipe_fds[1], F_DUPFD, 3);
     setenv(kReadyFdEnv, std::to_string(ready).c_str(), 1);
-    setenv(kRestartsEnv, std::to_string(restarts).c_str(), 1);
     for (const char* name : {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}) unsetenv(name);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -175,12 +173,11 @@ int RunSupervisor(const SupervisorOptions& options) {
   }
 
   std::deque<Clock::time_point> restarts;
-  uint64_t restarts_total = 0;  // for the daemon's metrics (RINGLOADER_RESTARTS)
   auto backoff = options.initial_backoff;
   const bool under_systemd = std::getenv("NOTIFY_SOCKET") != nullptr;
   bool told_systemd_ready = false;
   while (true) {
-    Child child = StartChild(options.child_argv, original, static_cast<int>(restarts_total));
+    Child child = StartChild(options.child_argv, original);
     if (child.pid < 0) {
       SPDLOG_ERROR("cannot start ringloaderd: {}", std::strerror(errno));
       return 1;
@@ -250,7 +247,6 @@ int RunSupervisor(const SupervisorOptions& options) {
     }
     const Clock::time_point now = Clock::now();
     restarts.push_back(now);
-    ++restarts_total;
     while (!restarts.empty() && now - restarts.front() > options.restart_window) {
       restarts.pop_front();
     }

@@ -128,6 +128,37 @@ TEST_CASE("CrashJournal: SIGKILL from outside strikes nobody but is seen as abno
   CHECK((*j)->previous_exit_was_abnormal());
 }
 
+TEST_CASE("CrashJournal: a daemon killed while idle (nothing in flight) is seen as abnormal too, "
+          "and a version 1 journal is still read",
+          "[daemon][journal]") {
+  testing::TempDir dir;
+  const int status = InChild([&] {
+    auto j = CrashJournal::Open(dir.path(), 2);
+    if (!j.ok()) _exit(3);
+    (*j)->InstallCrashHandlers();
+    kill(getpid(), SIGKILL);
+    _exit(4);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(j.ok());
+  CHECK((*j)->crashed_in_flight().empty());
+  CHECK((*j)->previous_exit_was_abnormal());
+  j->reset();
+
+  // Version 1 (before the "running" state): 'RLIF', 1, crashed = 1, 1 worker on sample 9.
+  const uint32_t header[4] = {0x46494c52, 1, 1, 1};
+  const uint64_t entry[2] = {(uint64_t{DatasetHash("train")} << 32) | 1, 9};
+  std::string v1(reinterpret_cast<const char*>(header), sizeof(header));
+  v1.append(reinterpret_cast<const char*>(entry), sizeof(entry));
+  testing::WriteFile(dir.Join("inflight"), v1);
+  absl::StatusOr<std::unique_ptr<CrashJournal>> old = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(old.ok());
+  CHECK((*old)->previous_exit_was_abnormal());
+  REQUIRE((*old)->crashed_in_flight().size() == 1);
+  CHECK((*old)->crashed_in_flight()[0].sample_index == 9);
+}
+
 TEST_CASE("CrashJournal: a clean exit leaves nothing behind", "[daemon][journal]") {
   testing::TempDir dir;
   const int status = InChild([&] {

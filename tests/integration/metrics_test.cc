@@ -116,6 +116,36 @@ TEST_CASE("12.2: GET /metrics serves every series from the start at 0, and the v
   CHECK(Scrape(address).exit_code != 0);  // gone with the daemon
 }
 
+TEST_CASE("12.2: daemon_restarts counts every start after an unclean exit, whoever restarts the "
+          "daemon (here a bare restart, as systemd's Restart=), and no clean restart",
+          "[integration][metrics]") {
+  const std::string address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.server_extra = "metrics_listen = \"" + address + "\"";
+  DaemonFixture daemon(options);
+  const auto restarts = [&] {
+    return Value(Scrape(address).output, "ringloader_daemon_restarts_total");
+  };
+  REQUIRE(daemon.Start());
+  CHECK(restarts() == 0.0);
+  CHECK(daemon.Stop() == 0);
+  REQUIRE(daemon.Start());
+  CHECK(restarts() == 0.0);  // a clean stop is not a failure
+  daemon.process().Kill(SIGKILL);
+  daemon.process().Wait();
+  REQUIRE(daemon.Start());
+  CHECK(restarts() == 1.0);
+  daemon.process().Kill(SIGKILL);
+  daemon.process().Wait();
+  REQUIRE(daemon.Start());
+  CHECK(restarts() == 2.0);
+  const CommandResult stats = daemon.Ctl({"stats"});
+  CHECK_THAT(stats.output, Catch::Contains("daemon restarts") &&
+                               Catch::Contains("2 (after an unclean exit)"));
+  CHECK(daemon.Stop() == 0);
+}
+
 TEST_CASE("12.2: a metrics_listen address in use stops the start, naming the key",
           "[integration][metrics]") {
   const std::string address = "127.0.0.1:" + std::to_string(FreeTcpPort());
