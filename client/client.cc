@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/channel.h"
 #include "client/internal.h"
+#include "client/retry.h"
 #include "grpcpp/client_context.h"
 #include "proto/health.grpc.pb.h"
 
@@ -121,6 +122,25 @@ std::string HealthStatus(const std::string& endpoint, std::chrono::milliseconds 
   }
   throw Error(ErrorCode::kInternal,
               absl::StrCat("health check of ", endpoint, " failed: ", status.error_message()));
+}
+
+v1::GetStatsResponse FetchDaemonStats(const std::string& endpoint,
+                                      std::chrono::milliseconds timeout) {
+  absl::StatusOr<std::string> target = GrpcTarget(endpoint);
+  if (!target.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
+  auto stub = v1::Loader::NewStub(MakeChannel(*target));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::GetStatsResponse response;
+  const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+  if (status.ok()) return response;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    throw Error(ErrorCode::kUnavailable,
+                absl::StrCat("no daemon answers at ", endpoint, ": ", DiagnoseNoConnection(endpoint)));
+  }
+  throw Error(ToErrorCode(status.error_code()),
+              absl::StrCat("stats of ", endpoint, ": ", status.error_message()));
 }
 
 void FillSpec(const StreamOptions& o, v1::StreamSpec& spec) {

@@ -128,4 +128,9 @@ std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
 // The request's StreamSpec for `options`.
 void FillSpec(const StreamOptions& options, v1::StreamSpec& spec);
 
+// The daemon's counters (GetStats: what `ringloaderctl stats` shows). Throws Error: kUnavailable,
+// with why, when nothing answers within `timeout`; kInvalidArgument for a malformed endpoint.
+v1::GetStatsResponse FetchDaemonStats(const std::string& endpoint,
+                                      std::chrono::milliseconds timeout);
+
 }  // namespace ringloader::client

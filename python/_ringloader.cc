@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "client/client.h"
+#include "client/internal.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace py = pybind11;
 
@@ -33,6 +36,79 @@ using client::TensorView;
 constexpr std::chrono::milliseconds kSignalPoll{200};
 
 [[noreturn]] void Fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
+
+// ---- daemon stats: a protobuf message as plain Python values ----
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+py::dict DictOfMessage(const Message& message);
+
+// Strings as Python str; bytes that are not UTF-8 (a file name on a Linux file system may be
+// anything) decoded with surrogateescape, as os.fsdecode does, so os.fsencode gives them back.
+py::str Text(const std::string& s) {
+  PyObject* text = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()),
+                                        "surrogateescape");
+  if (text == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(text);
+}
+
+// Field `f` of `m` (element `i` of a repeated field, or -1 for a singular one).
+py::object FieldValue(const Message& m, const FieldDescriptor* f, int i) {
+  const Reflection* r = m.GetReflection();
+  const bool rep = i >= 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return py::int_(rep ? r->GetRepeatedInt32(m, f, i) : r->GetInt32(m, f));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return py::int_(rep ? r->GetRepeatedInt64(m, f, i) : r->GetInt64(m, f));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return py::int_(rep ? r->GetRepeatedUInt32(m, f, i) : r->GetUInt32(m, f));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return py::int_(rep ? r->GetRepeatedUInt64(m, f, i) : r->GetUInt64(m, f));
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return py::float_(rep ? r->GetRepeatedDouble(m, f, i) : r->GetDouble(m, f));
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return py::float_(rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return py::bool_(rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f));
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return Text(rep ? r->GetRepeatedEnum(m, f, i)->name() : r->GetEnum(m, f)->name());
+    case FieldDescriptor::CPPTYPE_STRING:
+      return Text(rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f));
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return DictOfMessage(rep ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f));
+  }
+  return py::none();
+}
+
+// Every field, set or not (a counter at 0 is there as 0); maps as dicts, repeated as lists.
+py::dict DictOfMessage(const Message& m) {
+  py::dict out;
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const Reflection* r = m.GetReflection();
+  for (int k = 0; k < d->field_count(); ++k) {
+    const FieldDescriptor* f = d->field(k);
+    if (f->is_map()) {
+      py::dict map;
+      const FieldDescriptor* key = f->message_type()->map_key();
+      const FieldDescriptor* value = f->message_type()->map_value();
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const Message& entry = r->GetRepeatedMessage(m, f, i);
+        map[FieldValue(entry, key, -1)] = FieldValue(entry, value, -1);
+      }
+      out[Text(f->name())] = std::move(map);
+    } else if (f->is_repeated()) {
+      py::list list;
+      for (int i = 0; i < r->FieldSize(m, f); ++i) list.append(FieldValue(m, f, i));
+      out[Text(f->name())] = std::move(list);
+    } else {
+      out[Text(f->name())] = FieldValue(m, f, -1);
+    }
+  }
+  return out;
+}
 
 // ---- options ----
 
@@ -352,6 +428,18 @@ PYBIND11_MODULE(_ringloader, m) {
             endpoint, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
       },
       py::arg("endpoint"), py::arg("timeout") = 2.0);
+  m.def(
+      "daemon_stats",
+      [](const std::string& endpoint, double timeout_s) {
+        ringloader::v1::GetStatsResponse stats;
+        {
+          py::gil_scoped_release unlocked;
+          stats = client::FetchDaemonStats(
+              endpoint, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        }
+        return DictOfMessage(stats);
+      },
+      py::arg("endpoint"), py::arg("timeout") = 10.0);
   m.def("validate_options", [](py::dict options) { client::ValidateOptions(OptionsOf(options)); });
   m.def("parse_state", [](const std::string& state) {
     return DictOf(client::ParseState(state).options);

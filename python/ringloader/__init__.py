@@ -13,6 +13,8 @@ system daemon, :class:`Daemon` starts a private one.
 
 from __future__ import annotations
 
+from typing import Any, Dict
+
 from .errors import (DataLoss, DeadlineExceeded, Error, FailedPrecondition, Internal,
                      InvalidArgument, NotFound, ResourceExhausted, Unavailable)
 from .loader import Batch, Loader
@@ -26,6 +28,17 @@ def health(endpoint: str | None = None, timeout: float = 2.0) -> str:
     return _ringloader.health(endpoint or _ringloader.default_endpoint(), timeout)
 
 
+def daemon_stats(endpoint: str | None = None, timeout: float = 10.0) -> Dict[str, Any]:
+    """The daemon's counters, what ``ringloaderctl stats`` shows, as a dict keyed by the fields of
+    ``GetStatsResponse`` in proto/ringloader.proto: ``batches_served``, ``images_decoded``,
+    ``decode_errors_by_reason`` (reason -> count), ``recent_bad_files`` (the latest, with path,
+    reason and message), ``quarantined``, ``cache`` (eval cache hits, misses, bytes, ``full``),
+    ``datasets``, ``daemon_restarts``, memory figures, ... Every counter is present, 0 included.
+    :class:`Unavailable` when nothing answers at ``endpoint`` (default ``$RINGLOADER_ENDPOINT``
+    or the system socket) within ``timeout`` seconds."""
+    return _ringloader.daemon_stats(endpoint or _ringloader.default_endpoint(), timeout)
+
+
 def __getattr__(name: str):  # ringloader.torch is imported on first use (torch is optional)
     if name == "torch":
         import importlib
@@ -34,6 +47,6 @@ def __getattr__(name: str):  # ringloader.torch is imported on first use (torch 
 
 
 __version__ = "0.1.0"
-__all__ = ["Loader", "Batch", "Daemon", "health", "find_binary", "Error", "Unavailable",
+__all__ = ["Loader", "Batch", "Daemon", "health", "daemon_stats", "find_binary", "Error", "Unavailable",
            "NotFound", "InvalidArgument", "ResourceExhausted", "DataLoss", "FailedPrecondition",
            "Internal", "DeadlineExceeded"]

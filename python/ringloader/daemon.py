@@ -141,6 +141,10 @@ class Daemon:
     def config_path(self) -> str:
         return self._config
 
+    def stats(self, timeout: float = 10.0) -> Dict[str, Any]:
+        """This daemon's counters (see :func:`ringloader.daemon_stats`)."""
+        return _ringloader.daemon_stats(self.endpoint, timeout)
+
     def log(self) -> str:
         """What the daemon has logged so far."""
         try:

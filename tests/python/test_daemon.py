@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ringloader as rl
-from conftest import TINY_COUNT
+from conftest import TINY_COUNT, make_dataset
 
 
 def alive(pid: int) -> bool:
@@ -141,12 +141,35 @@ def test_a_cached_validation_set_gives_the_same_batches_every_epoch_from_memory(
         for epoch in range(2):
             loader.set_epoch(epoch)
             epochs.append(np.concatenate([np.array(b["images"]) for b in loader]))
-        stats = subprocess.run([rl.find_binary("ringloaderctl"), "--endpoint", d.endpoint,
-                                "stats"], capture_output=True, text=True, check=True).stdout
+        cache = d.stats()["cache"]
     assert np.array_equal(epochs[0], epochs[1])
-    import re
-    cache = re.search(r"eval cache\s+(\d+) samples, .*, (\d+) hits, (\d+) misses", stats)
-    assert cache, stats
-    entries, hits, misses = (int(v) for v in cache.groups())
-    assert entries == misses == TINY_COUNT  # epoch 0 decoded each sample once
-    assert hits >= TINY_COUNT  # epoch 1 (and what the ring read ahead) came from memory
+    assert cache["entries"] == cache["misses"] == TINY_COUNT  # epoch 0 decoded each sample once
+    assert cache["hits"] >= TINY_COUNT  # epoch 1 (and what the ring read ahead) came from memory
+    assert 0 < cache["bytes"] <= cache["cap_bytes"] and cache["full"] is False
+
+
+def test_a_notebook_reads_the_daemons_counters_as_a_dict(tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(make_dataset(tmp_path / "src", 24, 2), data)
+    bad = sorted(data.rglob("*.jpg"))[3]
+    bad.write_bytes(bad.read_bytes()[:200])  # cut short: a decode error, the rest goes on
+    with rl.Daemon(datasets={"small": data}) as d:
+        before = rl.daemon_stats(d.endpoint)
+        assert before["batches_served"] == before["images_decoded"] == 0
+        assert before["decode_errors_by_reason"] == {} and before["daemon_restarts"] == 0
+        loader = rl.Loader("small", endpoint=d.endpoint, batch_size=4, image_size=32,
+                           output="numpy", drop_last=True)
+        served = sum(1 for _ in loader)
+        after = d.stats()
+        loader.close()
+    assert after["batches_served"] >= served == 23 // 4
+    assert after["images_decoded"] >= 23
+    assert after["decode_errors_by_reason"] == {"truncated": 1}
+    [recent] = after["recent_bad_files"]
+    assert (recent["dataset"], recent["path"], recent["reason"]) == (
+        "small", str(bad.relative_to(data)), "truncated")
+    assert after["damaged_files"] == []  # index damage of shard files: none in a folder
+    assert [ds["name"] for ds in after["datasets"]] == ["small"]
+    assert after["memory_limit_bytes"] > 0 and isinstance(after["incarnation"], int)
+    with pytest.raises(rl.Unavailable, match="no daemon answers at unix:/nonexistent"):
+        rl.daemon_stats("unix:/nonexistent/rl.sock", timeout=1)
