@@ -279,11 +279,15 @@ bool Connection::ConnectionDropped(const grpc::Status& status) {
 void Connection::AwaitReconnect() {
   // gRPC 1.51 waits at least 100 ms between connection attempts whatever the channel arguments
   // say, which was most of a trainer's wait for a daemon that restarts in ~20 ms. On a Unix socket
-  // we look for the new daemon ourselves (a refused non-blocking connect() costs microseconds: 5,
-  // 10, 20, 40, then every 50 ms) and, once it accepts, tell gRPC to try now (again every 50 ms
-  // until it is connected). Other endpoints keep gRPC's pacing.
-  auto pace = std::chrono::milliseconds(5);
+  // we look for the new daemon ourselves (a refused non-blocking connect() costs microseconds:
+  // every 5 ms for the first quarter second, a restart's usual length, then slower up to every
+  // 50 ms) and, once it accepts, tell gRPC to try now (again every 50 ms until it is connected).
+  // Other endpoints keep gRPC's pacing.
+  constexpr auto kFastPace = std::chrono::milliseconds(5);
+  constexpr auto kFastFor = std::chrono::milliseconds(250);
   constexpr auto kMaxPace = std::chrono::milliseconds(50);
+  const auto started = std::chrono::steady_clock::now();
+  auto pace = kFastPace;
   bool listening = false;  // the new daemon accepted a probe
   std::optional<std::chrono::steady_clock::time_point> last_nudge;
   while (true) {
@@ -294,7 +298,7 @@ void Connection::AwaitReconnect() {
     if (accepts.has_value() && !*accepts) {
       std::unique_lock<std::mutex> lock(session_mu_);
       if (session_cv_.wait_for(lock, pace, [this] { return stopping_; })) return;
-      pace = std::min(pace * 2, kMaxPace);
+      if (std::chrono::steady_clock::now() - started > kFastFor) pace = std::min(pace * 2, kMaxPace);
       continue;
     }
     if (accepts.has_value()) {  // a Unix socket that accepts: connect now, and every 50 ms
