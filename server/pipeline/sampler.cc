@@ -11,12 +11,14 @@ namespace {
 
 using image::SplitMix64;
 
-// Uniform in [0, bound) without modulo bias: reject the first (2^64 mod bound) values.
+// Uniform in [0, bound) without modulo bias: reject the first (2^64 mod bound) values. That
+// threshold is below bound, so a draw >= bound (all but 2^-32 of them here) is accepted without
+// computing it: one 64-bit division per draw instead of two (a 1.28M-sample shuffle, done when
+// each stream opens, went from 7-9 ms to 4-6 ms), the very same values.
 uint64_t Bounded(uint64_t& state, uint64_t bound) {
-  const uint64_t threshold = (0 - bound) % bound;
   while (true) {
     const uint64_t r = SplitMix64(state);
-    if (r >= threshold) return r % bound;
+    if (r >= bound || r >= (0 - bound) % bound) return r % bound;
   }
 }
 
