@@ -906,4 +906,42 @@ TEST_CASE("a client the daemon refuses to attach asks again with growing pauses,
   CHECK(raw.Serving());
 }
 
+TEST_CASE("a client whose daemon died is destroyed at once while it looks for the daemon, and "
+          "finds a new one on the same socket",
+          "[integration][hostile]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  client::StreamOptions stream_options;
+  stream_options.dataset = "synth";
+  stream_options.batch_size = 4;
+  stream_options.image_size = 32;
+  stream_options.reconnect_deadline = std::chrono::seconds(5);
+  {
+    auto c = std::make_unique<client::Client>(daemon.endpoint());
+    auto stream = c->Open(stream_options);
+    REQUIRE(stream->Next().has_value());
+    daemon.process().Kill(SIGKILL);
+    daemon.process().Wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // it probes the socket now
+    const auto started = std::chrono::steady_clock::now();
+    stream.reset();
+    c.reset();
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(1));
+  }
+  // A client that is still there reattaches to the next daemon (its session, then its stream).
+  REQUIRE(daemon.Start());
+  auto c = std::make_unique<client::Client>(daemon.endpoint());
+  auto stream = c->Open(stream_options);
+  REQUIRE(stream->Next().has_value());
+  daemon.process().Kill(SIGKILL);
+  daemon.process().Wait();
+  REQUIRE(daemon.Start());
+  CHECK(stream->Next().has_value());
+  CHECK(stream->reconnects() == 1);
+  Raw raw(daemon.endpoint());
+  REQUIRE(WaitFor([&] { return raw.Stats().streams_open() == 1; }, std::chrono::seconds(10)));
+  stream.reset();
+  c.reset();
+}
+
 }  // namespace ringloader::testing
