@@ -881,16 +881,21 @@ TEST_CASE("max_streams_per_client bounds the streams of one TCP client host",
   CHECK(first.Serving());
 }
 
+client::StreamOptions SmallStream() {
+  client::StreamOptions o;
+  o.dataset = "synth";
+  o.batch_size = 4;
+  o.image_size = 32;
+  return o;
+}
+
 TEST_CASE("a client the daemon refuses to attach asks again with growing pauses, never in a loop",
           "[integration][hostile][limits]") {
   DaemonFixtureOptions options;
   options.server_extra = "max_streams = 1";  // so at most 2 attached clients
   DaemonFixture daemon(options);
   REQUIRE(daemon.Start());
-  client::StreamOptions stream;
-  stream.dataset = "synth";
-  stream.batch_size = 4;
-  stream.image_size = 32;
+  const client::StreamOptions stream = SmallStream();
   client::Client first(daemon.endpoint()), second(daemon.endpoint()), third(daemon.endpoint());
   auto a = first.Open(stream);  // session 1 and the one stream
   CHECK_THROWS_AS(second.Open(stream), client::Error);  // session 2; no stream left
@@ -911,10 +916,7 @@ TEST_CASE("a client whose daemon died is destroyed at once while it looks for th
           "[integration][hostile]") {
   DaemonFixture daemon;
   REQUIRE(daemon.Start());
-  client::StreamOptions stream_options;
-  stream_options.dataset = "synth";
-  stream_options.batch_size = 4;
-  stream_options.image_size = 32;
+  client::StreamOptions stream_options = SmallStream();
   stream_options.reconnect_deadline = std::chrono::seconds(5);
   {
     auto c = std::make_unique<client::Client>(daemon.endpoint());
