@@ -11,6 +11,29 @@
 #include "client/ctl/ctl.h"
 
 namespace ringloader::ctl {
+namespace {
+
+// The flags that say which stream to read, for every command that reads one (consume, peek), so
+// the same flags mean the same batches.
+void AddStreamFlags(CLI::App* cmd, ConsumeOptions& o, bool& no_shuffle) {
+  cmd->add_option("--dataset", o.dataset, "a dataset name from the daemon's config")->required();
+  cmd->add_option("--batch-size", o.batch_size)->capture_default_str();
+  cmd->add_option("--seed", o.seed)->capture_default_str();
+  cmd->add_option("--rank", o.rank)->capture_default_str();
+  cmd->add_option("--world-size", o.world_size)->capture_default_str();
+  cmd->add_option("--image-size", o.image_size)->capture_default_str();
+  cmd->add_option("--augment", o.augment)
+      ->check(CLI::IsMember({"train", "eval"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-shuffle", no_shuffle, "deliver samples in dataset order");
+  cmd->add_option("--resize", o.resize,
+                  "fast: DCT-scaled decoding (default) | exact: full-size decode resampled like "
+                  "PIL, matching torchvision")
+      ->check(CLI::IsMember({"fast", "exact"}))
+      ->capture_default_str();
+}
+
+}  // namespace
 
 int Main(int argc, char** argv) {
   CLI::App app{"ringloaderctl: control and exercise a ringloaderd"};
@@ -33,27 +56,12 @@ int Main(int argc, char** argv) {
 
   ConsumeOptions consume;
   CLI::App* consume_cmd = app.add_subcommand("consume", "read batches like a trainer");
-  consume_cmd->add_option("--dataset", consume.dataset, "a dataset name from the daemon's config")
-      ->required();
-  consume_cmd->add_option("--batch-size", consume.batch_size)->capture_default_str();
+  bool no_shuffle = false;
+  AddStreamFlags(consume_cmd, consume, no_shuffle);
   consume_cmd->add_option("--epochs", consume.epochs, "the run ends after epoch EPOCHS-1")
-      ->capture_default_str();
-  consume_cmd->add_option("--seed", consume.seed)->capture_default_str();
-  consume_cmd->add_option("--rank", consume.rank)->capture_default_str();
-  consume_cmd->add_option("--world-size", consume.world_size)->capture_default_str();
-  consume_cmd->add_option("--image-size", consume.image_size)->capture_default_str();
-  consume_cmd->add_option("--augment", consume.augment)
-      ->check(CLI::IsMember({"train", "eval"}))
       ->capture_default_str();
   consume_cmd->add_option("--dtype", consume.dtype)
       ->check(CLI::IsMember({"uint8", "float32"}))
-      ->capture_default_str();
-  bool no_shuffle = false;
-  consume_cmd->add_flag("--no-shuffle", no_shuffle, "deliver samples in dataset order");
-  consume_cmd->add_option("--resize", consume.resize,
-                          "fast: DCT-scaled decoding (default) | exact: full-size decode "
-                          "resampled like PIL, matching torchvision")
-      ->check(CLI::IsMember({"fast", "exact"}))
       ->capture_default_str();
   consume_cmd->add_flag("--drop-last", consume.drop_last, "drop a final partial batch");
   uint64_t max_batches = 0;
@@ -106,23 +114,10 @@ int Main(int argc, char** argv) {
   PeekOptions peek;
   CLI::App* peek_cmd = app.add_subcommand(
       "peek", "write one batch as a trainer receives it as a contact sheet (PNG or JPEG)");
-  peek_cmd->add_option("--dataset", peek.dataset, "a dataset name from the daemon's config")
-      ->required();
+  bool peek_no_shuffle = false;
+  AddStreamFlags(peek_cmd, peek.stream, peek_no_shuffle);
   peek_cmd->add_option("--epoch", peek.epoch)->capture_default_str();
   peek_cmd->add_option("--batch", peek.batch, "batch index within the epoch")->capture_default_str();
-  peek_cmd->add_option("--seed", peek.seed)->capture_default_str();
-  peek_cmd->add_option("--rank", peek.rank)->capture_default_str();
-  peek_cmd->add_option("--world-size", peek.world_size)->capture_default_str();
-  peek_cmd->add_option("--batch-size", peek.batch_size)->capture_default_str();
-  peek_cmd->add_option("--augment", peek.augment)
-      ->check(CLI::IsMember({"train", "eval"}))
-      ->capture_default_str();
-  peek_cmd->add_option("--resize", peek.resize)
-      ->check(CLI::IsMember({"fast", "exact"}))
-      ->capture_default_str();
-  bool peek_no_shuffle = false;
-  peek_cmd->add_flag("--no-shuffle", peek_no_shuffle, "dataset order");
-  peek_cmd->add_option("--image-size", peek.image_size)->capture_default_str();
   peek_cmd->add_option("--columns", peek.columns, "tiles per row")->capture_default_str();
   peek_cmd->add_option("--out", peek.out, "sheet.png (lossless) or sheet.jpg; legend: sheet.tsv")
       ->required();
@@ -192,7 +187,7 @@ int Main(int argc, char** argv) {
   if (*doctor_cmd) return RunDoctor(doctor, std::cout, std::cerr);
   if (*peek_cmd) {
     peek.endpoint = endpoint;
-    peek.shuffle = !peek_no_shuffle;
+    peek.stream.shuffle = !peek_no_shuffle;
     return RunPeek(peek, std::cout, std::cerr);
   }
   if (*validate_cmd) {

@@ -135,17 +135,11 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
 
 struct PeekOptions {
   std::string endpoint;
-  std::string dataset;
+  // The stream, with consume's flags and meanings: dataset, batch_size, seed, rank, world_size,
+  // image_size, augment, resize and shuffle (peek reads uint8 NHWC; the rest is not used).
+  ConsumeOptions stream;
   uint64_t epoch = 0;
   uint64_t batch = 0;  // batch index within the epoch (for this rank)
-  uint64_t seed = 0;
-  uint32_t rank = 0;
-  uint32_t world_size = 1;
-  uint32_t batch_size = 64;
-  std::string augment = "train";  // train | eval
-  std::string resize = "fast";    // fast | exact
-  bool shuffle = true;
-  uint32_t image_size = 224;
   uint32_t columns = 8;
   std::string out;  // .png (lossless) or .jpg; the legend goes beside it as .tsv
 };

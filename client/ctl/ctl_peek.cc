@@ -31,22 +31,16 @@ int RunPeek(const PeekOptions& o, std::ostream& out, std::ostream& err) {
                              "gets) or .jpg"),
                 kExitUsage);
   }
-  if (o.columns == 0 || o.batch_size == 0 || o.image_size == 0) {
+  const uint32_t image_size = o.stream.image_size;
+  if (o.columns == 0 || o.stream.batch_size == 0 || image_size == 0) {
     return fail("--columns, --batch-size and --image-size must be > 0", kExitUsage);
   }
-  ConsumeOptions as_consume;  // the same flags mean the same stream
-  as_consume.dataset = o.dataset;
-  as_consume.batch_size = o.batch_size;
-  as_consume.seed = o.seed;
-  as_consume.rank = o.rank;
-  as_consume.world_size = o.world_size;
-  as_consume.image_size = o.image_size;
-  as_consume.augment = o.augment;
-  as_consume.resize = o.resize;
-  as_consume.shuffle = o.shuffle;
+  ConsumeOptions as_consume = o.stream;  // the same flags mean the same stream
+  as_consume.dtype = "uint8";            // the bytes before any float32 normalisation, NHWC
+  as_consume.drop_last = false;
   as_consume.epochs = o.epoch + 1;
   as_consume.reconnect_deadline_s = 10;
-  absl::StatusOr<client::StreamOptions> s = ToStreamOptions(as_consume);  // uint8 NHWC
+  absl::StatusOr<client::StreamOptions> s = ToStreamOptions(as_consume);
   if (!s.ok()) return fail(s.status().message(), kExitUsage);
   // From the epoch's first batch: a batch's samples depend on which files before it were bad.
   s->start = client::Position{o.epoch, 0, 0};
@@ -65,7 +59,7 @@ int RunPeek(const PeekOptions& o, std::ostream& out, std::ostream& err) {
     }
     const uint32_t n = batch->size();
     const ContactSheet sheet =
-        ComposeSheet(batch->images().data<uint8_t>(), n, o.image_size, o.columns);
+        ComposeSheet(batch->images().data<uint8_t>(), n, image_size, o.columns);
     if (absl::Status w = WriteSheet(sheet, o.out); !w.ok()) return fail(w.message(), kExitFailure);
     const std::string legend_path = LegendPath(o.out);
     std::ofstream legend(legend_path, std::ios::trunc);
@@ -77,8 +71,8 @@ int RunPeek(const PeekOptions& o, std::ostream& out, std::ostream& err) {
     }
     legend.close();
     if (!legend) return fail(absl::StrCat("cannot write ", legend_path), kExitFailure);
-    out << "wrote " << o.out << " (" << n << " tiles of " << o.image_size << " px, "
-        << sheet.width / o.image_size << " per row: batch " << o.batch << " of epoch " << o.epoch
+    out << "wrote " << o.out << " (" << n << " tiles of " << image_size << " px, "
+        << sheet.width / image_size << " per row: batch " << o.batch << " of epoch " << o.epoch
         << ") and " << legend_path << "\n";
   } catch (const client::Error& e) {
     return fail(e.what(),
