@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -85,9 +86,10 @@ std::string UnixSocketPath(const std::string& endpoint) {
   return target->substr(5);
 }
 
-// One connect() to the Unix socket at `path`, closed at once: 0 when it was accepted, else errno.
-// Non-blocking: a listener whose backlog is full (a frozen daemon) gives EAGAIN, never a wait.
-int ConnectUnix(const std::string& path) {
+// One connect() to the Unix socket at `path`, closed at once (after `on_connected`, if given,
+// saw the connected socket): 0 when it was accepted, else errno. Non-blocking: a listener whose
+// backlog is full (a frozen daemon) gives EAGAIN, never a wait.
+int ConnectUnix(const std::string& path, const std::function<void(int fd)>& on_connected = {}) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
   addr.sun_family = AF_UNIX;
@@ -96,6 +98,7 @@ int ConnectUnix(const std::string& path) {
   if (fd < 0) return errno;
   const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = rc == 0 ? 0 : errno;
+  if (err == 0 && on_connected) on_connected(fd);
   ::close(fd);
   return err;
 }
@@ -106,6 +109,20 @@ std::optional<bool> UnixSocketAccepts(const std::string& endpoint) {
   const std::string path = UnixSocketPath(endpoint);
   if (path.empty()) return std::nullopt;
   return ConnectUnix(path) == 0;
+}
+
+std::optional<pid_t> UnixSocketListenerPid(const std::string& endpoint) {
+  const std::string path = UnixSocketPath(endpoint);
+  if (path.empty()) return std::nullopt;
+  std::optional<pid_t> pid;
+  ConnectUnix(path, [&pid](int fd) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0) {
+      pid = cred.pid;
+    }
+  });
+  return pid;
 }
 
 std::string DiagnoseNoConnection(const std::string& endpoint) {

@@ -2,6 +2,8 @@
 // Endpoint strings and the gRPC channel every ringloader client uses (the library and
 // ringloaderctl alike). Internal to client/ (includes gRPC).
 
+#include <sys/types.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +32,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 // For a Unix socket endpoint: whether something accepts connections on it now (one non-blocking
 // connect(), closed at once; a full backlog counts as not accepting); nullopt for other endpoints.
 std::optional<bool> UnixSocketAccepts(const std::string& endpoint);
+
+// The process that listens on a Unix socket endpoint, as the kernel names it (SO_PEERCRED);
+// nullopt for other endpoints, when nothing accepts, or for a process in another pid namespace.
+std::optional<pid_t> UnixSocketListenerPid(const std::string& endpoint);
 
 // Why nothing answers at `endpoint`, for "no connection" messages. For a Unix socket, what a
 // connect() says: "permission denied connecting to PATH: only members of group 'G' may connect

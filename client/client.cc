@@ -288,13 +288,12 @@ void Connection::AwaitReconnect() {
   constexpr auto kMaxPace = std::chrono::milliseconds(50);
   const auto started = std::chrono::steady_clock::now();
   auto pace = kFastPace;
-  bool listening = false;  // the new daemon accepted a probe
+  // Set once the new daemon accepted a probe (from then on gRPC is told to connect).
   std::optional<std::chrono::steady_clock::time_point> last_nudge;
   while (true) {
     const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
     if (state == GRPC_CHANNEL_READY || state == GRPC_CHANNEL_SHUTDOWN) return;
-    std::optional<bool> accepts = true;
-    if (!listening) accepts = UnixSocketAccepts(endpoint_);
+    const std::optional<bool> accepts = last_nudge ? true : UnixSocketAccepts(endpoint_);
     if (accepts.has_value() && !*accepts) {
       std::unique_lock<std::mutex> lock(session_mu_);
       if (session_cv_.wait_for(lock, pace, [this] { return stopping_; })) return;
@@ -302,7 +301,6 @@ void Connection::AwaitReconnect() {
       continue;
     }
     if (accepts.has_value()) {  // a Unix socket that accepts: connect now, and every 50 ms
-      listening = true;
       const auto now = std::chrono::steady_clock::now();
       if (!last_nudge.has_value() || now - *last_nudge >= kMaxPace) {
         grpc::experimental::ChannelResetConnectionBackoff(channel_.get());

@@ -2,10 +2,8 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "client/channel.h"
 #include "client/ctl/ctl.h"
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
@@ -137,26 +136,12 @@ std::string CgroupDirOf(const std::string& pid) {
 
 // The serving daemon, when one answers on the config's Unix socket and its process is visible
 // here: the limits that matter are its own (a systemd unit's MemoryMax=, LimitNOFILE=), not this
-// shell's. The kernel names the process that listens (SO_PEERCRED, 0 from another pid namespace).
+// shell's.
 std::optional<pid_t> ServingDaemon(const server::ServerConfig& s) {
-  if (!absl::StartsWith(s.listen, "unix:")) return std::nullopt;
-  std::string path = s.listen.substr(5);
-  if (absl::StartsWith(path, "//")) path = path.substr(2);
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return std::nullopt;
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return std::nullopt;
-  std::optional<pid_t> pid;
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0 &&
-      std::filesystem::exists("/proc/" + std::to_string(cred.pid) + "/limits")) {
-    pid = cred.pid;
+  const std::optional<pid_t> pid = client::UnixSocketListenerPid(s.listen);
+  if (!pid || !std::filesystem::exists("/proc/" + std::to_string(*pid) + "/limits")) {
+    return std::nullopt;
   }
-  ::close(fd);
   return pid;
 }
 

@@ -174,7 +174,6 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
         "ImageFolder refuses such a folder too: remove it, or add its images)"));
   }
   list.class_names = *std::move(classes);
-  list.Shrink();
   return list;
 }
 

@@ -134,7 +134,6 @@ absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path) {
     }
     list.Add(path, label);
   }
-  list.Shrink();
   return list;
 }
 
