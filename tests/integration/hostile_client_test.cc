@@ -911,13 +911,13 @@ TEST_CASE("a client the daemon refuses to attach asks again with growing pauses,
   CHECK(raw.Serving());
 }
 
-TEST_CASE("a client whose daemon died is destroyed at once while it looks for the daemon, and "
+TEST_CASE("a client whose daemon died is destroyed without waiting for it while it looks for it, and "
           "finds a new one on the same socket",
           "[integration][hostile]") {
   DaemonFixture daemon;
   REQUIRE(daemon.Start());
   client::StreamOptions stream_options = SmallStream();
-  stream_options.reconnect_deadline = std::chrono::seconds(5);
+  stream_options.reconnect_deadline = std::chrono::seconds(30);
   {
     auto c = std::make_unique<client::Client>(daemon.endpoint());
     auto stream = c->Open(stream_options);
@@ -928,7 +928,8 @@ TEST_CASE("a client whose daemon died is destroyed at once while it looks for th
     const auto started = std::chrono::steady_clock::now();
     stream.reset();
     c.reset();
-    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(1));
+    // Not a timing goal: a destructor that waited for the daemon would take reconnect_deadline.
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
   }
   // A client that is still there reattaches to the next daemon (its session, then its stream).
   REQUIRE(daemon.Start());
