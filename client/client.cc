@@ -50,6 +50,8 @@ const char* ErrorCodeName(ErrorCode code) {
       return "internal";
     case ErrorCode::kDeadlineExceeded:
       return "deadline_exceeded";
+    case ErrorCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -348,8 +350,13 @@ Client::~Client() = default;
 const std::string& Client::endpoint() const { return impl_->connection->endpoint(); }
 
 std::unique_ptr<Stream> Client::Open(const StreamOptions& options) {
+  return Open(options, {});
+}
+
+std::unique_ptr<Stream> Client::Open(const StreamOptions& options,
+                                     const std::function<bool()>& interrupted) {
   impl_->connection->CheckNotForked();
-  return OpenStream(impl_->connection, options);
+  return OpenStream(impl_->connection, options, interrupted);
 }
 
 std::unique_ptr<Stream> Client::Resume(const std::string& state) {

@@ -67,6 +67,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -86,6 +87,7 @@ enum class ErrorCode {
   kFailedPrecondition,
   kInternal,
   kDeadlineExceeded,  // Stream::Next(timeout): no batch in time (the stream goes on)
+  kCancelled,         // Client::Open(options, interrupted): the caller's `interrupted` said so
 };
 const char* ErrorCodeName(ErrorCode code);
 
@@ -281,6 +283,12 @@ class Client {
   // Throws Error: kInvalidArgument (ValidateOptions or the daemon), kNotFound (unknown dataset),
   // kResourceExhausted, kUnavailable (daemon unreachable past the deadline), ...
   std::unique_ptr<Stream> Open(const StreamOptions& options);
+  // The same, polling `interrupted` at least every 200 ms while it waits for the daemon (for a
+  // connection, or between attempts): once it returns true, Open stops and throws kCancelled.
+  // For callers that must stay responsive while a daemon is absent (the Python package checks
+  // for Ctrl-C in it). `interrupted` runs on the calling thread and only during this call.
+  std::unique_ptr<Stream> Open(const StreamOptions& options,
+                               const std::function<bool()>& interrupted);
   // Opens a stream from Stream::State(), continuing with exactly the batch after the one the
   // state was taken after. Options not kept in the state (reconnect_deadline, verify_checksums,
   // client_name) take their defaults; to change them use ParseState(), edit the options and call

@@ -64,6 +64,10 @@ class Connection {
   v1::Loader::Stub& stub() { return *stub_; }
   // True when the channel has a live connection (does not try to connect).
   bool connected() { return channel_->GetState(false) == GRPC_CHANNEL_READY; }
+  // Tries to connect until `deadline`; true once connected.
+  bool WaitForConnected(std::chrono::system_clock::time_point deadline) {
+    return channel_->WaitForConnected(deadline);
+  }
 
   // Maps `segment` read-only, or returns the live mapping of the same (incarnation, segment).
   // Batches hold the returned pointer, so a mapping lives as long as any batch read from it.
@@ -122,8 +126,10 @@ absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle
                                                            std::span<const uint8_t> payload);
 
 // Client::Open's body: validates, opens (retrying until options.reconnect_deadline), throws Error.
+// `interrupted` (may be empty): see Client::Open.
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
-                                   const StreamOptions& options);
+                                   const StreamOptions& options,
+                                   const std::function<bool()>& interrupted);
 
 // The request's StreamSpec for `options`.
 void FillSpec(const StreamOptions& options, v1::StreamSpec& spec);

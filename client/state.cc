@@ -173,6 +173,14 @@ void ValidateOptions(const StreamOptions& o) {
     }
   }
   CheckNormalization(o, BadOption);
+  // As the state's own bounds (ParseState): an epoch a state could not be loaded with is refused
+  // when the stream is opened, not when the checkpoint is read back.
+  if (o.start.epoch >= kMaxEpoch) {
+    BadOption("start.epoch", absl::StrCat("must be < ", kMaxEpoch, " (got ", o.start.epoch, ")"));
+  }
+  if (o.end_epoch >= kMaxEpoch) {
+    BadOption("end_epoch", absl::StrCat("must be < ", kMaxEpoch, " (got ", o.end_epoch, ")"));
+  }
   if (o.end_epoch != 0 && o.start.epoch > o.end_epoch) {
     BadOption("start.epoch",
               absl::StrCat("is past end_epoch (", o.start.epoch, " > ", o.end_epoch, ")"));

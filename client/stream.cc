@@ -26,6 +26,8 @@ constexpr std::chrono::milliseconds kCallMargin{5000};
 constexpr std::chrono::milliseconds kOpenTimeout{30'000};
 // Closing is best effort (the daemon reclaims abandoned streams after its lease timeout).
 constexpr std::chrono::milliseconds kCloseTimeout{500};
+// How often an Open with an `interrupted` hook polls it while it waits for the daemon.
+constexpr std::chrono::milliseconds kInterruptPoll{200};
 
 std::string Seconds(std::chrono::milliseconds d) {
   if (d.count() % 1000 == 0) return absl::StrCat(d.count() / 1000, " s");
@@ -54,6 +56,9 @@ struct Stream::Impl {
   // a sleep would leave reconnecting to gRPC's 5 s backup poller.
   grpc::Status TryOpen(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::system_clock::now() + timeout;
+    if (!AwaitConnection(deadline)) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, connection->DiagnoseNoConnection());
+    }
     v1::OpenStreamRequest request;
     FillSpec(options, *request.mutable_spec());
     request.mutable_start()->set_epoch(position.epoch);
@@ -127,6 +132,39 @@ struct Stream::Impl {
     return grpc::Status::OK;
   }
 
+  // With an `interrupted` hook: waits for the channel to connect in steps of kInterruptPoll,
+  // polling the hook between them (the open call itself then only waits for the daemon's answer).
+  // False when `deadline` passed unconnected. Without a hook the call waits for the connection.
+  bool AwaitConnection(std::chrono::system_clock::time_point deadline) {
+    if (!interrupted) return true;
+    while (!connection->connected()) {
+      CheckInterrupted();
+      const auto now = std::chrono::system_clock::now();
+      if (now >= deadline) return false;
+      connection->WaitForConnected(std::min(deadline, now + kInterruptPoll));
+    }
+    return true;
+  }
+
+  void CheckInterrupted() {
+    if (interrupted && interrupted()) {
+      throw Error(ErrorCode::kCancelled,
+                  absl::StrCat("interrupted while opening a stream at ", connection->endpoint()));
+    }
+  }
+
+  // Sleeps `d`, polling the `interrupted` hook (if any) every kInterruptPoll.
+  void Sleep(std::chrono::microseconds d) {
+    const auto until = Clock::now() + d;
+    while (true) {
+      CheckInterrupted();
+      const auto now = Clock::now();
+      if (now >= until) return;
+      std::this_thread::sleep_for(interrupted ? std::min<Clock::duration>(until - now, kInterruptPoll)
+                                              : until - now);
+    }
+  }
+
   void OpenFirst() {
     const auto started = Clock::now();
     grpc::Status status = TryOpen(AttemptTimeout(started + options.reconnect_deadline));
@@ -178,7 +216,7 @@ struct Stream::Impl {
       }
       const auto remaining =
           std::chrono::duration_cast<std::chrono::microseconds>(std::min(deadline, give_up) - now);
-      std::this_thread::sleep_for(std::min(backoff.NextDelay(), remaining));
+      Sleep(std::min(backoff.NextDelay(), remaining));
       if (Clock::now() >= std::min(deadline, give_up)) continue;
       grpc::Status status = TryOpen(std::min(AttemptTimeout(deadline), AttemptTimeout(give_up)));
       if (status.ok()) return;
@@ -399,6 +437,8 @@ struct Stream::Impl {
   uint64_t dataset_size = 0, samples_per_epoch = 0, batches_per_epoch = 0;  // of the last open
   std::atomic<uint64_t> reconnects{0};
   std::atomic<bool> in_next{false};
+  // Client::Open's `interrupted` hook, set only while the stream is first opened.
+  std::function<bool()> interrupted;
   Backoff backoff;
   // A reconnect that a Next(timeout) left unfinished: when the daemon went missing, and why.
   struct Outage {
@@ -431,10 +471,13 @@ uint64_t Stream::reconnects() const { return impl_->reconnects.load(std::memory_
 uint64_t Stream::copies() const { return impl_->releases->copied_out(); }
 
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
-                                   const StreamOptions& options) {
+                                   const StreamOptions& options,
+                                   const std::function<bool()>& interrupted) {
   ValidateOptions(options);
   auto impl = std::make_unique<Stream::Impl>(std::move(connection), options);
+  impl->interrupted = interrupted;
   impl->OpenFirst();
+  impl->interrupted = nullptr;
   return std::make_unique<Stream>(std::move(impl));
 }
 

@@ -7,9 +7,11 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -112,11 +114,48 @@ py::dict DictOfMessage(const Message& m) {
 
 // ---- options ----
 
+// An integer option: anything with __index__ (int, numpy's integers) but bool, within T's range;
+// otherwise InvalidArgument naming the option, the range and the value.
+template <typename T>
+T IntegerOf(const char* key, const py::object& value) {
+  constexpr auto kMin = std::numeric_limits<T>::min();
+  constexpr auto kMax = std::numeric_limits<T>::max();
+  const auto bad = [&]() {
+    Fail(ErrorCode::kInvalidArgument,
+         std::string(key) + ": must be an integer in [" + std::to_string(kMin) + ", " +
+             std::to_string(kMax) + "], got " + std::string(py::repr(value)));
+  };
+  if (PyBool_Check(value.ptr())) bad();
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    bad();
+  }
+  const py::object number = py::reinterpret_steal<py::object>(index);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(number.ptr(), &overflow);
+  if (overflow < 0 || (overflow == 0 && (v < static_cast<long long>(kMin)))) bad();
+  if (overflow > 0) {
+    const unsigned long long u = PyLong_AsUnsignedLongLong(number.ptr());
+    if (PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      bad();
+    }
+    if (u > static_cast<unsigned long long>(kMax)) bad();
+    return static_cast<T>(u);
+  }
+  if (v >= 0 && static_cast<unsigned long long>(v) > static_cast<unsigned long long>(kMax)) bad();
+  return static_cast<T>(v);
+}
+
 template <typename T>
 T Take(py::dict& d, const char* key, T fallback) {
   if (!d.contains(key)) return fallback;
   py::object value = d[key];
   PyDict_DelItemString(d.ptr(), key);
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return IntegerOf<T>(key, value);
+  }
   try {
     return value.cast<T>();
   } catch (const py::cast_error&) {
@@ -142,9 +181,9 @@ E TakeEnum(py::dict& d, const char* key, E fallback,
 
 Position PositionOf(const py::dict& d) {
   Position p;
-  p.epoch = d["epoch"].cast<uint64_t>();
-  p.sequence = d["sequence"].cast<uint64_t>();
-  p.cursor = d["cursor"].cast<uint64_t>();
+  p.epoch = IntegerOf<uint64_t>("start.epoch", d["epoch"]);
+  p.sequence = IntegerOf<uint64_t>("start.sequence", d["sequence"]);
+  p.cursor = IntegerOf<uint64_t>("start.cursor", d["cursor"]);
   return p;
 }
 
@@ -265,8 +304,7 @@ class PyBatch {
     if (!box_) Fail(ErrorCode::kFailedPrecondition, "the batch was released");
     py::list paths;
     for (uint32_t i = 0; i < size_; ++i) {
-      const std::string_view p = box_->batch.relative_path(i);
-      paths.append(py::str(p.data(), p.size()));
+      paths.append(Text(std::string(box_->batch.relative_path(i))));
     }
     return paths;
   }
@@ -296,15 +334,22 @@ class PyBatch {
 
 // ---- streams ----
 
+// A stream as Python sees it. Close() may come from another thread, or from a signal handler
+// that runs inside Next()'s wait: the C++ stream is shared with a Next() in progress, which
+// finds the stream closed when it next holds the GIL and raises instead of delivering, so the
+// stream is never used after it is freed and no batch of a closed stream reaches Python.
+// Every member is touched only with the GIL held.
 class PyStream {
  public:
   explicit PyStream(std::unique_ptr<client::Stream> stream) : stream_(std::move(stream)) {}
+  PyStream(PyStream&&) = default;
+  ~PyStream() { Drop(std::move(stream_)); }
 
   // The next batch, or None at the end of the stream. Waits with the GIL released, in slices
   // of kSignalPoll so Ctrl-C raises KeyboardInterrupt at once; `timeout_s` bounds the whole
   // wait (rl.DeadlineExceeded; the stream goes on).
   std::optional<PyBatch> Next(std::optional<double> timeout_s) {
-    client::Stream& stream = Get();
+    const std::shared_ptr<client::Stream> stream = Get();  // ours for the whole call
     const auto start = std::chrono::steady_clock::now();
     while (true) {
       std::chrono::milliseconds slice = kSignalPoll;
@@ -322,38 +367,62 @@ class PyStream {
       {
         py::gil_scoped_release unlocked;
         try {
-          batch = stream.Next(slice);
+          batch = stream->Next(slice);
         } catch (const Error& e) {
           if (e.code() != ErrorCode::kDeadlineExceeded) throw;
           waited_out = true;
         }
       }
+      CheckStillOpen(stream, batch);
       if (!waited_out) {
         if (!batch) return std::nullopt;
-        return PyBatch(*std::move(batch), stream.options().writable_batches);
+        return PyBatch(*std::move(batch), stream->options().writable_batches);
       }
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      CheckStillOpen(stream, batch);  // a signal handler may have closed it
     }
   }
 
-  void Close() { stream_.reset(); }  // closes the stream on the daemon
+  // Closes the stream on the daemon now, or (when a Next() on another thread or under a signal
+  // handler holds it) as soon as that Next() sees it closed, within kSignalPoll.
+  void Close() { Drop(std::move(stream_)); }
   bool closed() const { return !stream_; }
-  py::dict position() { return DictOf(Get().position()); }
-  std::string State() { return Get().State(); }
-  py::dict options() { return DictOf(Get().options()); }
-  uint64_t reconnects() { return Get().reconnects(); }
-  uint64_t copies() { return Get().copies(); }
-  uint64_t dataset_fingerprint() { return Get().dataset_fingerprint(); }
-  uint64_t dataset_size() { return Get().dataset_size(); }
-  uint64_t samples_per_epoch() { return Get().samples_per_epoch(); }
-  uint64_t batches_per_epoch() { return Get().batches_per_epoch(); }
+  py::dict position() { return DictOf(Get()->position()); }
+  std::string State() { return Get()->State(); }
+  py::dict options() { return DictOf(Get()->options()); }
+  uint64_t reconnects() { return Get()->reconnects(); }
+  uint64_t copies() { return Get()->copies(); }
+  uint64_t dataset_fingerprint() { return Get()->dataset_fingerprint(); }
+  uint64_t dataset_size() { return Get()->dataset_size(); }
+  uint64_t samples_per_epoch() { return Get()->samples_per_epoch(); }
+  uint64_t batches_per_epoch() { return Get()->batches_per_epoch(); }
 
  private:
-  client::Stream& Get() {
+  const std::shared_ptr<client::Stream>& Get() const {
     if (!stream_) Fail(ErrorCode::kFailedPrecondition, "the stream is closed");
-    return *stream_;
+    return stream_;
   }
-  std::unique_ptr<client::Stream> stream_;
+
+  // After a wait: if Close() came meanwhile, the batch goes back and the caller hears why.
+  void CheckStillOpen(const std::shared_ptr<client::Stream>& stream, std::optional<Batch>& batch) {
+    if (stream_ == stream) return;
+    {
+      py::gil_scoped_release unlocked;
+      batch.reset();  // gives its slot back
+    }
+    Fail(ErrorCode::kFailedPrecondition,
+         "the stream was closed while next() waited for a batch (by another thread or a signal "
+         "handler): nothing was taken, so state_dict() resumes with the batch it waited for");
+  }
+
+  // Lets go of a stream; the last owner closes it on the daemon (an RPC: without the GIL).
+  static void Drop(std::shared_ptr<client::Stream> stream) {
+    if (!stream) return;
+    py::gil_scoped_release unlocked;
+    stream.reset();
+  }
+
+  std::shared_ptr<client::Stream> stream_;  // null once closed
 };
 
 // ---- errors ----
@@ -411,9 +480,19 @@ PYBIND11_MODULE(_ringloader, m) {
           [](client::Client& c, py::dict options) {
             client::StreamOptions o = OptionsOf(options);
             std::unique_ptr<client::Stream> stream;
-            {
+            try {
               py::gil_scoped_release unlocked;
-              stream = c.Open(o);
+              // Ctrl-C while the daemon is absent: the open stops within kSignalPoll and the
+              // signal's exception (KeyboardInterrupt) is raised, as in Stream.next().
+              stream = c.Open(o, [] {
+                py::gil_scoped_acquire locked;
+                return PyErr_CheckSignals() != 0;
+              });
+            } catch (const Error& e) {
+              if (e.code() == ErrorCode::kCancelled && PyErr_Occurred()) {
+                throw py::error_already_set();
+              }
+              throw;
             }
             return PyStream(std::move(stream));
           },

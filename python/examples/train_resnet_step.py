@@ -46,6 +46,7 @@ def main() -> None:
     model.train()
     step = 0
     started = time.monotonic()
+    loader_state = loader.state_dict()
     while step < args.steps:
         for batch in loader:
             images, labels = batch["images"], batch["labels"]
@@ -57,10 +58,14 @@ def main() -> None:
             print(f"step {step} epoch {batch.position['epoch']} loss {loss.item():.3f} "
                   f"({images.shape[0] * step / (time.monotonic() - started):.1f} images/s)",
                   flush=True)
+            # Taken inside the loop, after the batch: a resumed run continues with the next one.
+            # (After a `break` the loader's state is the whole pass the next `for` would run
+            # again, as a DataLoader's next `for` would.)
+            loader_state = loader.state_dict()
             if step == args.steps:
                 break
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "loader": loader.state_dict()}, args.checkpoint)
+                "loader": loader_state}, args.checkpoint)
     print(f"saved {args.checkpoint}")
 
 

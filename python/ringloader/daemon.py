@@ -87,7 +87,8 @@ class Daemon:
         binary: the ``ringloaderd`` to run (default: :func:`find_binary`).
         startup_timeout: seconds to wait for the daemon to serve.
         failpoints: a ``[failpoints]`` table (tests: crash the daemon on purpose).
-        **server: other ``[server]`` keys (``ring_slots``, ``decode_threads``, ``log_level``...).
+        **server: other ``[server]`` keys (``ring_slots``, ``decode_threads``, ``log_level``...);
+            ``listen`` makes it listen there instead of its private socket.
 
     The daemon runs until :meth:`stop`, the ``with`` block's end, garbage collection of this
     object, or the end of this Python process, even a killed one (it stops when its parent
@@ -106,8 +107,14 @@ class Daemon:
         self._socket = os.path.join(self._workdir, "ringloader.sock")
         self._config = os.path.join(self._workdir, "ringloaderd.toml")
         self._log = os.path.join(self._workdir, "ringloaderd.log")
+        listen = server.pop("listen", None)
+        if listen is not None and (not isinstance(listen, str) or not listen):
+            raise InvalidArgument(f"listen: must be an endpoint string such as "
+                                  f"'unix:/path/to.sock' or '127.0.0.1:7070', got {listen!r}")
+        # The daemon listens where asked; the health checks and endpoint follow it.
+        self._endpoint = listen or f"unix:{self._socket}"
         server_keys: Dict[str, Any] = {
-            "listen": f"unix:{self._socket}",
+            "listen": self._endpoint,
             "state_dir": os.path.join(self._workdir, "state"),
             "memory_limit": memory_limit,
         }
@@ -128,8 +135,9 @@ class Daemon:
 
     @property
     def endpoint(self) -> str:
-        """``unix:<private socket>``: pass it to :class:`Loader`."""
-        return f"unix:{self._socket}"
+        """Where the daemon listens (``unix:<private socket>`` unless ``listen=`` said otherwise):
+        pass it to :class:`Loader`."""
+        return self._endpoint
 
     @property
     def pid(self) -> Optional[int]:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
+try:  # every batch is numpy arrays; imported here too so that type hints resolve
+    import numpy
+except ImportError:  # the Loader says what to install
+    numpy = None  # type: ignore[assignment]
+
 from . import _ringloader
-from .errors import FailedPrecondition, InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 _STATE_FORMAT = "ringloader.Loader/1"
+_PICKLE_FORMAT = "ringloader.Loader.pickle/1"
+_MAX_EPOCH = 2**32  # as the state format's bound (client/state.cc)
 
 # Options a saved state must agree with (the rest may change between runs).
 _RUN_KEYS = ("dataset", "batch_size", "seed", "rank", "world_size", "image_size", "augment",
@@ -26,7 +36,7 @@ def _env_int(name: str) -> Optional[int]:
         raise InvalidArgument(f"${name} must be an integer, got {value!r}") from None
 
 
-class Batch(Mapping):
+class Batch(Mapping[str, Any]):
     """One batch: a read-only Mapping of every tensor by name, plus ``batch.paths``.
 
     ``batch["images"]`` (absent for an ``arrays`` dataset), ``batch["labels"]`` (-1 where the
@@ -113,6 +123,32 @@ class Batch(Mapping):
                 f"size={self._native.size}>")
 
 
+class _Pass:
+    """One ``iter()`` of a Loader: where it started, and how many batches it took."""
+
+    __slots__ = ("start", "taken")
+
+    def __init__(self, start: Dict[str, int]) -> None:
+        self.start = dict(start)
+        self.taken = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.start["epoch"]
+
+
+def _epoch_arg(name: str, value: Any) -> int:
+    """An epoch argument as an int in [0, 2**32), or InvalidArgument naming ``name``."""
+    if not isinstance(value, bool):
+        try:
+            number = value.__index__()
+        except (AttributeError, TypeError):
+            number = None
+        if number is not None and 0 <= number < _MAX_EPOCH:
+            return number
+    raise InvalidArgument(f"{name}: must be an int in [0, {_MAX_EPOCH}), got {value!r}")
+
+
 class Loader:
     """Batches of one dataset from a ringloader daemon, one epoch per ``iter()``.
 
@@ -122,10 +158,29 @@ class Loader:
     ...     for batch in loader:
     ...         images, labels = batch["images"], batch["labels"]
 
+    Iteration follows a DataLoader's rule: every ``for batch in loader`` is a whole epoch. Without
+    :meth:`set_epoch` the epochs follow one another (0, 1, 2, ..., each shuffled anew); an
+    ``iter()`` the trainer lets go of before its epoch's end (``break``, an exception in the
+    loop's body, ``next(iter(loader))`` to look at a batch, a newer ``iter()``) is undone, so the
+    next ``iter()`` runs that same pass again from where it started: a peek before the training
+    loop changes nothing the loop sees. An error raised by the loader itself (``Unavailable``,
+    ``DeadlineExceeded``, Ctrl-C while it waits) leaves it at the batch it did not deliver: the
+    next ``iter()`` or :meth:`next_batch` continues there.
+
     Sample order and every sample's bytes are a pure function of (dataset, seed, epoch, rank,
-    position): :meth:`state_dict` after any batch and :meth:`load_state_dict` in a new process
-    continue with exactly the next batch. A daemon that dies and comes back is invisible; one
-    that stays away past ``reconnect_deadline`` seconds raises :class:`ringloader.Unavailable`.
+    position). :meth:`state_dict` taken anywhere resumes exactly as this loader would go on:
+    taken inside the loop after a batch, :meth:`load_state_dict` (in any process) continues with
+    the next batch; taken after the loop ended by ``break``, with the pass the next ``iter()``
+    would run. The first ``iter()`` after :meth:`load_state_dict` continues where the state was
+    taken (also after ``set_epoch`` of the loaded epoch). A daemon that dies and comes back is
+    invisible; one that stays away past ``reconnect_deadline`` seconds raises
+    :class:`ringloader.Unavailable`.
+
+    A Loader is used by one thread at a time (a second thread's call raises
+    :class:`ringloader.FailedPrecondition`); :meth:`close` may come from any thread or a signal
+    handler, and a ``next()`` waiting meanwhile raises ``FailedPrecondition`` without taking a
+    batch. A Loader pickles (options and position): the copy connects again where it is
+    unpickled and continues from the same position.
 
     Args:
         dataset: a ``[[datasets]]`` name of the daemon's config.
@@ -148,6 +203,9 @@ class Loader:
         progress: show a tqdm progress bar per epoch.
         client_name: shown in ``ringloaderctl stats``.
         verify_checksums: check every batch's checksum (one pass over its bytes).
+        restart_epoch_if_dataset_changed: when a loaded state's dataset has changed since (files
+            added, removed, renamed), start the state's epoch again from its first batch with
+            the new sample list instead of raising :class:`ringloader.FailedPrecondition`.
     """
 
     def __init__(self, dataset: str, *, batch_size: int = 256, image_size: int = 224,
@@ -159,15 +217,14 @@ class Loader:
                  resize: str = "fast", mean: Optional[List[float]] = None,
                  std: Optional[List[float]] = None, ring_slots: int = 0,
                  progress: bool = False, client_name: Optional[str] = None,
-                 verify_checksums: bool = False) -> None:
+                 verify_checksums: bool = False,
+                 restart_epoch_if_dataset_changed: bool = False) -> None:
         if output not in ("torch", "numpy"):
             raise InvalidArgument(f"output: must be 'torch' or 'numpy', got {output!r}")
-        try:
-            import numpy  # noqa: F401  (every batch is numpy arrays, also under torch tensors)
-        except ImportError:
+        if numpy is None:
             raise InvalidArgument(
                 f"ringloader needs numpy, which this python ({sys.executable}) cannot import: "
-                "use Debian's /usr/bin/python3 (apt install python3-numpy)") from None
+                "use Debian's /usr/bin/python3 (apt install python3-numpy)")
         if output == "torch":
             try:
                 import torch  # noqa: F401
@@ -191,6 +248,7 @@ class Loader:
             "reconnect_deadline": float(reconnect_deadline),
             "verify_checksums": verify_checksums, "writable_batches": output == "torch",
             "client_name": client_name if client_name is not None else f"python pid {os.getpid()}",
+            "restart_epoch_if_dataset_changed": bool(restart_epoch_if_dataset_changed),
         }
         if mean is not None:
             options["mean"] = [float(v) for v in mean]
@@ -198,20 +256,26 @@ class Loader:
             options["std"] = [float(v) for v in std]
         _ringloader.validate_options(options)  # raises InvalidArgument naming the option
         self._options = options
+        self._default_name = client_name is None
         self._output = output
         self._timeout = timeout
         self._progress = progress
         self._endpoint = endpoint if endpoint else _ringloader.default_endpoint()
+        self._position = {"epoch": 0, "sequence": 0, "cursor": 0}
+        self._fingerprint = 0
+        self._start_process()
+
+    def _start_process(self) -> None:
+        """What belongs to this process: the connection, the stream, the iteration in progress."""
         self._pid = os.getpid()
         self._client: Any = None
         self._stream: Any = None
-        self._position = {"epoch": 0, "sequence": 0, "cursor": 0}
-        self._fingerprint = 0
         self._batches_per_epoch: Optional[int] = None
-        # True when the position was chosen (construction, set_epoch, load_state_dict): iter()
-        # starts there. False after batches were taken: an iteration abandoned part-way makes
-        # the next iter() start the next epoch, as a new DataLoader iterator would.
-        self._chosen = True
+        self._busy = threading.Lock()  # held by the one thread inside the Loader
+        self._pass: Optional[_Pass] = None  # the iter() in progress
+        # A batch of the next epoch that ended a pass (its epoch had no last_in_epoch batch):
+        # the next pass starts with it. Its position is self._position.
+        self._carried: Optional[Batch] = None
 
     # ---- the public API ----
 
@@ -225,45 +289,50 @@ class Loader:
         return self._position["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next ``iter()`` run epoch ``epoch``.
+        """Makes the next ``iter()`` run epoch ``epoch`` (an int in [0, 2**32)).
 
         For the epoch the loader is already in (e.g. the one a loaded state is in) it keeps the
         position, so a resumed run continues where it stopped.
         """
-        if not isinstance(epoch, int) or epoch < 0:
-            raise InvalidArgument(f"set_epoch: epoch must be an int >= 0, got {epoch!r}")
-        if epoch != self._position["epoch"]:
-            self._position = {"epoch": epoch, "sequence": 0, "cursor": 0}
-        self._chosen = True
+        epoch = _epoch_arg("set_epoch: epoch", epoch)
+        with self._one_thread("set_epoch()"):
+            self._pass = None
+            if epoch != self._position["epoch"]:
+                self._move_to({"epoch": epoch, "sequence": 0, "cursor": 0})
 
     def __len__(self) -> int:
-        """Batches in one epoch for this rank (exact when no sample is skipped)."""
-        if self._batches_per_epoch is None:
-            self._ensure_stream()
-        assert self._batches_per_epoch is not None
-        return self._batches_per_epoch
+        """Batches in one epoch for this rank: with ``drop_last`` only whole batches (an upper
+        bound when the daemon skips bad samples). Asks the daemon for the dataset's size the
+        first time; opens no stream."""
+        with self._one_thread("len()"):
+            if self._batches_per_epoch is None:
+                self._batches_per_epoch = self._count_batches()
+            return self._batches_per_epoch
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch: from the current position to the epoch's last batch."""
         self._check_process()
-        if not self._chosen and self._position["sequence"] != 0:
-            self._position = {"epoch": self._position["epoch"] + 1, "sequence": 0, "cursor": 0}
-        self._chosen = False
-        return self._epoch(self._position["epoch"])
+        self._abandon_pass()
+        p = _Pass(self._position)
+        self._pass = p
+        return self._run(p)
 
     def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
         """The next batch wherever it is (epochs run on), waiting at most ``timeout`` seconds.
 
         Raises :class:`ringloader.DeadlineExceeded` when none came in time; the loader goes on.
+        An ``iter()`` in progress is left where it is (its iterator can no longer be used).
         """
         self._check_process()
-        self._chosen = False
-        return self._take(timeout if timeout is not None else self._timeout)
+        with self._one_thread("next_batch()"):
+            self._pass = None
+            return self._take(timeout if timeout is not None else self._timeout)
 
     def state_dict(self) -> Dict[str, Any]:
-        """A JSON-safe dict: :meth:`load_state_dict` resumes after the last batch returned."""
-        options = dict(self._options, start=dict(self._position),
-                       dataset_fingerprint=self._fingerprint)
+        """A JSON-safe dict: :meth:`load_state_dict` resumes exactly as this loader goes on."""
+        options = {k: v for k, v in self._options.items()
+                   if k != "restart_epoch_if_dataset_changed"}
+        options.update(start=dict(self._position), dataset_fingerprint=self._fingerprint)
         return {"format": _STATE_FORMAT, "state": _ringloader.format_state(options),
                 "epoch": self._position["epoch"], "sequence": self._position["sequence"]}
 
@@ -288,10 +357,9 @@ class Loader:
                 raise InvalidArgument(
                     f"load_state_dict: the state was saved with {key}={theirs!r}, this Loader has "
                     f"{key}={mine!r}")
-        self._close_stream()
-        self._position = dict(saved["start"])
-        self._fingerprint = saved["dataset_fingerprint"]
-        self._chosen = True
+        with self._one_thread("load_state_dict()"):
+            self._pass = None
+            self._move_to(dict(saved["start"]), saved["dataset_fingerprint"])
 
     def peek(self, epoch: Optional[int] = None, batch: int = 0,
              columns: int = 8) -> "numpy.ndarray":
@@ -307,30 +375,31 @@ class Loader:
             import matplotlib.pyplot as plt
             plt.imshow(loader.peek(batch=3)); plt.axis("off")
         """
-        import numpy as np
+        np = numpy
         self._check_process()
-        if epoch is None:
-            epoch = self.epoch
-        for name, value, least in (("epoch", epoch, 0), ("batch", batch, 0), ("columns", columns, 1)):
-            if not isinstance(value, int) or value < least:
+        epoch = _epoch_arg("peek: epoch", self.epoch if epoch is None else epoch)
+        if epoch + 1 >= _MAX_EPOCH:
+            raise InvalidArgument(f"peek: epoch must be < {_MAX_EPOCH - 1}, got {epoch}")
+        for name, value, least in (("batch", batch, 0), ("columns", columns, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgument(f"peek: {name} must be an int >= {least}, got {value!r}")
-        if self._client is None:
-            self._client = _ringloader.Client(self._endpoint)
-        # From the epoch's first batch: which samples a batch holds depends on the files before it.
-        options = dict(self._options, dtype="uint8", layout="NHWC", writable_batches=False,
-                       end_epoch=epoch + 1, start={"epoch": epoch, "sequence": 0, "cursor": 0},
-                       client_name=f"{self._options['client_name']} (peek)")
-        stream = self._client.open(options)
-        try:
-            native = None
-            for taken in range(batch + 1):
-                native = stream.next(self._timeout)
-                if native is None:
-                    raise InvalidArgument(
-                        f"peek: epoch {epoch} has {taken} batches: there is no batch {batch}")
-            images = np.array(Batch(native, "numpy")["images"])  # a copy: the slot goes back
-        finally:
-            stream.close()
+        with self._one_thread("peek()"):
+            # From the epoch's first batch: which samples a batch holds depends on the files
+            # before it.
+            options = dict(self._options, dtype="uint8", layout="NHWC", writable_batches=False,
+                           end_epoch=epoch + 1, start={"epoch": epoch, "sequence": 0, "cursor": 0},
+                           client_name=f"{self._options['client_name']} (peek)")
+            stream = self._connect().open(options)
+            try:
+                native = None
+                for taken in range(batch + 1):
+                    native = stream.next(self._timeout)
+                    if native is None:
+                        raise InvalidArgument(
+                            f"peek: epoch {epoch} has {taken} batches: there is no batch {batch}")
+                images = np.array(Batch(native, "numpy")["images"])  # a copy: the slot goes back
+            finally:
+                stream.close()
         n, size = images.shape[0], images.shape[1]
         cols = max(1, min(columns, n))
         rows = max(1, -(-n // cols))
@@ -341,7 +410,13 @@ class Loader:
         return sheet
 
     def close(self) -> None:
-        """Closes the stream on the daemon (the next ``iter()`` opens a new one)."""
+        """Closes the stream on the daemon (the next ``iter()`` opens a new one).
+
+        Safe from any thread and from a signal handler: a ``next()`` waiting meanwhile raises
+        :class:`ringloader.FailedPrecondition` and takes no batch, so a :meth:`state_dict` saved
+        before ``close()`` resumes with the batch it waited for.
+        """
+        self._carried = None
         self._close_stream()
 
     def __enter__(self) -> "Loader":
@@ -357,36 +432,106 @@ class Loader:
         except Exception:
             pass
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """Options and position: the unpickled Loader connects again, from there."""
+        return {"format": _PICKLE_FORMAT, "options": dict(self._options),
+                "default_name": self._default_name, "output": self._output,
+                "timeout": self._timeout, "progress": self._progress,
+                "endpoint": self._endpoint, "position": dict(self._position),
+                "fingerprint": self._fingerprint}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or state.get("format") != _PICKLE_FORMAT:
+            raise InvalidArgument("unpickling a Loader: not a pickled ringloader.Loader of this "
+                                  f"version (expected format {_PICKLE_FORMAT!r})")
+        options = dict(state["options"])
+        if state["default_name"]:
+            options["client_name"] = f"python pid {os.getpid()}"
+        _ringloader.validate_options(options)
+        self._options = options
+        self._default_name = bool(state["default_name"])
+        self._output = state["output"]
+        self._timeout = state["timeout"]
+        self._progress = state["progress"]
+        self._endpoint = state["endpoint"]
+        self._position = dict(state["position"])
+        self._fingerprint = state["fingerprint"]
+        self._start_process()
+
     @property
     def stats(self) -> Dict[str, int]:
         """This loader's counters: daemon reconnects survived and held batches copied out."""
-        if self._stream is None:
+        stream = self._stream
+        if stream is None:
             return {"reconnects": 0, "copies": 0}
-        return {"reconnects": self._stream.reconnects, "copies": self._stream.copies}
+        return {"reconnects": stream.reconnects, "copies": stream.copies}
 
     # ---- inside ----
 
-    def _epoch(self, epoch: int) -> Iterator[Batch]:
+    def _run(self, p: _Pass) -> Iterator[Batch]:
         bar = None
-        if self._progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(self), desc=f"epoch {epoch}", unit="batch")
-            bar.update(self._position["sequence"])
+        left = False  # the consumer let go of this iterator before the epoch's end
         try:
+            if self._progress:
+                from tqdm import tqdm
+                bar = tqdm(total=len(self), desc=f"epoch {p.epoch}", unit="batch")
+                bar.update(p.start["sequence"])
             while True:
-                batch = self._take(self._timeout)
-                if batch is None:
-                    return
+                with self._one_thread("next()"):
+                    if self._pass is not p:
+                        raise FailedPrecondition(
+                            "this iterator of the Loader was superseded (by a later iter(), "
+                            "set_epoch(), load_state_dict() or next_batch()): use a new "
+                            "iter(loader)")
+                    batch = self._take(self._timeout)
+                    if batch is None:
+                        return
+                    if batch.position["epoch"] != p.epoch:
+                        # The epoch ended without a batch marked last (its tail yielded none
+                        # while the trainer held the look-ahead's slot): this batch opens the
+                        # next pass.
+                        self._carried = batch
+                        self._position = batch.position
+                        return
+                    p.taken += 1
                 if bar is not None:
                     bar.update(1)
-                yield batch
-                if batch.last_in_epoch:
-                    return
+                try:
+                    yield batch
+                except GeneratorExit:  # break, del, garbage: the pass is undone
+                    left = True
+                    raise
+                if self._pass is p and self._position["epoch"] != p.epoch:
+                    return  # last_in_epoch, or past it
         finally:
+            # An error (Unavailable, a timeout, Ctrl-C inside next(), close() from a handler)
+            # leaves the position at the batch not taken: the next call continues there.
             if bar is not None:
                 bar.close()
+            if self._pass is p:
+                self._pass = None
+                if left and self._position["epoch"] == p.epoch:
+                    self._move_to(p.start)
+
+    def _abandon_pass(self) -> None:
+        """Ends the iter() in progress; one left before its epoch's end is undone."""
+        p, self._pass = self._pass, None
+        if p is not None and p.taken and self._position["epoch"] == p.epoch:
+            with self._one_thread("iter()"):
+                self._move_to(p.start)
+
+    def _move_to(self, position: Dict[str, int], fingerprint: Optional[int] = None) -> None:
+        """Sets where the next batch comes from (the stream follows on the next take)."""
+        self._position = dict(position)
+        self._carried = None
+        if fingerprint is not None:
+            self._fingerprint = fingerprint
 
     def _take(self, timeout: Optional[float]) -> Optional[Batch]:
+        carried, self._carried = self._carried, None
+        if carried is not None and carried.position == self._position:
+            self._position = carried._native.next
+            return carried
         stream = self._ensure_stream()
         try:
             native = stream.next(timeout)
@@ -395,27 +540,74 @@ class Loader:
             raise
         if native is None:
             return None
+        if self._stream is not stream:  # close() came as the wait ended: the batch is not ours
+            raise FailedPrecondition("the Loader was closed while next() waited for a batch")
         self._position = native.next
         return Batch(native, self._output)
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            self._client = _ringloader.Client(self._endpoint)
+        return self._client
 
     def _ensure_stream(self) -> Any:
         self._check_process()
         if self._stream is not None and self._stream.position == self._position:
             return self._stream
         self._close_stream()
-        if self._client is None:
-            self._client = _ringloader.Client(self._endpoint)
+        # The dataset's fingerprint guards a position inside an epoch (a changed sample list
+        # would repeat or skip samples); an epoch's start reads whatever the dataset is now.
+        at_epoch_start = self._position["sequence"] == 0 and self._position["cursor"] == 0
         options = dict(self._options, start=dict(self._position),
-                       dataset_fingerprint=self._fingerprint)
-        self._stream = self._client.open(options)
-        self._fingerprint = self._stream.dataset_fingerprint
-        self._batches_per_epoch = self._stream.batches_per_epoch
-        return self._stream
+                       dataset_fingerprint=0 if at_epoch_start else self._fingerprint)
+        stream = self._connect().open(options)
+        self._stream = stream
+        self._fingerprint = stream.dataset_fingerprint
+        self._position = stream.position  # restart_epoch_if_dataset_changed may move it
+        self._batches_per_epoch = stream.batches_per_epoch
+        return stream
+
+    def _count_batches(self) -> int:
+        """Batches per epoch from the dataset's size, asked of the daemon (no stream)."""
+        if self._stream is not None:
+            return self._stream.batches_per_epoch
+        o = self._options
+        deadline = time.monotonic() + o["reconnect_deadline"]
+        while True:
+            try:
+                stats = _ringloader.daemon_stats(
+                    self._endpoint, max(0.05, min(2.0, deadline - time.monotonic())))
+                break
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)  # Ctrl-C is answered here
+        sizes = {d["name"]: d["samples"] for d in stats["datasets"]}
+        if o["dataset"] not in sizes:
+            raise NotFound(f"unknown dataset '{o['dataset']}': the daemon at {self._endpoint} "
+                           f"serves {', '.join(map(repr, sorted(sizes))) or 'none'}")
+        n, world, size = sizes[o["dataset"]], o["world_size"], o["batch_size"]
+        if o["drop_last"]:  # as server/pipeline/sampler.h: whole shards, whole batches
+            return (n // world) // size
+        shard = -(-n // world)
+        return -(-shard // size)
 
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.close()
+
+    @contextlib.contextmanager
+    def _one_thread(self, what: str) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise FailedPrecondition(
+                f"a Loader is used by one thread at a time: {what} was called while another "
+                "call on this Loader was running (in another thread, or in a signal handler "
+                "that interrupted it); use one Loader per thread")
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:

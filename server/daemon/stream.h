@@ -11,11 +11,11 @@
 // End of epoch: exactly one batch per epoch carries last_in_epoch, and its `next` is the next
 // epoch's start. When the rest of the shard after a batch cannot make another one (nothing left,
 // or with drop_last fewer than batch_size samples) it is marked at once. When the rest is short
-// (under two batches) but might still yield one, the batch is held back unpublished until the
-// next one is filled (a look-ahead of one batch, near the end of an epoch only): an empty or
-// dropped next batch makes it the last. Only if the client itself holds the slot the look-ahead
-// needs while waiting for the held batch does it go out unmarked (no deadlock); the epoch's end
-// then shows as the next epoch's first batch.
+// (under two batches) but might still yield one, the batch is kept unpublished as the look-ahead
+// until the next one is filled (near the end of an epoch only): an empty or dropped next batch
+// makes it the last. Only if the client waits for the look-ahead while holding every other slot
+// does it go out unmarked (no deadlock); the epoch's end then shows as the next epoch's first
+// batch. The hand-over and its states are BatchSchedule's (batch_schedule.h).
 //
 // Thread-safety: thread-safe. One NextBatch call at a time per stream (a second concurrent call
 // is refused with FailedPrecondition).
@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/ringloader.pb.h"
+#include "server/daemon/batch_schedule.h"
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/sample_gate.h"
@@ -101,6 +102,8 @@ class Stream {
   uint64_t id() const { return setup_.id; }
   const std::string& segment_name() const { return ring_->name(); }
   const shm::ProducerRing& ring() const { return *ring_; }
+  // The producer's state machine (tests force interleavings through it).
+  const BatchSchedule& schedule() const { return schedule_; }
   const StreamSetup& setup() const { return setup_; }
   // Time of the last request naming this stream (for the idle reaper); now while a NextBatch call
   // is waiting, so a client is never reaped in the middle of its own request.
@@ -116,10 +119,29 @@ class Stream {
     v1::Position pos;
     pipeline::FilledBatch batch;
   };
+  // The producer thread's own bookkeeping (never shared with other threads).
+  struct ProducerCursor {
+    v1::Position next;  // where the next batch to fill starts
+    // The epoch began at cursor 0 in this stream and has yielded this many batches (published or
+    // dropped). An epoch from its start that yields none means no sample of the shard decodes.
+    bool epoch_from_start = false;
+    uint64_t batches_this_epoch = 0;
+    std::unique_ptr<pipeline::EpochShard> shard;  // of the epoch last filled
+    std::optional<Filled> look_ahead;  // kept unpublished by BatchSchedule's look-ahead rule
+  };
   void ProducerLoop();
-  // A FREE slot, or nullopt. REQUIRES: mu_ held.
-  std::optional<uint32_t> FreeSlot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AllSlotsLeased() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fill of one batch into the slot `step` gave, and what follows from it.
+  void FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step);
+  // What a filled batch's `next` is: the next epoch's start for the epoch's last batch.
+  v1::BatchHandle HandleOf(const Filled& f, bool last) const;
+  // Publishes `f` (BatchSchedule::PublishLookAhead when it is cursor.look_ahead, which it then
+  // clears; else Publish) and moves the cursor's epoch accounting on.
+  void PublishFilled(ProducerCursor& cursor, Filled& f, bool last, bool look_ahead);
+  // The shard of epoch `epoch`, made when the epoch changes.
+  const pipeline::EpochShard& ShardOf(ProducerCursor& cursor, uint64_t epoch) const;
+  // The rest of cursor.next's epoch yields nothing: on to the next epoch's start (true), or End()
+  // the stream when the whole epoch yielded no batch (false).
+  bool FinishEpoch(ProducerCursor& cursor);
   void RecordSkipped(const pipeline::FilledBatch& filled);
   v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,
                              const v1::Position& next, const pipeline::FilledBatch& filled,
@@ -129,27 +151,10 @@ class Stream {
   const std::unique_ptr<shm::ProducerRing> ring_;
   const Reservation reservation_;
   const StreamDeps deps_;
-  const uint32_t slots_;
+  BatchSchedule schedule_;  // the producer's state and the hand-over to NextBatch
   std::thread producer_;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<bool> in_next_{false};  // a NextBatch call is in progress
-
-  // std:: rather than absl:: synchronisation on purpose: Debian's prebuilt abseil is not built
-  // with -fsanitize=thread, so TSan would not see absl::Mutex's happens-before edges.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // any change of the fields below
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // the producer has nothing more to produce
-  absl::Status error_ ABSL_GUARDED_BY(mu_);      // why the stream ended early (on_error = fail)
-  bool next_busy_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t produce_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ring sequence of the next batch to fill
-  uint64_t lease_seq_ ABSL_GUARDED_BY(mu_) = 0;    // ring sequence of the next batch to lease
-  v1::Position produce_pos_ ABSL_GUARDED_BY(mu_);  // position of the next batch to fill
-  std::vector<v1::BatchHandle> handles_ ABSL_GUARDED_BY(mu_);  // per slot, once published
-  std::deque<uint32_t> ready_slots_ ABSL_GUARDED_BY(mu_);  // published, not leased, in order
-  uint32_t next_free_hint_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t batches_copied_out_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t batches_served_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ringloader::server

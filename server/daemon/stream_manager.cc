@@ -334,7 +334,10 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_layout_version(1);
   response->set_dataset_size(dataset.size());
   response->set_samples_per_epoch(shard_size);
-  response->set_batches_per_epoch((shard_size + spec.batch_size() - 1) / spec.batch_size());
+  // drop_last drops the shard's short last batch, so only whole batches count.
+  response->set_batches_per_epoch(spec.drop_last()
+                                      ? shard_size / spec.batch_size()
+                                      : (shard_size + spec.batch_size() - 1) / spec.batch_size());
   response->set_stream_token(stream->setup().token);
   response->set_shm_dir(deps_.config->server.shm_dir);
   response->set_dataset_fingerprint(dataset.fingerprint());
@@ -624,6 +627,12 @@ void StreamManager::Shutdown() {
 size_t StreamManager::open_streams() const {
   std::lock_guard<std::mutex> lock(mu_);
   return streams_.size();
+}
+
+std::shared_ptr<const Stream> StreamManager::FindStream(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second;
 }
 
 }  // namespace ringloader::server

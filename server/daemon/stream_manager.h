@@ -102,6 +102,8 @@ class StreamManager {
   // Stops the reaper and every stream; unlinks their segments. Idempotent.
   void Shutdown();
   size_t open_streams() const;
+  // The open stream `id`, or null (tests force interleavings through its schedule()).
+  std::shared_ptr<const Stream> FindStream(uint64_t id) const;
 
  private:
   absl::StatusOr<std::shared_ptr<Stream>> Find(uint64_t stream_id, uint64_t incarnation,

@@ -339,6 +339,63 @@ TEST_CASE("StreamManager: a client holding every slot gets RESOURCE_EXHAUSTED",
   CHECK(c.batch().position().sequence() == 2);
 }
 
+// Issue 26: with 2 slots, a client that keeps its previous batch while it asks for the next
+// waits for the look-ahead (the batch kept unpublished near the epoch's end) while holding the
+// other slot. The producer was asleep waiting for a slot and Next() never woke it: a hang.
+TEST_CASE("StreamManager: a 2-slot ring whose client keeps its previous batch never hangs at the "
+          "epoch's look-ahead",
+          "[daemon][streams]") {
+  Harness h;
+  v1::OpenStreamRequest r = Request(/*batch=*/8, /*end_epoch=*/2);
+  r.mutable_spec()->set_ring_slots(2);
+  const v1::OpenStreamResponse open = h.MustOpen(r);
+  std::shared_ptr<const Stream> stream = h.manager->FindStream(open.stream_id());
+  REQUIRE(stream != nullptr);
+  // 40 samples in batches of 8: after batch 3 only 8 remain (< 2 batches), so batch 3 is kept as
+  // the look-ahead until batch 4 is filled.
+  v1::NextBatchResponse previous;
+  REQUIRE(h.NextBatch(open, &previous).ok());
+  std::vector<v1::Position> seen{previous.batch().position()};
+  for (int taken = 1; taken < 4; ++taken) {
+    if (taken == 3) {
+      // The producer keeps batch 3 and sleeps for a slot; only then does the client ask.
+      REQUIRE(stream->schedule().AwaitState(ProducerState::kAwaitingSlotBehindLookAhead,
+                                            std::chrono::seconds(10)));
+      REQUIRE(stream->schedule().AwaitProducerWaiting(std::chrono::seconds(10)));
+    }
+    v1::Release keep_previous_until_now;  // released with the request after the next one
+    keep_previous_until_now.set_slot(previous.batch().slot());
+    keep_previous_until_now.set_ring_sequence(previous.batch().ring_sequence());
+    // `previous` stays leased during the wait. One call with a long wait: a retry loop would
+    // hide the hang (each ended call wakes the producer, which may then see the next one).
+    v1::NextBatchRequest request;
+    request.set_stream_id(open.stream_id());
+    request.set_incarnation(open.incarnation());
+    request.set_stream_token(open.stream_token());
+    request.set_wait_ms(10'000);
+    v1::NextBatchResponse next;
+    REQUIRE(h.manager->Next(request, &next).ok());
+    REQUIRE(next.has_batch());
+    seen.push_back(next.batch().position());
+    REQUIRE(h.Release(open, keep_previous_until_now.slot(),
+                      keep_previous_until_now.ring_sequence()).ok());
+    previous = next;
+  }
+  CHECK(seen[3].sequence() == 3);
+  // Batch 3 went out unmarked (its client waited for it), so the epoch's end shows as the next
+  // epoch's first batch; every batch still comes, in order.
+  for (int i = 0; i < 20; ++i) {
+    v1::NextBatchResponse next;
+    REQUIRE(h.NextBatch(open, &next).ok());
+    if (next.end_of_stream()) break;
+    REQUIRE(next.has_batch());
+    REQUIRE(h.Release(open, next.batch().slot(), next.batch().ring_sequence()).ok());
+    seen.push_back(next.batch().position());
+  }
+  CHECK(seen.size() == 10);  // 5 batches in each of 2 epochs
+  CHECK(seen.back().epoch() == 1);
+}
+
 TEST_CASE("StreamManager: a held slot never stops the producer: it fills the others as they "
           "come free, and counts batches the client copied out",
           "[daemon][streams]") {

@@ -163,7 +163,9 @@ def test_a_notebook_reads_the_daemons_counters_as_a_dict(tmp_path):
         after = d.stats()
         loader.close()
     assert after["batches_served"] >= served == 23 // 4
-    assert after["images_decoded"] >= 23
+    # Every served sample was decoded; the dropped tail and the next epoch's read-ahead may or
+    # may not be yet (the 5th batch can be marked last before the tail is filled).
+    assert after["images_decoded"] >= 4 * served
     assert after["decode_errors_by_reason"] == {"truncated": 1}
     [recent] = after["recent_bad_files"]
     assert (recent["dataset"], recent["path"], recent["reason"]) == (

@@ -68,9 +68,10 @@ def test_timeout_raises_deadline_exceeded_and_the_loader_goes_on(hanging_daemon)
 
 def test_ctrl_c_interrupts_a_wait_at_once_and_closes_the_stream(hanging_daemon):
     code = """
-import sys
+import signal, sys
 import ringloader as rl
 loader = rl.Loader("tiny", endpoint=sys.argv[1], batch_size=8, image_size=32, output="numpy")
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
 print("waiting", flush=True)
 try:
     next(iter(loader))
@@ -178,13 +179,14 @@ def daemon_gone(fresh_daemon):
 def test_ctrl_c_is_answered_at_once_while_reconnecting_to_a_dead_daemon(daemon_gone):
     daemon, kill = daemon_gone
     code = """
-import sys, time
+import signal, sys, time
 import ringloader as rl
 loader = rl.Loader("tiny", endpoint=sys.argv[1], batch_size=8, image_size=32, output="numpy")
 it = iter(loader)
 next(it)
 print("reading", flush=True)
 sys.stdin.readline()  # the daemon is killed meanwhile
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
 print("waiting", flush=True)
 try:
     for _ in it:

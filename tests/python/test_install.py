@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 
 import ringloader as rl
 
@@ -24,14 +23,17 @@ def test_python3_on_path_imports_it_from_any_directory():
     assert out.returncode == 0, out.stderr
 
 
-def test_daemon_binary_is_found_under_the_install_prefix():
-    prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(rl.__file__))))))
-    assert rl.find_binary("ringloaderd") == os.path.join(prefix, "bin", "ringloaderd")
+def test_daemon_binary_is_the_one_setup_installed_and_matches_the_package():
+    """scripts/setup installs the binaries into /usr/local/bin next to the package under
+    /usr/local/lib: find_binary must find that ringloaderd, and it must be this release's."""
+    found = rl.find_binary("ringloaderd")
+    assert found == "/usr/local/bin/ringloaderd"
+    out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert rl.__version__ in out.stdout + out.stderr
 
 
 def test_public_names_have_docstrings_and_the_package_is_typed():
     for name in rl.__all__:
         assert getattr(rl, name).__doc__, name
     assert os.path.exists(os.path.join(os.path.dirname(rl.__file__), "py.typed"))
-    assert sys.version_info >= (3, 9)
