@@ -172,6 +172,14 @@ class BatchFiller {
                                    SampleObserver* observer);
 
  private:
+  struct Assembly;
+  // One round: each sample still missing is a pipeline::SampleTask (sample_task.h) on the pool,
+  // decoding straight into its slot; statuses, labels and row counts go into `batch`.
+  void DecodeRound(Assembly& batch, SampleObserver* observer);
+  // Moves the round's good samples down in shard order and writes their labels, indices and
+  // lengths; records the bad ones (DataLoss for the first with on_error = fail).
+  absl::Status CompactRound(Assembly& batch, FilledBatch& filled);
+
   WorkerPool& pool_;
   const image::DecodeLimits default_limits_;
   const FillerOptions options_;

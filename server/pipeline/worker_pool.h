@@ -21,27 +21,40 @@
 
 namespace ringloader::pipeline {
 
-// A running task's handle on its deadline (see the top of this file).
-class TaskControl {
+// A running task's handle on its deadline (see the top of this file). An interface, so that a
+// task's own state machine (pipeline::SampleTask) can be driven through every outcome in tests.
+class TaskGate {
  public:
-  struct State;
-  explicit TaskControl(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  virtual ~TaskGate() = default;
   // The task has copied everything it needs from its caller (its captures) into its own locals:
   // only from here on may it be abandoned. A task that never calls it is waited for like a
   // committed one.
-  void Checkpoint();
+  virtual void Checkpoint() = 0;
   // The task is about to write the caller's data. False when it was abandoned: it must then
   // return at once, touching nothing of the caller's (its captures may be gone).
-  bool Commit();
+  virtual bool Commit() = 0;
   // Around a wait that is not the task's fault (memory backpressure): the deadline does not run
   // while waiting and counts afresh afterwards. BeginWait is false when already abandoned.
-  bool BeginWait();
-  void EndWait();
+  virtual bool BeginWait() = 0;
+  virtual void EndWait() = 0;
   // True once the caller gave up on the task (then it must return at once, touching nothing).
-  bool Abandoned() const;
+  virtual bool Abandoned() const = 0;
   // Hands `bytes` the task holds (a memory draw) to whoever abandons it: on_abandoned gets them
   // and gives them back, since the stuck task never will. Call before EndWait.
-  void SetDrawn(uint64_t bytes);
+  virtual void SetDrawn(uint64_t bytes) = 0;
+};
+
+// The pool's TaskGate.
+class TaskControl final : public TaskGate {
+ public:
+  struct State;
+  explicit TaskControl(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  void Checkpoint() override;
+  bool Commit() override;
+  bool BeginWait() override;
+  void EndWait() override;
+  bool Abandoned() const override;
+  void SetDrawn(uint64_t bytes) override;
 
  private:
   std::shared_ptr<State> state_;

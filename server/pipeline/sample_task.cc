@@ -1,0 +1,200 @@
+#include "server/pipeline/sample_task.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+// How much of a file is read to find its header before the rest (JPEG headers with EXIF, ICC
+// and thumbnails usually end well before this).
+constexpr uint64_t kHeaderPeekBytes = 64 << 10;
+
+// Every sample error names its file: observers may return statuses that do not.
+absl::Status NamingPath(const absl::Status& status, const std::string& path) {
+  if (absl::StartsWith(status.message(), path)) return status;
+  absl::Status named(status.code(), absl::StrCat(path, ": ", status.message()));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
+  return named;
+}
+
+// A step called in a state it does not belong to: a bug in Fill, not in the data.
+void Expect(bool ok) {
+  if (!ok) std::abort();
+}
+
+}  // namespace
+
+std::string_view SampleTaskStateName(SampleTask::State state) {
+  switch (state) {
+    case SampleTask::State::kReading: return "reading";
+    case SampleTask::State::kFailed: return "failed";
+    case SampleTask::State::kRead: return "read";
+    case SampleTask::State::kCommitted: return "committed";
+    case SampleTask::State::kDone: return "done";
+    case SampleTask::State::kAbandoned: return "abandoned";
+  }
+  return "unknown";
+}
+
+SampleTask::SampleTask(SampleJob job, TaskGate& gate)
+    : job_(std::move(job)), gate_(gate), where_(job_.dataset->AbsolutePath(job_.index)) {
+  gate_.Checkpoint();  // from here on only our copies are touched until the commit
+}
+
+SampleTask::State SampleTask::Run(const SampleOutput& out, const Worker& worker) {
+  if (Open() && DrawMemory()) ReadImage();
+  if (state_ == State::kAbandoned || !Commit()) return state_;
+  Complete(out, worker);
+  return state_;
+}
+
+bool SampleTask::CheckNotAbandoned() {
+  if (!gate_.Abandoned()) return true;
+  state_ = State::kAbandoned;
+  return false;
+}
+
+bool SampleTask::Fail(absl::Status status) {
+  if (!CheckNotAbandoned()) return false;
+  status_ = NamingPath(status, where_);
+  state_ = State::kFailed;
+  return false;
+}
+
+bool SampleTask::Open() {
+  Expect(state_ == State::kReading && !reader_);
+  if (job_.observer != nullptr) job_.observer->BeforeRead(*job_.dataset, job_.index);
+  if (!CheckNotAbandoned()) return false;
+  absl::StatusOr<SampleReader> reader =
+      SampleReader::Open(*job_.dataset, job_.index, job_.limits.max_file_bytes, job_.io_retry);
+  if (!CheckNotAbandoned()) return false;
+  if (!reader.ok()) return Fail(reader.status());
+  reader_.emplace(*std::move(reader));
+  return true;
+}
+
+bool SampleTask::DrawMemory() {
+  Expect(state_ == State::kReading && reader_);
+  if (!job_.dataset->has_images() || job_.memory == nullptr || job_.cached) return true;
+  bool whole = false;
+  absl::StatusOr<std::vector<uint8_t>> head = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
+  if (!CheckNotAbandoned()) return false;
+  if (!head.ok()) return Fail(head.status());
+  absl::StatusOr<image::DecodePlan> plan =
+      head->empty()
+          ? image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform)
+          : image::SampleDecoder::PlanFromHeader(*head, where_, job_.limits, job_.transform);
+  if (!plan.ok()) {
+    // Only a header cut off by the end of the peek (huge metadata) earns the benefit of the
+    // doubt: assume the worst it may hold. Any other header error is final.
+    if (whole || image::ErrorReason(plan.status()) != "truncated") return Fail(plan.status());
+    plan = image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform);
+  }
+  const uint64_t need = reader_->read_bytes() + plan->bytes();
+  if (!gate_.BeginWait()) {
+    state_ = State::kAbandoned;
+    return false;
+  }
+  absl::Status granted = job_.memory->Acquire(need);
+  if (granted.ok()) {
+    gate_.SetDrawn(need);  // whoever abandons us gives it back
+    drawn_ = need;
+    libjpeg_cap_ = plan->libjpeg_bytes;
+  }
+  gate_.EndWait();
+  if (!granted.ok()) return Fail(image::WithReason(std::move(granted), "too_large"));
+  return true;
+}
+
+bool SampleTask::ReadImage() {
+  Expect(state_ == State::kReading && reader_);
+  if (job_.dataset->has_images() && !job_.cached) {
+    absl::StatusOr<ImageBytes> image = reader_->ReadImage();
+    // Abandoned while reading: the draw is the abandoner's to give back, so it is forgotten.
+    if (gate_.Abandoned()) {
+      drawn_ = 0;
+      state_ = State::kAbandoned;
+      return false;
+    }
+    if (!image.ok()) {
+      status_ = NamingPath(image.status(), where_);
+      state_ = State::kFailed;
+      return false;
+    }
+    image_.emplace(*std::move(image));
+  }
+  state_ = State::kRead;
+  return true;
+}
+
+bool SampleTask::Commit() {
+  Expect(state_ == State::kRead || state_ == State::kFailed);
+  if (!gate_.Commit()) {
+    drawn_ = 0;  // the abandoner gives it back
+    state_ = State::kAbandoned;
+    return false;
+  }
+  state_ = State::kCommitted;
+  return true;
+}
+
+void SampleTask::Complete(const SampleOutput& out, const Worker& worker) {
+  Expect(state_ == State::kCommitted);
+  absl::Status status = status_;
+  if (status.ok()) status = Decode(out, worker);
+  image_.reset();  // the file's bytes go before the draw
+  GiveBackMemory();
+  if (!status.ok()) *out.status = NamingPath(status, where_);
+  status_ = std::move(status);
+  state_ = State::kDone;
+}
+
+absl::Status SampleTask::Decode(const SampleOutput& out, const Worker& worker) {
+  const Dataset& dataset = *job_.dataset;
+  // The observer watches everything after the commit (labels and extra tensors are read here
+  // too): no deadline can abandon the task any more.
+  absl::Status status;
+  const bool observed = job_.observer != nullptr;
+  if (observed) status = job_.observer->BeforeDecode(dataset, job_.index, worker.id);
+  if (status.ok() && dataset.has_labels()) {
+    absl::StatusOr<int64_t> label = reader_->ReadLabel();
+    if (label.ok()) *out.label = *label;
+    status = label.status();
+  }
+  for (uint32_t t = 0; status.ok() && t < out.tensors.size(); ++t) {
+    absl::StatusOr<uint64_t> rows = reader_->ReadTensor(t, out.tensors[t]);
+    if (rows.ok()) out.rows[t] = *rows;
+    status = rows.status();
+  }
+  if (status.ok() && job_.cached) {
+    if (!job_.cache->Lookup(job_.cache_key, job_.index, out.image)) {  // never evicted
+      status = absl::InternalError("sample cache: an entry it held is gone");
+    }
+  } else if (status.ok() && dataset.has_images()) {
+    image::SampleDecoder& decoder = worker.decoder;
+    decoder.set_limits(job_.limits);
+    decoder.set_memory_cap(libjpeg_cap_);
+    decoder.set_deadline(job_.decode_deadline.count() > 0
+                             ? std::chrono::steady_clock::now() + job_.decode_deadline
+                             : std::chrono::steady_clock::time_point::max());
+    image::SampleRng rng(job_.seed, job_.epoch, job_.index);
+    status = decoder.DecodeInto(image_->image(), where_, job_.transform, rng, out.image);
+    if (status.ok() && job_.cache != nullptr) {
+      job_.cache->Insert(job_.cache_key, job_.index, out.image);
+    }
+  }
+  if (observed) job_.observer->AfterDecode(dataset, job_.index, worker.id);
+  return status;
+}
+
+void SampleTask::GiveBackMemory() {
+  if (drawn_ > 0) job_.memory->Release(drawn_);
+  drawn_ = 0;
+}
+
+}  // namespace ringloader::pipeline
