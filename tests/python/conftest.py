@@ -52,6 +52,15 @@ def fresh_daemon(tiny_dataset: Path):
         yield d
 
 
+@pytest.fixture()
+def hanging_daemon(tiny_dataset):
+    """Every read blocks: a stream waits for its first batch for good."""
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, memory_limit="1GiB",
+                   decode_deadline_ms=600000,
+                   failpoints={"action": "hang", "crash_on_path": "*"}) as d:
+        yield d
+
+
 def worker_pid(daemon: rl.Daemon) -> int:
     """The pid of the daemon proper (the supervisor's child)."""
     deadline = time.monotonic() + 30

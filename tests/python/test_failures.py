@@ -49,15 +49,6 @@ def wait_for_open_streams(daemon: rl.Daemon, count: int) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture()
-def hanging_daemon(tiny_dataset):
-    """Every read blocks: a stream waits for its first batch for good."""
-    with rl.Daemon(datasets={"tiny": tiny_dataset}, memory_limit="1GiB",
-                   decode_deadline_ms=600000,
-                   failpoints={"action": "hang", "crash_on_path": "*"}) as d:
-        yield d
-
-
 def test_timeout_raises_deadline_exceeded_and_the_loader_goes_on(hanging_daemon):
     loader = rl.Loader("tiny", endpoint=hanging_daemon.endpoint, timeout=0.5, **OPTS)
     with pytest.raises(rl.DeadlineExceeded, match="no batch within"):

@@ -14,16 +14,14 @@ import sys
 import threading
 import time
 import typing
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import ringloader as rl
 import ringloader.torch as rlt
-from conftest import TINY_COUNT, ctl, digest, indices_of, make_dataset, run_python
+from conftest import TINY_COUNT, digest, indices_of, make_dataset, run_python
 
 OPTS = dict(batch_size=8, image_size=32, seed=5, output="numpy")
 HERE = os.path.dirname(__file__)
@@ -31,15 +29,6 @@ HERE = os.path.dirname(__file__)
 
 def loader_of(daemon: rl.Daemon, **kw) -> rl.Loader:
     return rl.Loader("tiny", endpoint=daemon.endpoint, **{**OPTS, **kw})
-
-
-@pytest.fixture()
-def hanging_daemon(tiny_dataset):
-    """Every read blocks: a stream waits for its first batch for good."""
-    with rl.Daemon(datasets={"tiny": tiny_dataset}, memory_limit="1GiB",
-                   decode_deadline_ms=600000,
-                   failpoints={"action": "hang", "crash_on_path": "*"}) as d:
-        yield d
 
 
 # ---- 1. no use-after-free, whatever the threads and signals do ----
@@ -195,6 +184,30 @@ def test_a_two_slot_ring_with_the_previous_batch_held_never_hangs(short_shards):
         mine, theirs = epochs[(0, epoch)], epochs[(1, epoch)]
         assert len(mine) == len(set(mine)) == 100 == len(theirs)
         assert sorted(mine + theirs) == list(range(200))
+
+
+def test_an_epoch_whose_end_is_unmarked_ends_the_pass_by_position(tmp_path):
+    """80 good files, then 40 that do not decode (in dataset order, shuffle off), in batches of
+    40 through 2 slots while the loop keeps its previous batch: batch 1 is the look-ahead, sent
+    unmarked because the loop waits for it, and batch 2 comes out empty. No batch says
+    last_in_epoch; the next epoch's first batch ends the pass, and opens the next one."""
+    root = make_dataset(tmp_path / "data", 80, 2)
+    (root / "zz_corrupt").mkdir()
+    for i in range(40):
+        (root / "zz_corrupt" / f"bad_{i:02d}.jpg").write_bytes(b"not a jpeg")
+    with rl.Daemon(datasets={"tail": root}, memory_limit="1GiB", ring_slots=2) as d:
+        loader = rl.Loader("tail", endpoint=d.endpoint, batch_size=40, image_size=32,
+                           shuffle=False, ring_slots=2, timeout=60, output="numpy")
+        for epoch in range(3):
+            batches = []
+            for batch in loader:
+                batches.append(batch)
+            assert [b.position["epoch"] for b in batches] == [epoch, epoch]
+            assert sorted(i for b in batches for i in b["indices"].tolist()) == list(range(80))
+            if epoch == 0:
+                assert not batches[-1].last_in_epoch  # the end was seen by position
+            del batches
+        loader.close()
 
 
 @pytest.mark.parametrize("call", ["len(loader)", "next(iter(loader))", "loader.peek()"])

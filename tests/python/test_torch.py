@@ -35,44 +35,46 @@ def test_dataloader_workers_are_refused_with_a_clear_message(daemon):
     loader.close()
 
 
-def test_loader_follows_the_stateful_protocol(daemon, tmp_path):
-    """state_dict() is a plain JSON-safe dict that round-trips through a checkpoint (torch.save,
-    and torch.distributed.checkpoint where this torch has it) into a new Loader, which continues
-    with exactly the next batch."""
-    def take(loader, n):
-        it = iter(loader)
-        return [next(it)["indices"].tolist() for _ in range(n)]
+def take(loader, n):
+    it = iter(loader)
+    return [next(it)["indices"].tolist() for _ in range(n)]
 
+
+def state_after_four_batches(daemon):
+    """A loader's state_dict() after 4 batches, and the 3 batches that follow it."""
     loader = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
     it = iter(loader)
     for _ in range(4):
         next(it)
     state = loader.state_dict()
-    expected = [next(it)["indices"].tolist() for _ in range(3)]
+    return state, [next(it)["indices"].tolist() for _ in range(3)]
+
+
+def test_loader_follows_the_stateful_protocol(daemon, tmp_path):
+    """state_dict() is a plain JSON-safe dict that round-trips through a torch.save checkpoint
+    into a new Loader, which continues with exactly the next batch."""
+    state, expected = state_after_four_batches(daemon)
     assert json.loads(json.dumps(state)) == state
     torch.save({"loader": state}, tmp_path / "ckpt.pt")
     restored = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
     restored.load_state_dict(torch.load(tmp_path / "ckpt.pt")["loader"])
     assert take(restored, 3) == expected
 
-    dcp = pytest.importorskip("torch.distributed.checkpoint")
-    if not hasattr(dcp, "FileSystemWriter"):
-        pytest.skip("this torch's distributed.checkpoint has no FileSystemWriter")
-    app = {"loader": loader_state_copy(state)}
+
+def test_loader_state_round_trips_through_torch_distributed_checkpoint(daemon, tmp_path):
+    dcp = pytest.importorskip("torch.distributed.checkpoint",
+                              reason="Debian's torch has no torch.distributed.checkpoint")
+    state, expected = state_after_four_batches(daemon)
     save = getattr(dcp, "save_state_dict", None) or dcp.save
     load = getattr(dcp, "load_state_dict", None) or dcp.load
-    save(state_dict=app, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
-    into = {"loader": {key: type(value)() for key, value in state.items()}}
-    load(state_dict=into, storage_reader=dcp.FileSystemReader(str(tmp_path / "dcp")),
+    save(state_dict={"loader": state}, storage_writer=dcp.FileSystemWriter(str(tmp_path)),
          no_dist=True)
+    into = {"loader": {key: type(value)() for key, value in state.items()}}
+    load(state_dict=into, storage_reader=dcp.FileSystemReader(str(tmp_path)), no_dist=True)
     assert into["loader"] == state
     again = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
     again.load_state_dict(into["loader"])
     assert take(again, 3) == expected
-
-
-def loader_state_copy(state):
-    return json.loads(json.dumps(state))
 
 
 def test_the_resnet_example_trains_checkpoints_and_resumes(daemon, tmp_path):
