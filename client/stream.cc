@@ -160,8 +160,9 @@ struct Stream::Impl {
       CheckInterrupted();
       const auto now = Clock::now();
       if (now >= until) return;
-      std::this_thread::sleep_for(interrupted ? std::min<Clock::duration>(until - now, kInterruptPoll)
-                                              : until - now);
+      const Clock::duration left = until - now;
+      std::this_thread::sleep_for(interrupted ? std::min<Clock::duration>(left, kInterruptPoll)
+                                              : left);
     }
   }
 

@@ -27,19 +27,25 @@ void CheckRing(const absl::Status& status, uint64_t stream_id) {
 
 std::string_view ProducerStateName(ProducerState state) {
   switch (state) {
-    case ProducerState::kAwaitingSlot: return "awaiting_slot";
-    case ProducerState::kFilling: return "filling";
-    case ProducerState::kAwaitingSlotBehindLookAhead: return "awaiting_slot_behind_look_ahead";
-    case ProducerState::kFillingBehindLookAhead: return "filling_behind_look_ahead";
-    case ProducerState::kReleasingLookAhead: return "releasing_look_ahead";
-    case ProducerState::kEnded: return "ended";
-    case ProducerState::kStopped: return "stopped";
+    case ProducerState::kAwaitingSlot:
+      return "awaiting_slot";
+    case ProducerState::kFilling:
+      return "filling";
+    case ProducerState::kAwaitingSlotBehindLookAhead:
+      return "awaiting_slot_behind_look_ahead";
+    case ProducerState::kFillingBehindLookAhead:
+      return "filling_behind_look_ahead";
+    case ProducerState::kReleasingLookAhead:
+      return "releasing_look_ahead";
+    case ProducerState::kEnded:
+      return "ended";
+    case ProducerState::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
 
-BatchSchedule::BatchSchedule(uint64_t stream_id, shm::ProducerRing& ring,
-                             const v1::Position& start)
+BatchSchedule::BatchSchedule(uint64_t stream_id, shm::ProducerRing& ring, const v1::Position& start)
     : stream_id_(stream_id), ring_(ring), slots_(ring.slot_count()) {
   std::lock_guard<std::mutex> lock(mu_);
   handles_.resize(slots_);
@@ -49,7 +55,8 @@ BatchSchedule::BatchSchedule(uint64_t stream_id, shm::ProducerRing& ring,
 void BatchSchedule::Expect(std::initializer_list<ProducerState> allowed,
                            const char* transition) const {
   if (std::find(allowed.begin(), allowed.end(), state_) != allowed.end()) return;
-  Broken(stream_id_, absl::StrCat(transition, " in state ", std::string(ProducerStateName(state_))));
+  Broken(stream_id_,
+         absl::StrCat(transition, " in state ", std::string(ProducerStateName(state_))));
 }
 
 void BatchSchedule::Enter(ProducerState state) {
@@ -115,9 +122,9 @@ void BatchSchedule::Publish(v1::BatchHandle handle, uint64_t payload_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Expect({ProducerState::kFilling}, "Publish");
   if (handle.slot() != filling_slot_ || handle.ring_sequence() != fill_sequence_) {
-    Broken(stream_id_, absl::StrCat("Publish of slot ", handle.slot(), " sequence ",
-                                    handle.ring_sequence(), ", filling slot ", filling_slot_,
-                                    " sequence ", fill_sequence_));
+    Broken(stream_id_,
+           absl::StrCat("Publish of slot ", handle.slot(), " sequence ", handle.ring_sequence(),
+                        ", filling slot ", filling_slot_, " sequence ", fill_sequence_));
   }
   ++fill_sequence_;
   MakeReady(std::move(handle));
@@ -139,8 +146,8 @@ void BatchSchedule::PublishLookAhead(v1::BatchHandle handle, uint64_t payload_by
          "PublishLookAhead");
   if (handle.slot() != look_ahead_slot_ || handle.ring_sequence() != look_ahead_sequence_) {
     Broken(stream_id_, absl::StrCat("PublishLookAhead of slot ", handle.slot(), " sequence ",
-                                    handle.ring_sequence(), ", look-ahead slot ",
-                                    look_ahead_slot_, " sequence ", look_ahead_sequence_));
+                                    handle.ring_sequence(), ", look-ahead slot ", look_ahead_slot_,
+                                    " sequence ", look_ahead_sequence_));
   }
   MakeReady(std::move(handle));
   Enter(state_ == ProducerState::kFillingBehindLookAhead ? ProducerState::kFilling
@@ -213,7 +220,8 @@ absl::Status BatchSchedule::Next(Clock::time_point deadline, v1::NextBatchRespon
     const auto step = std::min(deadline, Clock::now() + kCancelCheck);
     if (cv_.wait_until(lock, step) == std::cv_status::timeout) {
       if (cancelled && cancelled()) {
-        return absl::CancelledError(absl::StrCat("stream ", stream_id_, ": the call was cancelled"));
+        return absl::CancelledError(
+            absl::StrCat("stream ", stream_id_, ": the call was cancelled"));
       }
       if (Clock::now() >= deadline) {
         out->set_pending(true);
@@ -254,23 +262,20 @@ ProducerState BatchSchedule::state() const {
 
 bool BatchSchedule::AwaitState(ProducerState state, std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return state_ == state;
-  });
+  return cv_.wait_for(lock, timeout,
+                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_ == state; });
 }
 
 bool BatchSchedule::AwaitProducerWaiting(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return producer_waiting_;
-  });
+  return cv_.wait_for(lock, timeout,
+                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return producer_waiting_; });
 }
 
 bool BatchSchedule::AwaitClientWaiting(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return client_waiting_;
-  });
+  return cv_.wait_for(lock, timeout,
+                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return client_waiting_; });
 }
 
 v1::Position BatchSchedule::published_next() const {

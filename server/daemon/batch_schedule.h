@@ -11,16 +11,18 @@
 // checks the state it expects (a wrong one is a bug: the process stops loudly), changes it and
 // wakes whoever waits.
 //
-//   kAwaitingSlot ─AwaitSlot: a FREE slot─► kFilling ─Publish─► kAwaitingSlot
-//                                           kFilling ─Abandon (nothing to publish)─► kAwaitingSlot
-//                                           kFilling ─KeepAsLookAhead─► kAwaitingSlotBehindLookAhead
-//   kAwaitingSlotBehindLookAhead ─AwaitSlot: a FREE slot─► kFillingBehindLookAhead
-//   kAwaitingSlotBehindLookAhead ─AwaitSlot: the client waits for the look-ahead and holds every
-//                                 other slot─► kReleasingLookAhead
-//   kFillingBehindLookAhead ─PublishLookAhead─► kFilling   (the new batch is decided on its own)
-//   kReleasingLookAhead ─PublishLookAhead (unmarked)─► kAwaitingSlot
-//   kAwaitingSlot, kFilling ─End─► kEnded (nothing more to fill: end_epoch, or an error)
-//   kAwaitingSlot*, kEnded ─AwaitSlot after Stop()─► kStopped
+//   from                    transition                                 to
+//   AwaitingSlot            AwaitSlot: a FREE slot                     Filling
+//   Filling                 Publish                                    AwaitingSlot
+//   Filling                 Abandon (the fill yielded nothing)         AwaitingSlot
+//   Filling                 KeepAsLookAhead                            AwaitingSlotBehindLookAhead
+//   AwaitingSlotBehind...   AwaitSlot: a FREE slot                     FillingBehindLookAhead
+//   AwaitingSlotBehind...   AwaitSlot: the client waits for the        ReleasingLookAhead
+//                           look-ahead and holds every other slot
+//   FillingBehindLookAhead  PublishLookAhead (then the new batch)      Filling
+//   ReleasingLookAhead      PublishLookAhead (unmarked)                AwaitingSlot
+//   AwaitingSlot, Filling   End (end_epoch, or an error)               Ended
+//   AwaitingSlot*, Ended    AwaitSlot after Stop()                     Stopped
 //
 // The one rule that keeps a short ring from deadlocking: a client waiting in Next() for the
 // look-ahead while it holds every other slot (a Python loop keeps its previous batch) can only
@@ -50,12 +52,12 @@
 namespace ringloader::server {
 
 enum class ProducerState {
-  kAwaitingSlot,                  // waits for a FREE slot
-  kFilling,                       // fills the slot AwaitSlot gave (without the lock)
-  kAwaitingSlotBehindLookAhead,   // keeps the look-ahead; waits for a slot for the batch after it
-  kFillingBehindLookAhead,        // keeps the look-ahead; fills the batch after it
-  kReleasingLookAhead,            // publishes the look-ahead unmarked (its client waits for it)
-  kEnded,                         // fills nothing more; waits for Stop()
+  kAwaitingSlot,                 // waits for a FREE slot
+  kFilling,                      // fills the slot AwaitSlot gave (without the lock)
+  kAwaitingSlotBehindLookAhead,  // keeps the look-ahead; waits for a slot for the batch after it
+  kFillingBehindLookAhead,       // keeps the look-ahead; fills the batch after it
+  kReleasingLookAhead,           // publishes the look-ahead unmarked (its client waits for it)
+  kEnded,                        // fills nothing more; waits for Stop()
   kStopped,
 };
 std::string_view ProducerStateName(ProducerState state);
@@ -153,12 +155,12 @@ class BatchSchedule {
   mutable std::condition_variable cv_;  // any change of the fields below
   ProducerState state_ ABSL_GUARDED_BY(mu_) = ProducerState::kAwaitingSlot;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status end_status_ ABSL_GUARDED_BY(mu_);  // of End()
-  bool client_waiting_ ABSL_GUARDED_BY(mu_) = false;  // a Next() call is in progress
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);        // of End()
+  bool client_waiting_ ABSL_GUARDED_BY(mu_) = false;    // a Next() call is in progress
   bool producer_waiting_ ABSL_GUARDED_BY(mu_) = false;  // asleep in AwaitSlot()
-  uint64_t fill_sequence_ ABSL_GUARDED_BY(mu_) = 0;   // ring sequence of the next batch filled
-  uint32_t filling_slot_ ABSL_GUARDED_BY(mu_) = 0;    // in kFilling*
-  uint32_t look_ahead_slot_ ABSL_GUARDED_BY(mu_) = 0;  // in the *LookAhead states
+  uint64_t fill_sequence_ ABSL_GUARDED_BY(mu_) = 0;     // ring sequence of the next batch filled
+  uint32_t filling_slot_ ABSL_GUARDED_BY(mu_) = 0;      // in kFilling*
+  uint32_t look_ahead_slot_ ABSL_GUARDED_BY(mu_) = 0;   // in the *LookAhead states
   uint64_t look_ahead_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t lease_sequence_ ABSL_GUARDED_BY(mu_) = 0;  // ring sequence of the next batch to lease
   uint32_t next_free_hint_ ABSL_GUARDED_BY(mu_) = 0;

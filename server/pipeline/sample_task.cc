@@ -31,12 +31,18 @@ void Expect(bool ok) {
 
 std::string_view SampleTaskStateName(SampleTask::State state) {
   switch (state) {
-    case SampleTask::State::kReading: return "reading";
-    case SampleTask::State::kFailed: return "failed";
-    case SampleTask::State::kRead: return "read";
-    case SampleTask::State::kCommitted: return "committed";
-    case SampleTask::State::kDone: return "done";
-    case SampleTask::State::kAbandoned: return "abandoned";
+    case SampleTask::State::kReading:
+      return "reading";
+    case SampleTask::State::kFailed:
+      return "failed";
+    case SampleTask::State::kRead:
+      return "read";
+    case SampleTask::State::kCommitted:
+      return "committed";
+    case SampleTask::State::kDone:
+      return "done";
+    case SampleTask::State::kAbandoned:
+      return "abandoned";
   }
   return "unknown";
 }

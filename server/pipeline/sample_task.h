@@ -45,8 +45,8 @@ struct SampleJob {
   image::TransformSpec transform;
   uint64_t seed = 0;
   uint64_t epoch = 0;
-  DecodeMemory* memory = nullptr;        // null = unaccounted; outlives every task
-  SampleObserver* observer = nullptr;    // may be null; outlives every task
+  DecodeMemory* memory = nullptr;      // null = unaccounted; outlives every task
+  SampleObserver* observer = nullptr;  // may be null; outlives every task
   std::chrono::milliseconds io_retry{30'000};
   std::chrono::milliseconds decode_deadline{0};  // 0 = none
   SampleCache* cache = nullptr;  // set when the image may come from (and go to) the eval cache
@@ -57,10 +57,10 @@ struct SampleJob {
 // Where a committed task writes: the caller's memory, valid until its Fill call returns, so
 // touched only after Commit().
 struct SampleOutput {
-  absl::Status* status = nullptr;  // left OK for a good sample
-  int64_t* label = nullptr;        // -1 stays for a dataset without labels
-  std::span<uint64_t> rows;        // one per dataset tensor: its first-dimension length
-  std::span<uint8_t> image;        // empty for a dataset without images
+  absl::Status* status = nullptr;           // left OK for a good sample
+  int64_t* label = nullptr;                 // -1 stays for a dataset without labels
+  std::span<uint64_t> rows;                 // one per dataset tensor: its first-dimension length
+  std::span<uint8_t> image;                 // empty for a dataset without images
   std::vector<std::span<uint8_t>> tensors;  // one per dataset tensor
 };
 
@@ -112,7 +112,7 @@ class SampleTask {
   TaskGate& gate_;
   const std::string where_;  // the sample's path, as its errors start
   State state_ = State::kReading;
-  absl::Status status_;      // why it failed (kFailed, and after Complete)
+  absl::Status status_;  // why it failed (kFailed, and after Complete)
   std::optional<SampleReader> reader_;
   std::optional<ImageBytes> image_;
   uint64_t drawn_ = 0;        // bytes of job.memory this task holds

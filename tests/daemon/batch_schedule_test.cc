@@ -4,7 +4,6 @@
 #include "server/daemon/batch_schedule.h"
 
 #include <catch2/catch.hpp>
-
 #include <future>
 #include <memory>
 #include <thread>
@@ -172,9 +171,10 @@ TEST_CASE("BatchSchedule: behind the look-ahead, a fill that yields nothing is a
 
 // The 2-slot hang of issue 26: the client holds its previous batch (one slot) and waits for the
 // look-ahead (the other). Only publishing the look-ahead unmarked can answer it.
-TEST_CASE("BatchSchedule: a client waiting for the look-ahead while holding every other slot gets "
-          "it, also when the producer was already asleep",
-          "[daemon][schedule]") {
+TEST_CASE(
+    "BatchSchedule: a client waiting for the look-ahead while holding every other slot gets "
+    "it, also when the producer was already asleep",
+    "[daemon][schedule]") {
   Fixture f(2);
   const Step held = f.FillAndPublish();
   f.Lease();  // the client keeps it, as a Python loop keeps its previous batch

@@ -3,9 +3,8 @@
 // at an unknown moment).
 #include "server/pipeline/sample_task.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -40,7 +39,7 @@ struct ScriptedGate : TaskGate {
   bool refuse_wait = false;    // abandoned as the memory wait begins
   bool refuse_commit = false;  // abandoned just before the commit
   bool waiting = false;
-  uint64_t handed_over = 0;    // what an abandoner would give back
+  uint64_t handed_over = 0;  // what an abandoner would give back
 };
 
 // memory_limit in miniature: grants while it fits, refuses what never can.
@@ -176,9 +175,10 @@ TEST_CASE("SampleTask: Run does every step and gives the same bytes", "[pipeline
   CHECK(f.image == expected);
 }
 
-TEST_CASE("SampleTask: abandoned at any step before the commit, it touches nothing of the "
-          "caller's and leaves its memory to the abandoner",
-          "[pipeline][sample_task]") {
+TEST_CASE(
+    "SampleTask: abandoned at any step before the commit, it touches nothing of the "
+    "caller's and leaves its memory to the abandoner",
+    "[pipeline][sample_task]") {
   Fixture f;
   SampleTask task(f.Job(), f.gate);
   SECTION("before the open") {
@@ -252,9 +252,10 @@ TEST_CASE("SampleTask: a failed step is committed and written as the sample's er
   CHECK(std::count(f.observer.calls.begin(), f.observer.calls.end(), "after 1") == 0);
 }
 
-TEST_CASE("SampleTask: the observer's refusal after the commit fails the sample and still ends "
-          "its watch",
-          "[pipeline][sample_task]") {
+TEST_CASE(
+    "SampleTask: the observer's refusal after the commit fails the sample and still ends "
+    "its watch",
+    "[pipeline][sample_task]") {
   Fixture f;
   f.observer.refuse = absl::FailedPreconditionError("quarantined");
   SampleTask task(f.Job(), f.gate);
