@@ -144,6 +144,8 @@ int Main(int argc, char** argv) {
   validate_cmd->add_option("--path", validate.path,
                            "the dataset root, or shard pattern (without --config)");
   validate_cmd->add_option("--manifest", validate.manifest, "manifest file (format manifest)");
+  validate_cmd->add_option("--label", validate.label,
+                           "arrays: the NAME.npy whose rows are the labels (config's `label`)");
   validate_cmd->add_option("--jobs", validate.jobs, "decode threads (0 = one per CPU)")
       ->capture_default_str();
   uint64_t max_pixels = 0;

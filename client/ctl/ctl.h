@@ -108,6 +108,7 @@ struct ValidateOptions {
   std::string format = "imagefolder";  // imagefolder | manifest
   std::string path;
   std::string manifest;
+  std::string label;  // arrays: the NAME.npy whose rows are the labels (the config's `label`)
   uint32_t jobs = 0;  // 0 = one per CPU
   std::optional<uint64_t> max_pixels;  // unset: the config's or the default
 };

@@ -71,8 +71,12 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     if (spec.format == pipeline::DatasetFormat::kManifest && options.manifest.empty()) {
       return usage("--format manifest needs --manifest FILE");
     }
+    if (!options.label.empty() && spec.format != pipeline::DatasetFormat::kArrays) {
+      return usage("--label applies to --format arrays only");
+    }
     spec.root = options.path;
     spec.manifest_path = options.manifest;
+    spec.label_array = options.label;
   }
   if (options.max_pixels.has_value()) {
     if (*options.max_pixels == 0) return usage("--max-pixels must be > 0");

@@ -249,7 +249,20 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
         }
         if (!label_ext.empty() && ext == label_ext) s.label = extent;
         if (absl::EndsWith(ext, ".npy") && ext.size() > 4) {
-          s.tensors.emplace_back(ext.substr(0, ext.size() - 4), extent);
+          const std::string name = ext.substr(0, ext.size() - 4);
+          // A member that would take a name the batch already uses (KEY.images.npy) would
+          // overwrite that tensor: it is not served, and the shard's problems say why.
+          if (absl::Status named = CheckTensorName(name, TensorSource::kWebDatasetMember);
+              !named.ok()) {
+            AddProblem(list, files.files[f],
+                       image::WithReason(absl::InvalidArgumentError(absl::StrCat(
+                                             files.files[f], "#", sample.key, ".", ext, ": ",
+                                             named.message(), "; the member is not served")),
+                                         "unsupported"),
+                       extent.offset);
+            continue;
+          }
+          s.tensors.emplace_back(name, extent);
         }
       }
       list.Add(absl::StrCat(files.files[f], "#", sample.key), -1);
@@ -335,9 +348,27 @@ absl::StatusOr<SampleList> IndexArrays(const DatasetSpec& spec, std::vector<Arra
     ArrayColumn column;
     column.name = name.substr(0, name.size() - 4);
     column.path = Join(spec.root, name);
+    // The label column is read as labels, so only the others become tensors of their name.
+    if (column.name != spec.label_array) {
+      if (absl::Status named = CheckTensorName(column.name, TensorSource::kArraysFile);
+          !named.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            column.path, ": ", named.message(),
+            column.name == "labels" ? " (to read it as the labels, set label = \"labels\")"
+                                    : "; rename the file"));
+      }
+    }
     absl::StatusOr<NpyHeader> header = ReadNpyHeader(column.path);
     if (!header.ok()) return header.status();
     column.header = *std::move(header);
+    if (column.header.row_bytes == 0) {
+      // Its first dimension would be the sample count, with nothing in any sample: a 128-byte
+      // file could claim 10^12 samples.
+      return absl::InvalidArgumentError(absl::StrCat(
+          column.path, ": ", NpyTypeName(column.header.type), " ",
+          ShapeText(column.header.shape), " has rows of 0 bytes: an array of the dataset needs ",
+          "one non-empty row per sample"));
+    }
     if (!found.empty() && column.header.shape[0] != found[0].header.shape[0]) {
       return absl::InvalidArgumentError(absl::StrCat(
           column.path, " has ", column.header.shape[0], " rows but ", found[0].path, " has ",

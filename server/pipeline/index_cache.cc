@@ -160,6 +160,8 @@ std::optional<CachedIndex> LoadIndexCache(const std::string& path, const std::st
     t.ragged = r.U64() != 0;
     const uint64_t rank = r.U64();
     if (type > static_cast<uint64_t>(NpyType::kFloat64) || rank > 32) return std::nullopt;
+    // Written by a daemon that let a member take a reserved name: index afresh instead.
+    if (!CheckTensorName(t.name, TensorSource::kWebDatasetMember).ok()) return std::nullopt;
     t.type = static_cast<NpyType>(type);
     for (uint64_t dim = 0; dim < rank; ++dim) t.shape.push_back(r.U64());
     d.tensors.push_back(std::move(t));

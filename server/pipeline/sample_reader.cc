@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
-#include <thread>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <thread>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -30,21 +33,39 @@ ExampleKeys KeysOf(const DatasetSpec& spec) {
   return ExampleKeys{spec.image_feature, spec.label_feature, spec.label_offset};
 }
 
-// The integer value of `"field": N` in a JSON object's text: the first occurrence of the key
-// followed by ':' and an integer (whitespace allowed around the ':').
-std::optional<int64_t> JsonIntegerField(absl::string_view json, absl::string_view field) {
-  const std::string quoted = absl::StrCat("\"", field, "\"");
-  for (size_t at = json.find(quoted); at != std::string_view::npos;
-       at = json.find(quoted, at + 1)) {
-    absl::string_view rest = absl::StripLeadingAsciiWhitespace(json.substr(at + quoted.size()));
-    if (!absl::ConsumePrefix(&rest, ":")) continue;
-    rest = absl::StripLeadingAsciiWhitespace(rest);
-    size_t n = rest.find_first_not_of("-0123456789");
-    int64_t v = 0;
-    if (absl::SimpleAtoi(rest.substr(0, n), &v)) return v;
-    return std::nullopt;
+// The label in a WebDataset .json member: the integer at top-level key `field` of the JSON
+// object, parsed by a real JSON parser; anything else (not JSON, not an object, no such key, a
+// float, a string, a number outside int64) is a message saying which.
+absl::StatusOr<int64_t> JsonLabel(std::string_view text, const std::string& field) {
+  using nlohmann::json;
+  // Only the top level is kept: nested objects and arrays are parsed (the JSON must be valid)
+  // but never built, so a deeply nested member costs neither stack nor memory.
+  const json::parser_callback_t top_level_only = [](int depth, json::parse_event_t event,
+                                                    json&) {
+    const bool opens = event == json::parse_event_t::object_start ||
+                       event == json::parse_event_t::array_start;
+    return depth == 0 || !opens;
+  };
+  const json parsed = json::parse(text, top_level_only, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return absl::InvalidArgumentError("the .json member is not JSON");
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the .json member is a JSON ", parsed.type_name(), ", not an object"));
   }
-  return std::nullopt;
+  const auto it = parsed.find(field);
+  if (it == parsed.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("the .json member has no field \"", field,
+                                                   "\" at its top level"));
+  }
+  if (it->is_number_integer() &&
+      (!it->is_number_unsigned() ||
+       it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    return it->get<int64_t>();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the .json member's \"", field, "\" is ",
+      it->is_number_integer() ? "an integer beyond int64" : std::string("a ") + it->type_name(),
+      ", not an integer: ", it->dump().substr(0, 40)));
 }
 
 int64_t LoadAsInt64(const uint8_t* p, NpyType type) {
@@ -251,10 +272,10 @@ absl::StatusOr<int64_t> SampleReader::ReadLabelOnce() {
       if (absl::Status s = ReadMember(extent, "label member", extent.size, text); !s.ok()) return s;
       int64_t label = 0;
       if (json) {
-        const std::string field = key.substr(5);
-        if (std::optional<int64_t> v = JsonIntegerField(text, field)) return *v;
-        return Damaged("corrupt", absl::StrCat("the .json member has no integer field \"", field,
-                                               "\" (label_key = \"", key, "\")"));
+        absl::StatusOr<int64_t> v = JsonLabel(text, key.substr(5));
+        if (v.ok()) return *v;
+        return Damaged("corrupt",
+                       absl::StrCat(v.status().message(), " (label_key = \"", key, "\")"));
       }
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label)) {
         return Damaged("corrupt", absl::StrCat("the '", key, "' member is not an integer: \"",
@@ -284,6 +305,11 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
   const TensorSchema& schema = dataset_->tensors()[k];
   if (dataset_->format() == DatasetFormat::kArrays) {
     const ArrayColumn& column = dataset_->columns()[k];
+    if (column.header.row_bytes > out.size()) {  // the schema is the header's: never
+      return absl::InternalError(absl::StrCat("tensor '", schema.name, "': rows of ",
+                                              column.header.row_bytes, " bytes do not fit its ",
+                                              out.size(), "-byte place"));
+    }
     absl::StatusOr<container::File> file = container::File::Open(column.path);
     if (!file.ok()) return file.status();
     const int64_t got = container::ReadAt(file->fd(), out.data(), column.header.row_bytes,
@@ -324,6 +350,10 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
                                 schema.ragged ? " (ragged: at most that many rows)" : ""));
   }
   const uint64_t data_bytes = header->shape[0] * header->row_bytes;
+  if (data_bytes > out.size()) {  // the checks above make it fit; never write past `out`
+    return absl::InternalError(absl::StrCat("tensor '", schema.name, "': ", data_bytes,
+                                            " bytes do not fit its ", out.size(), "-byte place"));
+  }
   const int64_t got = container::ReadAt(container_->fd(), out.data(), data_bytes,
                                         extent.offset + header->data_offset);
   if (got < 0) return container::IoError(container_path_, static_cast<int>(-got));

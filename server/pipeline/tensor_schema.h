@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "server/pipeline/npy.h"
 
 namespace ringloader::pipeline {
@@ -27,5 +29,16 @@ struct TensorSchema {
 
 // "[8, 8]".
 std::string ShapeText(const std::vector<uint64_t>& shape);
+
+// Where a dataset's tensor comes from: a WebDataset member "KEY.NAME.npy" (beside decoded
+// images, and maybe ragged), or an arrays file "NAME.npy" (the batch has no decoded images).
+enum class TensorSource { kWebDatasetMember, kArraysFile };
+
+// A tensor name a batch can carry: never one the batch already uses ("labels", "indices"; beside
+// a WebDataset's decoded images also "images" and "X_lengths", a ragged tensor's row counts), at
+// most kMaxTensorNameBytes of letters, digits, '_', '-' and '.'. InvalidArgument saying which
+// rule it breaks (the caller names the file).
+inline constexpr size_t kMaxTensorNameBytes = 64;
+absl::Status CheckTensorName(absl::string_view name, TensorSource source);
 
 }  // namespace ringloader::pipeline

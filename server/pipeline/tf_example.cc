@@ -239,7 +239,11 @@ absl::StatusOr<ExampleFields> ParseExampleRecord(std::span<const uint8_t> record
   if (!keys.label_feature.empty()) {
     absl::StatusOr<const FeatureInfo*> label = find(keys.label_feature, kInt64List);
     if (!label.ok()) return label.status();
-    fields.label = (*label)->first_int + keys.label_offset;
+    // A crafted label near INT64's ends must fail its sample, not wrap (undefined behaviour).
+    if (__builtin_add_overflow((*label)->first_int, keys.label_offset, &fields.label)) {
+      return Corrupt(where, absl::StrCat("label ", (*label)->first_int, " + label_offset ",
+                                         keys.label_offset, " is out of int64's range"));
+    }
     fields.has_label = true;
   }
   return fields;

@@ -178,9 +178,14 @@ TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix 
   auto arrays = RunCommand({kCtl, "make-dataset", "--out", dir.Join("a"), "--count", "6",
                             "--classes", "3", "--format", "arrays", "--image-size", "8"});
   CHECK(arrays.exit_code == 0);
-  v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a")});
+  v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a"), "--label",
+                  "labels"});
   CHECK(v.exit_code == 0);
   CHECK(v.output == "checked 6 samples: 6 good, 0 bad\n");
+  // Without it, labels.npy would be a second "labels" tensor: refused, naming the file and fix.
+  v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a")});
+  CHECK(v.exit_code == 2);
+  CHECK_THAT(v.output, Catch::Contains("labels.npy") && Catch::Contains("set label = \"labels\""));
   // Nothing left behind but the dataset (no temporaries).
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(dir.Join("a"))) {

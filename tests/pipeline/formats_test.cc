@@ -480,5 +480,32 @@ TEST_CASE("11: a container index is cached by the files' sizes and mtimes, with 
   CHECK_FALSE(Open(spec)->loaded_from_cache());
 }
 
+TEST_CASE("27: a dataset's tensor name may not be one the batch already uses, nor odd",
+          "[pipeline][formats]") {
+  constexpr auto kMember = TensorSource::kWebDatasetMember;
+  constexpr auto kArrays = TensorSource::kArraysFile;
+  for (const char* good : {"depth", "seg.mask", "boxes_2", "a-b", "lengths"}) {
+    INFO(good);
+    CHECK(CheckTensorName(good, kMember).ok());
+    CHECK(CheckTensorName(good, kArrays).ok());
+  }
+  for (const char* taken : {"images", "labels", "indices", "boxes_lengths"}) {
+    INFO(taken);
+    CHECK(absl::IsInvalidArgument(CheckTensorName(taken, kMember)));
+  }
+  CHECK_THAT(std::string(CheckTensorName("images", kMember).message()),
+             Catch::Contains("own images"));
+  // An arrays batch has no decoded images (and no ragged tensors): those names are its own.
+  CHECK(CheckTensorName("images", kArrays).ok());
+  CHECK(CheckTensorName("boxes_lengths", kArrays).ok());
+  CHECK_FALSE(CheckTensorName("labels", kArrays).ok());
+  CHECK_FALSE(CheckTensorName("indices", kArrays).ok());
+  CHECK_FALSE(CheckTensorName("", kMember).ok());
+  CHECK_FALSE(CheckTensorName("a/b", kMember).ok());
+  CHECK_FALSE(CheckTensorName(std::string("x\0y", 3), kMember).ok());
+  CHECK_FALSE(CheckTensorName(std::string(kMaxTensorNameBytes + 1, 'x'), kArrays).ok());
+  CHECK(CheckTensorName(std::string(kMaxTensorNameBytes, 'x'), kArrays).ok());
+}
+
 }  // namespace
 }  // namespace ringloader::pipeline

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <string>
 
 #include "server/image/sample_decoder.h"
@@ -110,6 +111,24 @@ TEST_CASE("an unpacked int64 label is read, and an empty label_feature means no 
   auto unlabelled = ParseExampleRecord(Bytes(example), keys, "r");
   REQUIRE(unlabelled.ok());
   CHECK_FALSE(unlabelled->has_label);
+}
+
+TEST_CASE("27: a label that label_offset would take past int64's range fails its record",
+          "[tf_example]") {
+  ExampleKeys keys;
+  keys.label_offset = -(int64_t{1} << 40);
+  const std::string lowest = MakeExampleRecord("x", std::numeric_limits<int64_t>::min() + 5, keys);
+  auto fields = ParseExampleRecord(Bytes(lowest), keys, "f.tfrecord#3");
+  REQUIRE_FALSE(fields.ok());
+  CHECK(image::ErrorReason(fields.status()) == "corrupt");
+  CHECK_THAT(std::string(fields.status().message()), Catch::Contains("out of int64's range"));
+  keys.label_offset = int64_t{1} << 40;
+  auto highest = ParseExampleRecord(
+      Bytes(MakeExampleRecord("x", std::numeric_limits<int64_t>::max(), keys)), keys, "f#4");
+  CHECK_FALSE(highest.ok());
+  auto fine = ParseExampleRecord(Bytes(MakeExampleRecord("x", 7, keys)), keys, "f#5");
+  REQUIRE(fine.ok());
+  CHECK(fine->label == 7 + (int64_t{1} << 40));
 }
 
 }  // namespace

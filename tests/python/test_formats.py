@@ -3,6 +3,8 @@ named tensor, read from a real daemon through the installed package."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 import ringloader as rl
 
-from conftest import ctl
+from conftest import ctl, make_dataset
 
 COUNT = 30
 
@@ -67,3 +69,114 @@ def test_an_arrays_batch_has_each_npy_and_no_decoded_images(shards_and_arrays: r
         np.testing.assert_array_equal(rows["labels"], images["labels"])
     arrays.close()
     folder.close()
+
+
+# ---- issue 27: a dataset file never takes a name the batch already uses ----
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def write_shard(path: Path, members) -> None:
+    """A tar shard of (name, bytes) members, in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_json_label_is_exactly_the_files_integer_or_the_sample_fails(tmp_path: Path) -> None:
+    """label_key = "json:label" reads the top-level integer with a real JSON parser: a float, an
+    exponent, a nested "label", trailing junk or a number beyond int64 fail their own sample
+    (reason corrupt), never become another label."""
+    jpgs = sorted(make_dataset(tmp_path / "src", 10, 2).rglob("*.jpg"))
+    deep = "[" * 100_000 + "]" * 100_000
+    labels = [  # (the .json member, the label it must give, or None: that sample fails)
+        (b'{"label": 3}', 3),
+        (b'{"meta": {"label": 9}, "label": 2}', 2),
+        (b' {"label" : -4 , "x": "label: 7"} ', -4),
+        (('{"x": %s, "label": 5}' % deep).encode(), 5),
+        (b'{"label": 3.7}', None),
+        (b'{"label": 1e3}', None),
+        (b'{"meta": {"label": 9}}', None),
+        (b'{"label": 12abc}', None),
+        (b'{"label": 9223372036854775808}', None),
+        (b'[{"label": 1}]', None),
+    ]
+    write_shard(tmp_path / "shards" / "shard-0.tar", [
+        member for i, (jpg, (text, _)) in enumerate(zip(jpgs, labels)) for member in (
+            (f"s{i:02d}.jpg", jpg.read_bytes()), (f"s{i:02d}.json", text))])
+    with rl.Daemon(datasets={"j": {"format": "webdataset", "path": str(tmp_path / "shards"),
+                                   "label_key": "json:label"}}, memory_limit="1GiB") as d:
+        loader = rl.Loader("j", endpoint=d.endpoint, batch_size=2, image_size=32,
+                           augment="eval", shuffle=False, output="numpy")
+        got = {int(i): int(label) for b in loader for i, label in zip(b["indices"], b["labels"])}
+        stats = d.stats()
+    assert got == {i: label for i, (_, label) in enumerate(labels) if label is not None}
+    assert stats["decode_errors_by_reason"] == {"corrupt": 6}
+
+
+def npy_header_claiming(shape: tuple, descr: str = "|u1") -> bytes:
+    """A .npy that is only a header: it claims `shape` and holds no data."""
+    text = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    text += " " * (63 - (10 + len(text)) % 64) + "\n"  # numpy pads the header to 64 bytes
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode()
+
+
+def test_a_webdataset_member_named_like_a_batch_tensor_is_not_served(tmp_path: Path) -> None:
+    """KEY.images.npy would have been written over the batch's images (a heap overflow in the
+    daemon); it is left out, the shard's problem names it, and every sample still comes."""
+    jpgs = sorted(make_dataset(tmp_path / "src", 6, 2).rglob("*.jpg"))
+    shards = tmp_path / "shards"
+    write_shard(shards / "shard-0.tar", [
+        member for i, jpg in enumerate(jpgs) for member in (
+            (f"s{i:02d}.jpg", jpg.read_bytes()),
+            (f"s{i:02d}.cls", str(i % 2).encode()),
+            (f"s{i:02d}.images.npy", npy_bytes(np.ones((64, 64, 3)))),
+            (f"s{i:02d}.depth.npy", npy_bytes(np.full((2, 2), i, np.float32))))])
+    with rl.Daemon(datasets={"shards": {"format": "webdataset", "path": str(shards)}},
+                   memory_limit="1GiB") as d:
+        loader = rl.Loader("shards", endpoint=d.endpoint, batch_size=3, image_size=32,
+                           augment="eval", shuffle=False, output="numpy")
+        batches = list(loader)
+        assert [list(b) for b in batches] == [["images", "labels", "indices", "depth"]] * 2
+        assert batches[0]["images"].dtype == np.uint8
+        assert batches[0]["images"].shape == (3, 32, 32, 3)
+        assert [int(b["depth"][k, 0, 0]) for b in batches for k in range(3)] == list(range(6))
+        assert "s00.images.npy" in d.log() and "batch's own images" in d.log()
+        loader.close()
+
+
+def test_an_arrays_file_named_like_a_batch_tensor_stops_the_start_naming_it(
+        tmp_path: Path) -> None:
+    root = tmp_path / "cols"
+    root.mkdir()
+    np.save(root / "labels.npy", np.arange(4))
+    np.save(root / "x.npy", np.zeros((4, 2), np.float32))
+    with pytest.raises(rl.Error, match=r"labels\.npy.*set label = \"labels\""):
+        rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root)}}, startup_timeout=30)
+    # With label = "labels" it is the labels column, as intended.
+    with rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root), "label": "labels"}},
+                   memory_limit="1GiB") as d:
+        batch = next(iter(rl.Loader("cols", endpoint=d.endpoint, batch_size=4, image_size=8,
+                                    shuffle=False, output="numpy")))
+        assert batch["labels"].tolist() == [0, 1, 2, 3] and list(batch) == [
+            "labels", "indices", "x"]
+
+
+def test_an_npy_claiming_a_trillion_empty_rows_is_refused_by_daemon_and_validate(
+        tmp_path: Path) -> None:
+    """128 bytes claiming shape (10**12, 0): indexing would have allocated without limit."""
+    root = tmp_path / "empty-rows"
+    root.mkdir()
+    (root / "x.npy").write_bytes(npy_header_claiming((10**12, 0)))
+    assert (root / "x.npy").stat().st_size == 128
+    with pytest.raises(rl.Error, match=r"x\.npy.*rows of 0 bytes"):
+        rl.Daemon(datasets={"e": {"format": "arrays", "path": str(root)}}, startup_timeout=30)
+    out = ctl("validate", "--format", "arrays", "--path", str(root), check=False)
+    assert out.returncode != 0
+    assert "rows of 0 bytes" in out.stdout + out.stderr
