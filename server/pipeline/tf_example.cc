@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <set>
 #include <string_view>
 #include <vector>
 
@@ -182,6 +184,12 @@ bool WalkExample(Cursor c, Visit&& visit) {
   return s != Step::kBad;
 }
 
+// A record's feature entries are bounded (a real Example has a few dozen at most), and an error
+// names the first few (each cut to kMaxNamedFeatureBytes) and counts the rest.
+constexpr uint64_t kMaxFeatureEntries = 1 << 16;
+constexpr size_t kNamedFeatures = 8;
+constexpr size_t kMaxNamedFeatureBytes = 64;
+
 absl::Status Corrupt(const std::string& where, const std::string& what) {
   return image::WithReason(absl::DataLossError(absl::StrCat(where, ": ", what)), "corrupt");
 }
@@ -204,40 +212,57 @@ const char* KindName(uint32_t kind) {
 absl::StatusOr<ExampleFields> ParseExampleRecord(std::span<const uint8_t> record,
                                                  const ExampleKeys& keys,
                                                  const std::string& where) {
-  std::map<std::string, FeatureInfo, std::less<>> features;  // later entries replace earlier
+  // Only the two features asked for are kept (later entries replace earlier), so a record with
+  // 400,000 keys holds no more than one with two; the others are counted, and the first few
+  // named for the error.
+  std::optional<FeatureInfo> image_feature, label_feature;
+  std::set<std::string> some_names;
+  uint64_t entries = 0;
   const Cursor c{record.data(), record.data(), record.data() + record.size(), false};
   const bool ok = WalkExample(c, [&](std::string_view key, const Cursor* value) {
+    if (++entries > kMaxFeatureEntries) return false;
     FeatureInfo info;
     if (value != nullptr && !ParseFeature(*value, &info)) return false;
-    features[std::string(key)] = info;
+    if (key == keys.image_feature) image_feature = info;
+    if (!keys.label_feature.empty() && key == keys.label_feature) label_feature = info;
+    if (some_names.size() < kNamedFeatures) {
+      some_names.emplace(key.substr(0, kMaxNamedFeatureBytes));
+    }
     return true;
   });
-  if (!ok) return Corrupt(where, "the record is not a tf.train.Example");
-  const auto find = [&](const std::string& name,
+  if (!ok) {
+    return Corrupt(where, entries > kMaxFeatureEntries
+                              ? absl::StrCat("the record has more than ", kMaxFeatureEntries,
+                                             " features")
+                              : std::string("the record is not a tf.train.Example"));
+  }
+  const auto find = [&](const std::string& name, const std::optional<FeatureInfo>& feature,
                         uint32_t kind) -> absl::StatusOr<const FeatureInfo*> {
-    auto it = features.find(name);
-    if (it == features.end()) {
-      std::vector<std::string> names;
-      for (const auto& [key, info] : features) names.push_back(key);
-      return Corrupt(where, absl::StrCat("no feature '", name, "' (it has: ",
-                                         names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+    if (!feature) {
+      std::string names = some_names.empty() ? "none" : absl::StrJoin(some_names, ", ");
+      if (entries > some_names.size()) {
+        absl::StrAppend(&names, " and ", entries - some_names.size(), " more");
+      }
+      return Corrupt(where, absl::StrCat("no feature '", name, "' (it has: ", names, ")"));
     }
-    if (it->second.kind != kind) {
-      return Corrupt(where, absl::StrCat("feature '", name, "' is ", KindName(it->second.kind),
+    const auto it = &*feature;
+    if (it->kind != kind) {
+      return Corrupt(where, absl::StrCat("feature '", name, "' is ", KindName(it->kind),
                                          ", expected ", KindName(kind)));
     }
-    if (it->second.count != 1) {
-      return Corrupt(where, absl::StrCat("feature '", name, "' has ", it->second.count,
+    if (it->count != 1) {
+      return Corrupt(where, absl::StrCat("feature '", name, "' has ", it->count,
                                          " values, expected 1"));
     }
-    return &it->second;
+    return it;
   };
-  absl::StatusOr<const FeatureInfo*> image = find(keys.image_feature, kBytesList);
+  absl::StatusOr<const FeatureInfo*> image = find(keys.image_feature, image_feature, kBytesList);
   if (!image.ok()) return image.status();
   ExampleFields fields;
   fields.image = (*image)->first_bytes;
   if (!keys.label_feature.empty()) {
-    absl::StatusOr<const FeatureInfo*> label = find(keys.label_feature, kInt64List);
+    absl::StatusOr<const FeatureInfo*> label =
+        find(keys.label_feature, label_feature, kInt64List);
     if (!label.ok()) return label.status();
     // A crafted label near INT64's ends must fail its sample, not wrap (undefined behaviour).
     if (__builtin_add_overflow((*label)->first_int, keys.label_offset, &fields.label)) {

@@ -131,5 +131,46 @@ TEST_CASE("27: a label that label_offset would take past int64's range fails its
   CHECK(fine->label == 7 + (int64_t{1} << 40));
 }
 
+// A length-delimited protobuf field (tag, varint length, body).
+std::string Len(uint32_t field, const std::string& body) {
+  std::string out;
+  for (uint64_t v : {uint64_t{field} << 3 | 2, uint64_t{body.size()}}) {
+    do {
+      out.push_back(static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
+      v >>= 7;
+    } while (v != 0);
+  }
+  return out + body;
+}
+
+// An Example with `count` int64 features named "k0", "k1", ... and no image.
+std::string ExampleWithKeys(uint64_t count) {
+  std::string features;
+  const std::string value = Len(3, Len(1, std::string("\x05", 1)));  // int64_list {5}
+  for (uint64_t i = 0; i < count; ++i) {
+    features += Len(1, Len(1, "k" + std::to_string(i)) + Len(2, value));
+  }
+  return Len(1, features);
+}
+
+TEST_CASE("27: an Example with many keys costs a bounded error line and bounded memory",
+          "[tf_example]") {
+  const ExampleKeys keys;
+  const std::string thousand = ExampleWithKeys(1000);
+  auto fields = ParseExampleRecord(Bytes(thousand), keys, "f.tfrecord#0");
+  REQUIRE_FALSE(fields.ok());
+  const std::string message(fields.status().message());
+  CHECK_THAT(message, Catch::Contains("no feature 'image/encoded' (it has: k0, k1, ") &&
+                          Catch::Contains(" and 992 more)"));
+  CHECK(message.size() < 200);
+  // Past 65,536 entries the record is not read further.
+  const std::string many = ExampleWithKeys(400'000);
+  auto refused = ParseExampleRecord(Bytes(many), keys, "f.tfrecord#1");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(image::ErrorReason(refused.status()) == "corrupt");
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("more than 65536 features"));
+}
+
 }  // namespace
 }  // namespace ringloader::pipeline
