@@ -114,6 +114,15 @@ struct Fixture {
     return job;
   }
 
+  // A job of a stream whose samples may come from `cache` (`cached`: this one does).
+  SampleJob CacheJob(SampleCache& cache, bool cached) {
+    SampleJob job = Job();
+    job.cache = &cache;
+    job.cache_key = "k";
+    job.cached = cached;
+    return job;
+  }
+
   SampleOutput Output() {
     SampleOutput out;
     out.status = &status;
@@ -269,11 +278,7 @@ TEST_CASE("SampleTask: a cached sample draws nothing and is copied from the cach
           "[pipeline][sample_task]") {
   Fixture f;
   FakeCache cache;
-  SampleJob job = f.Job();
-  job.cache = &cache;
-  job.cache_key = "k";
-  job.cached = true;
-  SampleTask task(job, f.gate);
+  SampleTask task(f.CacheJob(cache, /*cached=*/true), f.gate);
   REQUIRE(task.Open());
   REQUIRE(task.DrawMemory());
   CHECK(task.drawn() == 0);
@@ -289,10 +294,7 @@ TEST_CASE("SampleTask: an uncached sample of a cached stream is offered to the c
           "[pipeline][sample_task]") {
   Fixture f;
   FakeCache cache;
-  SampleJob job = f.Job();
-  job.cache = &cache;
-  job.cache_key = "k";
-  SampleTask task(job, f.gate);
+  SampleTask task(f.CacheJob(cache, /*cached=*/false), f.gate);
   CHECK(task.Run(f.Output(), Worker{0, f.decoder}) == State::kDone);
   CHECK(cache.inserts == 1);
   CHECK(f.status.ok());
