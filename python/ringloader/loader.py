@@ -577,11 +577,19 @@ class Loader:
             try:
                 stats = _ringloader.daemon_stats(
                     self._endpoint, max(0.05, min(2.0, deadline - time.monotonic())))
-                break
+                if not stats["starting"]:
+                    break
+                # Still indexing its datasets at start-up: their sizes are not known yet (a
+                # stream opened now would wait too).
+                if time.monotonic() >= deadline:
+                    raise Unavailable(
+                        f"ringloaderd at {self._endpoint} is still indexing its datasets after "
+                        f"{o['reconnect_deadline']} s (reconnect_deadline): "
+                        f"{stats['starting_progress']}")
             except Unavailable:
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.1)  # Ctrl-C is answered here
+            time.sleep(0.1)  # Ctrl-C is answered here
         sizes = {d["name"]: d["samples"] for d in stats["datasets"]}
         if o["dataset"] not in sizes:
             raise NotFound(f"unknown dataset '{o['dataset']}': the daemon at {self._endpoint} "

@@ -120,8 +120,11 @@ uint64_t AvailableMemoryBytes(std::string* what) {
   return bytes;
 }
 
-// server.health_listen's only service: grpc.health.v1 Check with the daemon's status (gRPC's
-// default health service needs a server with other services; this one has none).
+// grpc.health.v1 Check with the daemon's status, NOT_SERVING from its construction until the
+// datasets are indexed: one on the main server, one on server.health_listen's. Not gRPC's default
+// health service: that one answers SERVING from BuildAndStart until told otherwise, so a probe in
+// between saw a daemon "serving" before it could (and, enabled globally, it was registered on the
+// health_listen server too, beside this one: "duplicate registration" in every start's log).
 class ProbeHealthService final : public grpc::health::v1::Health::Service {
  public:
   void SetServing(bool serving) { serving_ = serving; }
@@ -163,6 +166,7 @@ struct DaemonState {
   std::unique_ptr<MemorySampleCache> cache;  // eval cache of datasets with cache = "memory"
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
+  ProbeHealthService main_health;  // the main server's grpc.health.v1
   std::unique_ptr<grpc::Server> server;
   ProbeHealthService probe_health;
   std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
@@ -353,7 +357,7 @@ void FinishStartUp(DaemonState& d) {
   }
   d.ready = true;
   d.streams->MarkReady();
-  d.server->GetHealthCheckService()->SetServingStatus(true);
+  d.main_health.SetServing(true);
   d.probe_health.SetServing(true);
   d.notifier->Ready();
   SPDLOG_INFO("ringloaderd serving on {} pid={} incarnation={:016x} decode_threads={} "
@@ -476,11 +480,11 @@ absl::Status StartUp(DaemonState& d) {
   d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation);
 
   // gRPC.
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(d.service.get());
+  builder.RegisterService(&d.main_health);  // NOT_SERVING until the datasets are indexed
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
   // Unparseable request bytes are INVALID_ARGUMENT with a message, not gRPC's bare INTERNAL.
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
@@ -496,8 +500,6 @@ absl::Status StartUp(DaemonState& d) {
   mode_t old_umask = umask(0117);  // the socket is created 0660 from the start
   d.server = builder.BuildAndStart();
   umask(old_umask);
-  // Health answers from now on: NOT_SERVING until the datasets are indexed.
-  if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
   if (d.server && !server.health_listen.empty()) {
     grpc::ServerBuilder health_builder;
     int health_port = 0;
@@ -557,7 +559,7 @@ void ShutDown(DaemonState& d) {
   if (d.notifier) d.notifier->Stopping();
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
-  if (d.server) d.server->GetHealthCheckService()->SetServingStatus(false);
+  d.main_health.SetServing(false);
   d.probe_health.SetServing(false);
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
   // the server's grace period below does not wait for them.

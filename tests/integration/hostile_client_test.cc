@@ -618,10 +618,9 @@ TEST_CASE("random bytes sent to every RPC are INVALID_ARGUMENT with a message, t
       for (char& c : payload) c = static_cast<char>(rng());
       payload[0] = static_cast<char>(0x07 | (8 + rng() % 15) << 3);
       INFO(method << " with " << size << " random bytes");
+      // grpc.health.v1 is the daemon's own synchronous service too: the same answer.
       ExpectError(raw.Call(method, payload), StatusCode::INVALID_ARGUMENT,
-                  method.find("Health/Check") != std::string::npos
-                      ? "could not parse request"
-                      : method + ": the request is not a valid protobuf message");
+                  method + ": the request is not a valid protobuf message");
       bystander.Check();
     }
     // Random bytes as they come: whatever they parse to, the answer is OK or a refusal.

@@ -253,6 +253,44 @@ def test_a_daemon_listening_where_asked_serves_there(tiny_dataset, tmp_path):
         rl.Daemon(datasets={"tiny": tiny_dataset}, listen=5)
 
 
+def test_len_waits_for_a_daemon_still_indexing_and_health_says_not_serving(tiny_dataset,
+                                                                         tmp_path):
+    """A daemon whose start-up indexing is slow (failpoint index_delay_ms) answers from the
+    moment its socket exists: health NOT_SERVING (never a SERVING before its datasets are
+    indexed), stats 'starting'; len(loader) waits for the sizes instead of failing."""
+    config = tmp_path / "ringloaderd.toml"
+    socket = tmp_path / "d.sock"
+    config.write_text(f"""[server]
+listen = "unix:{socket}"
+state_dir = "{tmp_path / 'state'}"
+memory_limit = "1GiB"
+
+[[datasets]]
+name = "tiny"
+format = "imagefolder"
+path = "{tiny_dataset}"
+
+[failpoints]
+index_delay_ms = 3000
+""")
+    daemon = subprocess.Popen([rl.find_binary("ringloaderd"), "--config", str(config)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket.exists():
+            assert daemon.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        endpoint = f"unix:{socket}"
+        assert rl.health(endpoint) == "NOT_SERVING"
+        assert rl.daemon_stats(endpoint)["starting"] is True
+        loader = rl.Loader("tiny", endpoint=endpoint, **OPTS)
+        assert len(loader) == -(-TINY_COUNT // 8)
+        assert rl.health(endpoint) == "SERVING"
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+
+
 # ---- 3. the idioms behave as in a DataLoader ----
 
 def test_a_peek_before_the_loop_changes_nothing_the_loop_sees(daemon):
