@@ -155,13 +155,14 @@ T Take(py::dict& d, const char* key, T fallback) {
   PyDict_DelItemString(d.ptr(), key);
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     return IntegerOf<T>(key, value);
-  }
-  try {
-    return value.cast<T>();
-  } catch (const py::cast_error&) {
-    Fail(ErrorCode::kInvalidArgument,
-         std::string(key) + ": has the wrong type (" +
-             std::string(py::str(value.get_type().attr("__name__"))) + ")");
+  } else {
+    try {
+      return value.cast<T>();
+    } catch (const py::cast_error&) {
+      Fail(ErrorCode::kInvalidArgument,
+           std::string(key) + ": has the wrong type (" +
+               std::string(py::str(value.get_type().attr("__name__"))) + ")");
+    }
   }
 }
 

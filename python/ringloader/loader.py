@@ -510,15 +510,19 @@ class Loader:
                 bar.close()
             if self._pass is p:
                 self._pass = None
-                if left and self._position["epoch"] == p.epoch:
+                if left and self._left_early(p):
                     self._move_to(p.start)
 
     def _abandon_pass(self) -> None:
         """Ends the iter() in progress; one left before its epoch's end is undone."""
         p, self._pass = self._pass, None
-        if p is not None and p.taken and self._position["epoch"] == p.epoch:
+        if p is not None and self._left_early(p):
             with self._one_thread("iter()"):
                 self._move_to(p.start)
+
+    def _left_early(self, p: _Pass) -> bool:
+        """The pass took batches and its epoch has not ended: letting go of it undoes it."""
+        return p.taken > 0 and self._position["epoch"] == p.epoch
 
     def _move_to(self, position: Dict[str, int], fingerprint: Optional[int] = None) -> None:
         """Sets where the next batch comes from (the stream follows on the next take)."""
