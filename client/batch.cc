@@ -87,6 +87,7 @@ absl::StatusOr<TensorView> MakeView(absl::string_view name, const v1::TensorView
 
 absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle& handle,
                                                            const StreamOptions& options,
+                                                           bool decoded_images,
                                                            uint32_t slot_count,
                                                            std::span<const uint8_t> payload) {
   if (handle.slot() >= slot_count) {
@@ -123,11 +124,12 @@ absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle
       if (seen.name() == name) return Bad("tensors", absl::StrCat("'", name, "' twice"));
     }
     absl::StatusOr<TensorView> view =
-        name == "images" ? MakeView(name, t, options.dtype, image_shape, n, payload)
+        name == "images" && decoded_images
+            ? MakeView(name, t, options.dtype, image_shape, n, payload)
         : name == "labels" || name == "indices" ? MakeView(name, t, DType::kInt64, {n}, n, payload)
                                                 : MakeView(name, t, std::nullopt, {}, n, payload);
     if (!view.ok()) return view.status();
-    if (name == "images") impl->images = *view;
+    if (name == "images" && decoded_images) impl->images = *view;
     if (name == "labels") impl->labels = *view;
     if (name == "indices") impl->indices = *view;
     impl->used_bytes = std::max(impl->used_bytes, t.offset() + t.bytes());

@@ -120,8 +120,10 @@ struct Batch::Impl {
 // Checks a handle against the ring's geometry and the stream's options and builds the Batch's
 // views into `payload` (the slot's mapping). Never trusts the wire: every offset, shape and byte
 // count must agree and lie inside the slot. Internal naming the bad field otherwise.
+// `decoded_images` false (an arrays dataset): a tensor named "images" is a plain column.
 absl::StatusOr<std::unique_ptr<Batch::Impl>> MakeBatchImpl(const v1::BatchHandle& handle,
                                                            const StreamOptions& options,
+                                                           bool decoded_images,
                                                            uint32_t slot_count,
                                                            std::span<const uint8_t> payload);
 

@@ -99,6 +99,7 @@ struct Stream::Impl {
     incarnation = response.incarnation();
     token = response.stream_token();
     fingerprint = response.dataset_fingerprint();
+    decoded_images = !response.no_decoded_images();
     dataset_size = response.dataset_size();
     samples_per_epoch = response.samples_per_epoch();
     batches_per_epoch = response.batches_per_epoch();
@@ -385,7 +386,8 @@ struct Stream::Impl {
                    absl::StrCat("cannot map a ring slot: ", taken.status().message()));
     }
     view = *std::move(taken);
-    auto impl = MakeBatchImpl(handle, options, ring->slot_count(), view.bytes());
+    auto impl = MakeBatchImpl(handle, options, decoded_images, ring->slot_count(),
+                              view.bytes());
     if (!impl.ok()) throw refuse(ErrorCode::kInternal, std::string(impl.status().message()));
     // Batches come in order with no gap: exactly the position we asked for, or the next epoch's
     // first batch when the rest of this epoch yielded none (a dropped or all-bad tail). Anything
@@ -425,6 +427,7 @@ struct Stream::Impl {
   const StreamOptions options;
   Position position;  // of the next batch to deliver; owned by the client
   uint64_t fingerprint = 0;  // of the dataset; 0 until the first open unless resuming
+  bool decoded_images = true;  // false for an arrays dataset (OpenStreamResponse)
   uint64_t stream_id = 0;
   uint64_t incarnation = 0;
   std::string token;         // OpenStreamResponse.stream_token of the current stream

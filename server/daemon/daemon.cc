@@ -214,6 +214,7 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
     if (!d.ready && d.streams) d.streams->SetStarting(line);
   };
   spec.cancelled = [&d] { return d.stop_indexing.load(); };
+  spec.io_retry = std::chrono::milliseconds(d.config.server.io_retry_ms);
   if (!d.ready && d.config.failpoints.index_delay_ms > 0) {
     // In small steps, so a stop signal ends the wait as it ends a real walk.
     const auto until = std::chrono::steady_clock::now() +

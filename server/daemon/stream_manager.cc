@@ -341,6 +341,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_stream_token(stream->setup().token);
   response->set_shm_dir(deps_.config->server.shm_dir);
   response->set_dataset_fingerprint(dataset.fingerprint());
+  response->set_no_decoded_images(!dataset.has_images());
   stream->Start();  // added to streams_ by `opened` on return
   SPDLOG_INFO(
       "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{} "

@@ -99,9 +99,7 @@ absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
       if (!whole) break;
       bytes.resize(got + 65536);  // the file grew since Open (rare)
     }
-    if (ReadFaultInjector inject = g_read_fault_injector.load(std::memory_order_relaxed)) {
-      if (const int err = inject(path_); err != 0) return ReadError(path_, err);
-    }
+    if (const int err = InjectedReadFault(path_); err != 0) return ReadError(path_, err);
     const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -125,6 +123,11 @@ absl::StatusOr<std::vector<uint8_t>> SampleFile::ReadRange(uint64_t max) try {
 
 void SetReadFaultInjector(ReadFaultInjector injector) {
   g_read_fault_injector.store(injector, std::memory_order_relaxed);
+}
+
+int InjectedReadFault(const std::string& path) {
+  ReadFaultInjector inject = g_read_fault_injector.load(std::memory_order_relaxed);
+  return inject != nullptr ? inject(path) : 0;
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {

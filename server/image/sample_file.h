@@ -46,8 +46,11 @@ class SampleFile {
 // A test seam for I/O faults (the daemon's io_fault failpoint): called before every read of a
 // sample file with its path; a non-zero errno makes that read fail as if the kernel had said so.
 // Set once, before any read; nullptr (the default) = none.
+// Container files (tar shards, TFRecord files) ask it when they are opened.
 using ReadFaultInjector = int (*)(const std::string& path);
 void SetReadFaultInjector(ReadFaultInjector injector);
+// The injector's errno for a read of `path` now; 0 without an injector or a fault.
+int InjectedReadFault(const std::string& path);
 
 // SampleFile::Open + ReadAll.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(

@@ -9,10 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/image/sample_decoder.h"
+#include "server/image/sample_file.h"
 
 namespace ringloader::pipeline::container {
 
 absl::StatusOr<File> File::Open(const std::string& path) {
+  if (const int err = image::InjectedReadFault(path); err != 0) return IoError(path, err);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError(path, errno);
   struct stat st {};

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "server/image/sample_decoder.h"
 #include "server/pipeline/container_file.h"
+#include "server/pipeline/io_retry.h"
 #include "server/pipeline/tar_shard.h"
 #include "server/pipeline/tfrecord.h"
 #include "shm/base/clock.h"
@@ -128,6 +129,12 @@ void AddProblem(SampleList& list, const std::string& file, const absl::Status& s
                            std::string(status.message())});
 }
 
+// A file that could not be read: "read_error", or "io_error" when retrying did not help.
+absl::Status ReadErrorOf(const absl::Status& status) {
+  return image::ErrorReason(status) == "io_error" ? status
+                                                  : image::WithReason(status, "read_error");
+}
+
 // The offset a container::Damaged message names ("<path>: offset N: ...").
 uint64_t DamageOffset(const absl::Status& status, const std::string& path) {
   absl::string_view m = status.message();
@@ -230,9 +237,11 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
   for (uint32_t f = 0; f < files.files.size(); ++f) {
     if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
-    absl::StatusOr<TarScan> scan = ScanTarShard(path, spec.max_record_bytes);
+    IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
+    absl::StatusOr<TarScan> scan =
+        budget.Run<TarScan>([&] { return ScanTarShard(path, spec.max_record_bytes); });
     if (!scan.ok()) {
-      AddProblem(list, files.files[f], image::WithReason(scan.status(), "read_error"), 0);
+      AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;
     }
     if (!scan->stopped.ok()) {
@@ -321,9 +330,11 @@ absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFi
   for (uint32_t f = 0; f < files.files.size(); ++f) {
     if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
-    absl::StatusOr<TfRecordScan> scan = ScanTfRecordFile(path, spec.max_record_bytes);
+    IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
+    absl::StatusOr<TfRecordScan> scan =
+        budget.Run<TfRecordScan>([&] { return ScanTfRecordFile(path, spec.max_record_bytes); });
     if (!scan.ok()) {
-      AddProblem(list, files.files[f], image::WithReason(scan.status(), "read_error"), 0);
+      AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;
     }
     if (!scan->stopped.ok()) {

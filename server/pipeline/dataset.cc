@@ -58,7 +58,14 @@ absl::StatusOr<Loaded> CachedOrListed(const std::string& cache_path, std::string
   absl::StatusOr<SampleList> listed = list();
   if (!listed.ok()) return listed.status();
   loaded.list = *std::move(listed);
-  if (loaded.list.size() > 0 && newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
+  // A list that lost files to read errors (a flaky mount, a permission fixed later) is not the
+  // dataset: the next start indexes again rather than keep them lost.
+  const bool lost_files = std::any_of(
+      loaded.list.problems.begin(), loaded.list.problems.end(), [](const IndexProblem& p) {
+        return p.reason == "read_error" || p.reason == "io_error";
+      });
+  if (loaded.list.size() > 0 && !lost_files &&
+      newest_mtime_ns < base::WallNowNs() - kRacyWindowNs) {
     loaded.cache_path = cache_path;
     loaded.cache_key = std::move(key);
   }
@@ -166,6 +173,11 @@ class DatasetLoader {
         loaded = LoadContainers(spec);
         break;
       case DatasetFormat::kArrays:
+        // A labels.npy is the label column unless `label` names another (which IndexArrays
+        // then refuses: the batch's labels cannot come from two columns).
+        if (spec.label_array.empty() && ::stat((root + "/labels.npy").c_str(), &st) == 0) {
+          spec.label_array = "labels";
+        }
         loaded = Fresh(IndexArrays(spec, &columns));
         break;
     }
@@ -266,6 +278,8 @@ bool Dataset::has_labels() const {
       return !spec_.label_key.empty();
     case DatasetFormat::kArrays:
       return !spec_.label_array.empty();
+    case DatasetFormat::kTfRecord:
+      return !spec_.label_feature.empty();
     default:
       return true;
   }

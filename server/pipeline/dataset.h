@@ -30,6 +30,7 @@
 //
 // Thread-safety: immutable after Open(); safe to share.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,9 @@ struct DatasetSpec {
   // Members and records above this end a file's index (a corrupt length, not a sample); one
   // below it but above max_file_bytes fails as that sample's "too_large" when read.
   uint64_t max_record_bytes = uint64_t{1} << 30;
+  // Transient errors reading a file while indexing are retried for this long (per file; see
+  // IoRetryBudget); a file still unreadable is left out of this index, which is then not cached.
+  std::chrono::milliseconds io_retry{30'000};
   // Called now and then while indexing, with a line for the log ("indexed 40/147 shards ...").
   std::function<void(const std::string&)> progress;
   // Asked between class folders and files while indexing: true stops Open() with Cancelled (a

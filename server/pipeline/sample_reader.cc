@@ -82,60 +82,37 @@ int64_t LoadAsInt64(const uint8_t* p, NpyType type) {
   }
 }
 
-// Calls `attempt` until it succeeds, fails for good, or has failed transiently for `bound`;
-// then a transient failure becomes reason "io_error".
-template <typename T>
-absl::StatusOr<T> Retrying(std::chrono::milliseconds bound,
-                           const std::function<absl::StatusOr<T>()>& attempt) {
-  const auto start = std::chrono::steady_clock::now();
-  auto backoff = std::chrono::milliseconds(10);
-  for (int tries = 1;; ++tries) {
-    absl::StatusOr<T> result = attempt();
-    if (result.ok() || !image::IsTransient(result.status())) return result;
-    const auto spent = std::chrono::steady_clock::now() - start;
-    if (spent + backoff > bound) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(spent).count();
-      return image::WithReason(
-          absl::UnavailableError(absl::StrCat(
-              result.status().message(), " (io_error: still failing after ", tries,
-              tries == 1 ? " try" : " tries", " over ", ms, " ms; server.io_retry_ms = ",
-              bound.count(), ")")),
-          "io_error");
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
                                                 uint64_t max_image_bytes,
                                                 std::chrono::milliseconds io_retry) {
-  return Retrying<SampleReader>(
-      io_retry, [&] { return OpenOnce(dataset, index, max_image_bytes, io_retry); });
+  IoRetryBudget budget(io_retry);
+  absl::StatusOr<SampleReader> reader =
+      budget.Run<SampleReader>([&] { return OpenOnce(dataset, index, max_image_bytes); });
+  if (reader.ok()) reader->budget_ = budget;  // what is left of it is the reads'
+  return reader;
 }
 
 absl::StatusOr<std::vector<uint8_t>> SampleReader::ReadImageHead(uint64_t max, bool* whole) {
-  return Retrying<std::vector<uint8_t>>(io_retry_, [&] { return ReadImageHeadOnce(max, whole); });
+  return budget_.Run<std::vector<uint8_t>>([&] { return ReadImageHeadOnce(max, whole); });
 }
 
 absl::StatusOr<ImageBytes> SampleReader::ReadImage() {
-  return Retrying<ImageBytes>(io_retry_, [&] { return ReadImageOnce(); });
+  return budget_.Run<ImageBytes>([&] { return ReadImageOnce(); });
 }
 
 absl::StatusOr<int64_t> SampleReader::ReadLabel() {
-  return Retrying<int64_t>(io_retry_, [&] { return ReadLabelOnce(); });
+  return budget_.Run<int64_t>([&] { return ReadLabelOnce(); });
 }
 
 absl::StatusOr<uint64_t> SampleReader::ReadTensor(uint32_t k, std::span<uint8_t> out) {
-  return Retrying<uint64_t>(io_retry_, [&] { return ReadTensorOnce(k, out); });
+  return budget_.Run<uint64_t>([&] { return ReadTensorOnce(k, out); });
 }
 
 absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint64_t index,
-                                                    uint64_t max_image_bytes,
-                                                    std::chrono::milliseconds io_retry) {
-  SampleReader r(dataset, index, io_retry);
+                                                    uint64_t max_image_bytes) {
+  SampleReader r(dataset, index);
   r.where_ = dataset.AbsolutePath(index);
   switch (dataset.format()) {
     case DatasetFormat::kImageFolder:
@@ -255,7 +232,12 @@ absl::StatusOr<int64_t> SampleReader::ReadLabelOnce() {
     case DatasetFormat::kManifest:
       return dataset_->label(index_);
     case DatasetFormat::kTfRecord:
-      if (!record_label_) return absl::InternalError("ReadLabel before ReadImage");
+      if (!record_label_) {
+        // The image came from the eval cache, so its record was not read: read it for the label.
+        absl::StatusOr<ImageBytes> record = ReadImageOnce();
+        if (!record.ok()) return record.status();
+        if (!record_label_) return absl::InternalError("ReadLabel: the record has no label");
+      }
       return *record_label_;
     case DatasetFormat::kWebDataset: {
       const std::string& key = dataset_->spec().label_key;

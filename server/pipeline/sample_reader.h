@@ -22,6 +22,7 @@
 #include "server/image/sample_file.h"
 #include "server/pipeline/container_file.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/io_retry.h"
 
 namespace ringloader::pipeline {
 
@@ -39,8 +40,9 @@ class SampleReader {
   // Opens what sample `index` is read from; `max_image_bytes` is the dataset's max_file_bytes
   // (an image file, member or record above it is "too_large", unread).
   // Transient I/O errors (image::IsTransient: EIO, EMFILE, ENOMEM, ...) in Open and every read
-  // below are retried with backoff (10 ms doubling to 1 s) for up to `io_retry`; one that outlasts
-  // it fails with reason "io_error", saying how long and how often it was tried.
+  // below are retried with backoff from one budget of `io_retry` for the whole sample
+  // (IoRetryBudget); one that outlasts it fails with reason "io_error", saying how long and how
+  // often it was tried.
   static absl::StatusOr<SampleReader> Open(
       const Dataset& dataset, uint64_t index, uint64_t max_image_bytes,
       std::chrono::milliseconds io_retry = std::chrono::seconds(30));
@@ -59,18 +61,16 @@ class SampleReader {
   absl::StatusOr<std::vector<uint8_t>> ReadImageHead(uint64_t max, bool* whole);
   absl::StatusOr<ImageBytes> ReadImage();
   // The label: the dataset's (imagefolder, manifest), the label member (webdataset), the
-  // record's (tfrecord: REQUIRES ReadImage() first), the label column's row (arrays).
+  // record's (tfrecord: read again unless ReadImage() read it), the label column's row (arrays).
   absl::StatusOr<int64_t> ReadLabel();
   // dataset.tensors()[k] of this sample into `out` (exactly its SampleBytes()). Returns the
   // sample's first-dimension length (ragged tensors are zero-padded up to the schema's).
   absl::StatusOr<uint64_t> ReadTensor(uint32_t k, std::span<uint8_t> out);
 
  private:
-  SampleReader(const Dataset& dataset, uint64_t index, std::chrono::milliseconds io_retry)
-      : dataset_(&dataset), index_(index), io_retry_(io_retry) {}
+  SampleReader(const Dataset& dataset, uint64_t index) : dataset_(&dataset), index_(index) {}
   static absl::StatusOr<SampleReader> OpenOnce(const Dataset& dataset, uint64_t index,
-                                               uint64_t max_image_bytes,
-                                               std::chrono::milliseconds io_retry);
+                                               uint64_t max_image_bytes);
   absl::StatusOr<std::vector<uint8_t>> ReadImageHeadOnce(uint64_t max, bool* whole);
   absl::StatusOr<ImageBytes> ReadImageOnce();
   absl::StatusOr<int64_t> ReadLabelOnce();
@@ -80,7 +80,7 @@ class SampleReader {
 
   const Dataset* dataset_;
   uint64_t index_;
-  std::chrono::milliseconds io_retry_;
+  IoRetryBudget budget_{std::chrono::milliseconds(0)};  // Open's, with what it left
   std::string where_;
   uint64_t read_bytes_ = 0;
   std::optional<image::SampleFile> file_;     // imagefolder, manifest

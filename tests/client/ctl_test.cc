@@ -182,10 +182,18 @@ TEST_CASE("11: make-dataset and convert write shards, and refuse what would mix 
                   "labels"});
   CHECK(v.exit_code == 0);
   CHECK(v.output == "checked 6 samples: 6 good, 0 bad\n");
-  // Without it, labels.npy would be a second "labels" tensor: refused, naming the file and fix.
+  // Without --label, labels.npy is the label column (as make-dataset means it).
   v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a")});
+  CHECK(v.exit_code == 0);
+  CHECK(v.output == "checked 6 samples: 6 good, 0 bad\n");
+  // With another label column, labels.npy would be a second "labels" tensor: refused, naming the
+  // file and the fix.
+  std::filesystem::copy_file(dir.Join("a/labels.npy"), dir.Join("y.npy"));
+  std::filesystem::rename(dir.Join("y.npy"), dir.Join("a/y.npy"));
+  v = RunCommand({kCtl, "validate", "--format", "arrays", "--path", dir.Join("a"), "--label", "y"});
   CHECK(v.exit_code == 2);
   CHECK_THAT(v.output, Catch::Contains("labels.npy") && Catch::Contains("set label = \"labels\""));
+  std::filesystem::remove(dir.Join("a/y.npy"));
   // Nothing left behind but the dataset (no temporaries).
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(dir.Join("a"))) {

@@ -155,21 +155,39 @@ def test_a_webdataset_member_named_like_a_batch_tensor_is_not_served(tmp_path: P
         loader.close()
 
 
-def test_an_arrays_file_named_like_a_batch_tensor_stops_the_start_naming_it(
+def test_an_arrays_labels_npy_is_the_label_column_and_clashes_with_another_one(
         tmp_path: Path) -> None:
     root = tmp_path / "cols"
     root.mkdir()
     np.save(root / "labels.npy", np.arange(4))
+    np.save(root / "y.npy", np.arange(4))
     np.save(root / "x.npy", np.zeros((4, 2), np.float32))
+    # Another label column: labels.npy would be a second "labels" tensor.
     with pytest.raises(rl.Error, match=r"labels\.npy.*set label = \"labels\""):
-        rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root)}}, startup_timeout=30)
-    # With label = "labels" it is the labels column, as intended.
-    with rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root), "label": "labels"}},
+        rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root), "label": "y"}},
+                  startup_timeout=30)
+    # Without `label`, labels.npy is the label column, as make-dataset writes it.
+    (root / "y.npy").unlink()
+    with rl.Daemon(datasets={"cols": {"format": "arrays", "path": str(root)}},
                    memory_limit="1GiB") as d:
         batch = next(iter(rl.Loader("cols", endpoint=d.endpoint, batch_size=4, image_size=8,
                                     shuffle=False, output="numpy")))
         assert batch["labels"].tolist() == [0, 1, 2, 3] and list(batch) == [
             "labels", "indices", "x"]
+
+
+def test_the_arrays_dataset_make_dataset_writes_serves_its_images_column_as_written(
+        tmp_path: Path) -> None:
+    """Its images.npy is [N, 16, 16, 3]: a column like any other, not checked as decoded images."""
+    ctl("make-dataset", "--out", str(tmp_path / "arr"), "--count", "6", "--classes", "3",
+        "--format", "arrays", "--image-size", "16")
+    with rl.Daemon(datasets={"arr": {"format": "arrays", "path": str(tmp_path / "arr")}},
+                   memory_limit="1GiB") as d:
+        batch = next(iter(rl.Loader("arr", endpoint=d.endpoint, batch_size=6, shuffle=False,
+                                    output="numpy")))
+        assert batch["images"].shape == (6, 16, 16, 3)
+        assert np.array_equal(batch["images"], np.load(tmp_path / "arr" / "images.npy"))
+        assert batch["labels"].tolist() == np.load(tmp_path / "arr" / "labels.npy").tolist()
 
 
 def test_an_npy_claiming_a_trillion_empty_rows_is_refused_by_daemon_and_validate(
