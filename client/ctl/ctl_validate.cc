@@ -127,7 +127,11 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   for (const pipeline::IndexProblem& p : ds.index_problems()) {
     ++by_reason[p.reason];
     out << "BAD " << wire::EscapeBytes(p.file) << ": " << p.reason << ": "
-        << wire::EscapeBytes(p.message) << " (the rest of the file is not read)\n";
+        << wire::EscapeBytes(p.message)
+        << (p.rest_unread ? " (the rest of the file is not read)" : "") << "\n";
+  }
+  for (const std::string& note : ds.index_notes()) {
+    out << "NOTE " << wire::EscapeBytes(note) << "\n";
   }
   const uint64_t damaged_files = ds.index_problems().size();
   for (uint64_t i = 0; i < ds.size(); ++i) {

@@ -315,6 +315,7 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
   r.Integer("label_offset", &d->label_offset, -(int64_t{1} << 40), int64_t{1} << 40);
   r.String("label", &d->label);
   r.StringList("ragged", &d->ragged);
+  r.Integer("ragged_max_rows", &d->ragged_max_rows, 1, int64_t{1} << 40);
   int cache = -1;
   r.Enum("cache", {"none", "memory"}, &cache);
   if (cache >= 0) d->cache_memory = cache == 1;
@@ -351,7 +352,7 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
                                kFormatNames[static_cast<int>(f)], "\""), "");
     }
   };
-  for (const char* key : {"image_key", "label_key", "ragged"}) {
+  for (const char* key : {"image_key", "label_key", "ragged", "ragged_max_rows"}) {
     only_with(key, pipeline::DatasetFormat::kWebDataset);
   }
   for (const char* key : {"image_feature", "label_feature", "label_offset"}) {
@@ -410,6 +411,7 @@ pipeline::DatasetSpec DatasetSpecOf(const DatasetConfig& dataset, const std::str
   spec.label_offset = dataset.label_offset;
   spec.label_array = dataset.label;
   spec.ragged = dataset.ragged;
+  spec.ragged_max_rows = dataset.ragged_max_rows;
   return spec;
 }
 

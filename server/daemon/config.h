@@ -35,6 +35,7 @@ struct DatasetConfig {
   int64_t label_offset = 0;
   std::string label;                 // arrays: the label column
   std::vector<std::string> ragged;   // webdataset: tensors padded per batch
+  uint64_t ragged_max_rows = 0;      // webdataset: a ragged tensor's cap; 0 = the longest sample
   // cache = "memory": eval streams' decoded samples are kept (sample_cache.h) and served from
   // memory on later epochs and to other streams with the same options. false = "none".
   bool cache_memory = false;

@@ -123,10 +123,11 @@ void ReportProgress(const DatasetSpec& spec, int64_t& last_ns, size_t done, size
                              ", ", samples, " samples"));
 }
 
+// `rest_unread` false: the problem is one member's, and the file's other members are indexed.
 void AddProblem(SampleList& list, const std::string& file, const absl::Status& status,
-                uint64_t offset) {
+                uint64_t offset, bool rest_unread = true) {
   list.problems.push_back({file, offset, std::string(image::ErrorReason(status)),
-                           std::string(status.message())});
+                           std::string(status.message()), rest_unread});
 }
 
 // A file that could not be read: "read_error", or "io_error" when retrying did not help.
@@ -150,7 +151,163 @@ absl::StatusOr<NpyHeader> MemberNpyHeader(int fd, const std::string& where, Exte
   const int64_t got = container::ReadAt(fd, head.data(), head.size(), member.offset);
   if (got < 0) return container::IoError(where, static_cast<int>(-got));
   head.resize(static_cast<size_t>(got));
-  return ParseNpyHeader(head, member.size, where);
+  return ParseNpyHeader(head, member.size, where, /*allow_scalar=*/true);
+}
+
+// A WebDataset sample as found, before the tensor names (the union over all samples) are known.
+struct FoundSample {
+  Extent image{Extent::kMissingOffset, 0};
+  Extent label{Extent::kMissingOffset, 0};
+  std::vector<std::pair<std::string, Extent>> tensors;  // NAME (of KEY.NAME.npy), member
+};
+// What one entry of FoundSample::tensors holds, its name's heap bytes included (names are at
+// most kMaxTensorNameBytes).
+constexpr uint64_t kFoundTensorBytes =
+    sizeof(std::pair<std::string, Extent>) + kMaxTensorNameBytes;
+
+// One dtype and shape (ragged: shape[1:]) that members of a tensor have, and how many do.
+struct ShapeVote {
+  NpyType type;
+  std::vector<uint64_t> shape;  // ragged: without the first dimension
+  uint64_t count = 0;
+  uint64_t first_sample = 0;  // where it first occurs
+  std::string Describe(bool ragged) const {
+    std::string text = ShapeText(shape);
+    if (ragged) text.insert(1, shape.empty() ? "*" : "*, ");
+    return absl::StrCat(NpyTypeName(type), " ", text);
+  }
+};
+
+// A ragged tensor's length: the longest member of the winning shape up to `cap` (0 = none).
+// Leaves a note when that length is far above the typical one: every batch pads every sample to
+// it, so one sample with 300,000 boxes costs the whole dataset.
+uint64_t RaggedRows(const std::string& name, const TensorSchema& rest,
+                    std::vector<std::pair<uint64_t, uint64_t>> rows, uint64_t cap,
+                    SampleList& list) {
+  uint64_t longest = 0;
+  uint64_t longest_sample = 0;
+  uint64_t above_cap = 0;
+  for (const auto& [sample, n] : rows) {
+    if (n > longest) longest = n, longest_sample = sample;
+    if (cap != 0 && n > cap) ++above_cap;
+  }
+  if (rows.empty()) return 0;
+  auto middle = rows.begin() + static_cast<ptrdiff_t>(rows.size() / 2);
+  std::nth_element(rows.begin(), middle, rows.end(),
+                   [](const auto& x, const auto& y) { return x.second < y.second; });
+  const uint64_t median = middle->second;
+  const uint64_t row_bytes = rest.SampleBytes();  // `rest` is one row's schema
+  if (above_cap != 0) {
+    list.notes.push_back(absl::StrCat(
+        "ragged tensor '", name, "': ", above_cap, " samples have more than ragged_max_rows = ",
+        cap, " rows (the longest: ", std::string(list.path(longest_sample)), ", ", longest,
+        " rows); they fail as too_large"));
+    return cap;
+  }
+  constexpr uint64_t kNotedPaddingBytes = 64 << 10;
+  if (longest > 4 * std::max<uint64_t>(median, 1) && longest * row_bytes >= kNotedPaddingBytes) {
+    list.notes.push_back(absl::StrCat(
+        "ragged tensor '", name, "': every sample is padded to ", longest, " rows (",
+        longest * row_bytes, " bytes per sample in every batch) because of ",
+        std::string(list.path(longest_sample)), ", while half the samples have at most ", median,
+        " rows; set ragged_max_rows to cap it (longer samples then fail)"));
+  }
+  return longest;
+}
+
+// The schema of every extra tensor: the union of member names; each one's dtype and shape are
+// what most of its members have (ties: the first seen), so an odd sample fails alone when read
+// and is named here as the shard's problem, instead of setting the shape every other sample is
+// held to. Ragged tensors: see RaggedRows. Reads every member's .npy header (one small read
+// each, one open per shard); a header that cannot be read is that sample's error when read.
+std::vector<TensorSchema> WebDatasetSchemas(const DatasetSpec& spec, const ShardFiles& files,
+                                            const std::vector<FoundSample>& found,
+                                            SampleList& list) {
+  struct Tensor {
+    bool ragged = false;
+    std::vector<ShapeVote> votes;
+    std::vector<std::pair<uint64_t, size_t>> ragged_members;  // (sample, vote); rows below
+    std::vector<uint64_t> ragged_rows;
+  };
+  std::map<std::string, Tensor> tensors;
+  std::optional<container::File> file;
+  uint32_t file_index = UINT32_MAX;
+  for (uint64_t i = 0; i < found.size(); ++i) {
+    if (found[i].tensors.empty()) continue;
+    if (list.sample_files[i] != file_index) {
+      file_index = list.sample_files[i];
+      absl::StatusOr<container::File> opened =
+          container::File::Open(Join(files.root, files.files[file_index]));
+      file.reset();
+      if (opened.ok()) file.emplace(*std::move(opened));
+    }
+    for (const auto& [name, extent] : found[i].tensors) {
+      Tensor& t = tensors[name];
+      t.ragged = std::find(spec.ragged.begin(), spec.ragged.end(), name) != spec.ragged.end();
+      if (!file) continue;
+      absl::StatusOr<NpyHeader> header =
+          MemberNpyHeader(file->fd(), std::string(list.path(i)), extent);
+      // Unreadable, or a scalar where rows are expected: that sample fails when read.
+      if (!header.ok() || (t.ragged && header->shape.empty())) continue;
+      std::vector<uint64_t> shape = header->shape;
+      if (t.ragged) shape.erase(shape.begin());
+      auto vote = std::find_if(t.votes.begin(), t.votes.end(), [&](const ShapeVote& v) {
+        return v.type == header->type && v.shape == shape;
+      });
+      if (vote == t.votes.end()) {
+        vote = t.votes.insert(t.votes.end(), ShapeVote{header->type, std::move(shape), 0, i});
+      }
+      ++vote->count;
+      if (t.ragged) {
+        t.ragged_members.emplace_back(i, static_cast<size_t>(vote - t.votes.begin()));
+        t.ragged_rows.push_back(header->shape[0]);
+      }
+    }
+  }
+
+  std::vector<TensorSchema> schemas;
+  for (auto& [name, t] : tensors) {
+    if (t.votes.empty()) continue;  // no member could be read: each fails with its sample
+    const auto winner = std::max_element(
+        t.votes.begin(), t.votes.end(),
+        [](const ShapeVote& x, const ShapeVote& y) { return x.count < y.count; });
+    const size_t w = static_cast<size_t>(winner - t.votes.begin());
+    uint64_t members = 0;
+    for (const ShapeVote& v : t.votes) members += v.count;
+    TensorSchema schema{name, winner->type, winner->shape, t.ragged};
+    if (t.ragged) {
+      std::vector<std::pair<uint64_t, uint64_t>> rows;
+      for (size_t m = 0; m < t.ragged_members.size(); ++m) {
+        if (t.ragged_members[m].second == w) {
+          rows.emplace_back(t.ragged_members[m].first, t.ragged_rows[m]);
+        }
+      }
+      schema.shape.insert(schema.shape.begin(),
+                          RaggedRows(name, TensorSchema{name, winner->type, winner->shape, false},
+                                     std::move(rows), spec.ragged_max_rows, list));
+    }
+    for (const ShapeVote& v : t.votes) {
+      if (&v == &*winner) continue;
+      const uint64_t at = v.first_sample;
+      Extent extent{};
+      for (const auto& [n, e] : found[at].tensors) {
+        if (n == name) extent = e;
+      }
+      AddProblem(list, files.files[list.sample_files[at]],
+                 image::WithReason(
+                     absl::DataLossError(absl::StrCat(
+                         std::string(list.path(at)), ".", name, ".npy is ", v.Describe(t.ragged),
+                         " but ",
+                         winner->count, " of ", members, " samples' '", name, "' are ",
+                         winner->Describe(t.ragged), ": it", v.count > 1 ? " and " : "",
+                         v.count > 1 ? absl::StrCat(v.count - 1, " more like it") : "",
+                         v.count > 1 ? " fail" : " fails", " when read")),
+                     "corrupt"),
+                 extent.offset, /*rest_unread=*/false);
+    }
+    schemas.push_back(std::move(schema));
+  }
+  return schemas;
 }
 
 }  // namespace
@@ -208,7 +365,7 @@ absl::StatusOr<std::string> ContainerIndexKey(const DatasetSpec& spec, const Sha
                                               int64_t* newest_mtime_ns) {
   std::string key = absl::StrCat(DatasetFormatName(spec.format), "\n", files.root, "\n",
                                  absl::StrJoin(spec.image_keys, ";"), "\n", spec.label_key, "\n",
-                                 absl::StrJoin(spec.ragged, ";"), "\n", spec.max_record_bytes, "\n");
+                                 absl::StrJoin(spec.ragged, ";"), "\n", spec.ragged_max_rows, "\n");
   *newest_mtime_ns = 0;
   for (const std::string& file : files.files) {
     struct stat st;
@@ -222,13 +379,8 @@ absl::StatusOr<std::string> ContainerIndexKey(const DatasetSpec& spec, const Sha
 }
 
 absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardFiles& files) {
-  // Samples as found, before the tensor names (the union over all samples) are known.
-  struct Found {
-    Extent image{Extent::kMissingOffset, 0};
-    Extent label{Extent::kMissingOffset, 0};
-    std::vector<std::pair<std::string, Extent>> tensors;
-  };
-  std::vector<Found> found;
+  std::vector<FoundSample> found;
+  uint64_t tensor_members = 0;
   SampleList list;
   list.files = files.files;
   int64_t last_report = base::SteadyNowNs();
@@ -239,7 +391,7 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
     const std::string path = Join(files.root, files.files[f]);
     IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
     absl::StatusOr<TarScan> scan =
-        budget.Run<TarScan>([&] { return ScanTarShard(path, spec.max_record_bytes); });
+        budget.Run<TarScan>([&] { return ScanTarShard(path); });
     if (!scan.ok()) {
       AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;
@@ -248,7 +400,7 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
       AddProblem(list, files.files[f], scan->stopped, DamageOffset(scan->stopped, path));
     }
     for (const WebDatasetSample& sample : GroupWebDatasetSamples(scan->members)) {
-      Found s;
+      FoundSample s;
       for (const auto& [ext, member] : sample.members) {
         const Extent extent{scan->members[member].offset, scan->members[member].size};
         if (s.image.missing()) {
@@ -268,47 +420,31 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
                                              files.files[f], "#", sample.key, ".", ext, ": ",
                                              named.message(), "; the member is not served")),
                                          "unsupported"),
-                       extent.offset);
+                       extent.offset, /*rest_unread=*/false);
             continue;
           }
           s.tensors.emplace_back(name, extent);
         }
       }
+      tensor_members += s.tensors.size();
       list.Add(absl::StrCat(files.files[f], "#", sample.key), -1);
       list.sample_files.push_back(f);
       found.push_back(std::move(s));
+      // The members found so far are held beside the list until the schemas are known.
+      const uint64_t found_bytes =
+          found.capacity() * sizeof(FoundSample) + tensor_members * kFoundTensorBytes;
+      if (absl::Status held = list.CheckMemory(spec.hold_memory, found_bytes); !held.ok()) {
+        return held;
+      }
     }
     ReportProgress(spec, last_report, f + 1, files.files.size(), list.size(), "shards");
   }
 
-  // Extra tensors: the union of .npy member names; the schema from each one's first member
-  // (ragged ones: the longest first dimension of all of them).
-  std::map<std::string, TensorSchema> schemas;
-  for (uint64_t i = 0; i < found.size(); ++i) {
-    for (const auto& [name, extent] : found[i].tensors) {
-      auto it = schemas.find(name);
-      const bool ragged =
-          std::find(spec.ragged.begin(), spec.ragged.end(), name) != spec.ragged.end();
-      if (it != schemas.end() && !ragged) continue;
-      const std::string path = Join(files.root, files.files[list.sample_files[i]]);
-      absl::StatusOr<container::File> file = container::File::Open(path);
-      absl::StatusOr<NpyHeader> header =
-          file.ok() ? MemberNpyHeader(file->fd(), std::string(list.path(i)), extent)
-                    : absl::StatusOr<NpyHeader>(file.status());
-      if (!header.ok()) continue;  // that sample fails when read; a later one gives the schema
-      // A member is the whole of one sample's tensor.
-      if (it == schemas.end()) {
-        schemas[name] = TensorSchema{name, header->type, header->shape, ragged};
-      } else if (header->shape[0] > it->second.shape[0]) {
-        it->second.shape[0] = header->shape[0];
-      }
-    }
-  }
-  for (auto& [name, schema] : schemas) list.tensors.push_back(schema);
+  list.tensors = WebDatasetSchemas(spec, files, found, list);
 
   list.parts = 2 + static_cast<uint32_t>(list.tensors.size());
   list.extents.reserve(found.size() * list.parts);
-  for (Found& s : found) {
+  for (FoundSample& s : found) {
     list.extents.push_back(s.image);
     list.extents.push_back(s.label);
     for (const TensorSchema& t : list.tensors) {
@@ -332,7 +468,7 @@ absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFi
     const std::string path = Join(files.root, files.files[f]);
     IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
     absl::StatusOr<TfRecordScan> scan =
-        budget.Run<TfRecordScan>([&] { return ScanTfRecordFile(path, spec.max_record_bytes); });
+        budget.Run<TfRecordScan>([&] { return ScanTfRecordFile(path); });
     if (!scan.ok()) {
       AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;
@@ -344,6 +480,7 @@ absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFi
       list.Add(absl::StrCat(files.files[f], "#", r), -1);
       list.sample_files.push_back(f);
       list.extents.push_back({scan->records[r].offset, scan->records[r].length});
+      if (absl::Status held = list.CheckMemory(spec.hold_memory); !held.ok()) return held;
     }
     ReportProgress(spec, last_report, f + 1, files.files.size(), list.size(), "files");
   }
@@ -416,7 +553,10 @@ absl::StatusOr<SampleList> IndexArrays(const DatasetSpec& spec, std::vector<Arra
                                             spec.label_array, ".npy in '", spec.root, "'"));
   }
   if (label) columns->push_back(*std::move(label));
-  for (uint64_t i = 0; i < rows; ++i) list.Add(absl::StrCat("#", i), -1);
+  for (uint64_t i = 0; i < rows; ++i) {
+    list.Add(absl::StrCat("#", i), -1);
+    if (absl::Status held = list.CheckMemory(spec.hold_memory); !held.ok()) return held;
+  }
   return list;
 }
 

@@ -166,7 +166,7 @@ class DatasetLoader {
         if (spec.manifest_path.empty()) {
           return Prefixed(spec, absl::InvalidArgumentError("manifest_path is empty"));
         }
-        loaded = Fresh(ParseManifest(spec.manifest_path));
+        loaded = Fresh(ParseManifest(spec.manifest_path, spec.hold_memory));
         break;
       case DatasetFormat::kWebDataset:
       case DatasetFormat::kTfRecord:
@@ -219,6 +219,7 @@ class DatasetLoader {
 
     std::unique_ptr<Dataset> dataset(new Dataset());
     dataset->spec_ = std::move(spec);
+    dataset->spec_.hold_memory = nullptr;  // what it refers to lives only while indexing
     dataset->samples_ = samples;
     dataset->class_names_ = std::move(list->class_names);
     dataset->files_ = std::move(list->files);
@@ -226,6 +227,7 @@ class DatasetLoader {
     dataset->columns_ = std::move(columns);
     dataset->index_problems_ = std::move(list->problems);
     dataset->ignored_count_ = list->ignored_count;
+    dataset->index_notes_ = std::move(list->notes);
     dataset->ignored_examples_ = std::move(list->ignored_examples);
     dataset->loaded_from_cache_ = from_cache;
     dataset->cache_warning_ = std::move(cache_warning);

@@ -68,9 +68,9 @@ struct DatasetSpec {
   std::string label_array;
   // Extra tensors whose samples may differ in their first dimension (padded, NAME_lengths).
   std::vector<std::string> ragged;
-  // Members and records above this end a file's index (a corrupt length, not a sample); one
-  // below it but above max_file_bytes fails as that sample's "too_large" when read.
-  uint64_t max_record_bytes = uint64_t{1} << 30;
+  // A ragged tensor's samples are padded to at most this many rows; longer ones fail as
+  // too_large. 0 = the longest sample's.
+  uint64_t ragged_max_rows = 0;
   // Transient errors reading a file while indexing are retried for this long (per file; see
   // IoRetryBudget); a file still unreadable is left out of this index, which is then not cached.
   std::chrono::milliseconds io_retry{30'000};
@@ -79,6 +79,8 @@ struct DatasetSpec {
   // Asked between class folders and files while indexing: true stops Open() with Cancelled (a
   // daemon told to stop during a long start-up walk).
   std::function<bool()> cancelled;
+  // Told what the index being built may hold (see SampleList::CheckMemory); unset = unbounded.
+  IndexMemoryHold hold_memory;
 };
 
 // One NAME.npy file of an arrays dataset.
@@ -140,6 +142,8 @@ class Dataset {
   // imagefolder: files in the class folders that are not listed (no image extension), and the
   // first few of them, relative to the root.
   uint64_t ignored_count() const { return ignored_count_; }
+  // What indexing found that the operator should know and is no sample's fault (see SampleList).
+  const std::vector<std::string>& index_notes() const { return index_notes_; }
   const std::vector<std::string>& ignored_examples() const { return ignored_examples_; }
   // "ignored 3 files, e.g. dattel/README.txt" (escaped for a log line); "" when none.
   std::string IgnoredText() const;
@@ -155,6 +159,7 @@ class Dataset {
   std::vector<ArrayColumn> columns_;
   std::vector<IndexProblem> index_problems_;
   uint64_t ignored_count_ = 0;
+  std::vector<std::string> index_notes_;
   std::vector<std::string> ignored_examples_;
   bool loaded_from_cache_ = false;
   std::string cache_warning_;

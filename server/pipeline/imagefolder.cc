@@ -123,6 +123,8 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
   if (!classes.ok()) return classes.status();
 
   SampleList list;
+  const IndexMemoryHold no_hold;
+  const IndexMemoryHold& hold = spec != nullptr ? spec->hold_memory : no_hold;
   std::vector<std::string> empty_classes;
   std::vector<FolderFiles> folders;
   std::vector<DirId> ancestors;
@@ -154,6 +156,7 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
       std::sort(folder.files.begin(), folder.files.end());
       for (const std::string& f : folder.files) {
         list.Add(absl::StrCat(folder.relative, f), static_cast<int64_t>(label));
+        if (absl::Status held = list.CheckMemory(hold); !held.ok()) return held;
       }
       std::sort(folder.ignored.begin(), folder.ignored.end());
       for (const std::string& f : folder.ignored) {

@@ -172,6 +172,7 @@ std::optional<CachedIndex> LoadIndexCache(const std::string& path, const std::st
     IndexProblem p;
     p.file = std::string(r.String());
     p.offset = r.U64();
+    p.rest_unread = r.U64() != 0;
     p.reason = std::string(r.String());
     p.message = std::string(r.String());
     d.problems.push_back(std::move(p));
@@ -182,6 +183,9 @@ std::optional<CachedIndex> LoadIndexCache(const std::string& path, const std::st
   for (uint64_t i = 0; i < example_count && r.ok(); ++i) {
     d.ignored_examples.push_back(std::string(r.String()));
   }
+  const uint64_t note_count = r.U64();
+  if (!r.ok() || note_count > 1024) return std::nullopt;
+  for (uint64_t i = 0; i < note_count && r.ok(); ++i) d.notes.push_back(std::string(r.String()));
   if (!r.ok()) return std::nullopt;
   // Container formats have files, one per sample, and parts; the others none of them.
   const bool containers = !d.files.empty();
@@ -261,12 +265,15 @@ absl::Status SaveIndexCache(const std::string& path, const std::string& key,
   for (const IndexProblem& p : d.problems) {
     PutString(meta, p.file);
     PutU64(meta, p.offset);
+    PutU64(meta, p.rest_unread ? 1 : 0);
     PutString(meta, p.reason);
     PutString(meta, p.message);
   }
   PutU64(meta, d.ignored_count);
   PutU64(meta, d.ignored_examples.size());
   for (const std::string& e : d.ignored_examples) PutString(meta, e);
+  PutU64(meta, d.notes.size());
+  for (const std::string& note : d.notes) PutString(meta, note);
   meta.append(PaddingTo8(kHeaderBytes + meta.size()), '\0');
 
   const auto bytes_of = [](auto span) {

@@ -19,9 +19,10 @@
 //     uint64   file_count, then file_count strings          (container formats; else 0)
 //     uint64   tensor_count, then per tensor: string name, uint64 type, uint64 ragged,
 //              uint64 rank, uint64 shape[rank]
-//     uint64   problem_count, then per problem: string file, uint64 offset, string reason,
-//              string message
+//     uint64   problem_count, then per problem: string file, uint64 offset, uint64 rest_unread,
+//              string reason, string message
 //     uint64   ignored_count, uint64 example_count, then example_count strings (imagefolder)
+//     uint64   note_count, then note_count strings
 //   zero bytes up to a file offset that is a multiple of 8, then the per-sample arrays, used in
 //   place from a read-only mapping of the file (so a restart's cost does not grow with them):
 //     uint64   path_ends[sample_count]       end of sample i's path in path_blob
@@ -45,7 +46,7 @@
 
 namespace ringloader::pipeline {
 
-inline constexpr uint32_t kIndexCacheVersion = 4;  // bump on ANY format change above
+inline constexpr uint32_t kIndexCacheVersion = 5;  // bump on ANY format change above
 
 // `kind`: "imagefolder", "webdataset", "tfrecord"; `identity`: the absolute root or pattern.
 std::string IndexCachePath(const std::string& state_dir, const std::string& kind,

@@ -72,7 +72,8 @@ std::string PathProblem(std::string_view path) {
 
 }  // namespace
 
-absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path) {
+absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path,
+                                         const IndexMemoryHold& hold) {
   // A directory (or a FIFO) would make the stream read throw or block: refuse it by name.
   struct stat st {};
   if (::stat(manifest_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -133,6 +134,7 @@ absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path) {
       return error(line_no, problem);
     }
     list.Add(path, label);
+    if (absl::Status held = list.CheckMemory(hold); !held.ok()) return held;
   }
   return list;
 }

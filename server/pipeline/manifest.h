@@ -19,6 +19,8 @@
 
 namespace ringloader::pipeline {
 
-absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path);
+// `hold` (optional) bounds what the list may hold (SampleList::CheckMemory).
+absl::StatusOr<SampleList> ParseManifest(const std::string& manifest_path,
+                                         const IndexMemoryHold& hold = {});
 
 }  // namespace ringloader::pipeline

@@ -87,7 +87,7 @@ uint32_t NpyTypeBytes(NpyType type) {
 }
 
 absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_bytes,
-                                         const std::string& path) {
+                                         const std::string& path, bool allow_scalar) {
   if (head.size() < 10 || head.compare(0, 6, kMagic, 6) != 0) {
     return Bad(path, "not a .npy file (no \\x93NUMPY magic)");
   }
@@ -149,11 +149,16 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_
     }
     h.shape.push_back(dim);
   }
-  if (h.shape.empty()) return Bad(path, "a 0-dimensional array has no rows");
+  if (h.shape.empty() && !allow_scalar) return Bad(path, "a 0-dimensional array has no rows");
   h.data_offset = prefix + header_len;
   h.row_bytes = row_items * found->bytes;
   const uint64_t data_bytes = file_bytes - std::min(file_bytes, h.data_offset);
-  if (h.row_bytes != 0 && h.shape[0] > data_bytes / h.row_bytes) {
+  if (h.shape.empty() && data_bytes < h.row_bytes) {
+    return container::Damaged(path, h.data_offset, "truncated",
+                              absl::StrCat("the scalar's ", h.row_bytes,
+                                           " bytes are not all there"));
+  }
+  if (!h.shape.empty() && h.row_bytes != 0 && h.shape[0] > data_bytes / h.row_bytes) {
     return container::Damaged(path, h.data_offset, "truncated",
                               absl::StrCat("the shape claims ", h.shape[0], " rows of ",
                                            h.row_bytes, " bytes but the file holds ", data_bytes,

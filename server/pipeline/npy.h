@@ -27,6 +27,8 @@ struct NpyHeader {
   uint64_t data_offset = 0;     // where row 0 starts
   uint64_t row_bytes = 0;       // bytes of one row (the product of shape[1:] times the item size)
   uint64_t RowOffset(uint64_t row) const { return data_offset + row * row_bytes; }
+  // Every element's bytes (a 0-d array: its one item).
+  uint64_t DataBytes() const { return shape.empty() ? row_bytes : shape[0] * row_bytes; }
 };
 
 // Reads and checks the header of `path`, and that the file holds all the rows the shape claims.
@@ -34,9 +36,11 @@ struct NpyHeader {
 absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path);
 
 // Parses a header from the file's first bytes (tests; ReadNpyHeader uses it). `file_bytes` is the
-// file's size, to check the data is all there.
+// file's size, to check the data is all there. `allow_scalar`: a 0-d array (np.save of one
+// number: one sample's tensor in a WebDataset member) is accepted, with an empty shape and
+// row_bytes its one item; otherwise it is refused (an arrays column needs rows).
 absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& head, uint64_t file_bytes,
-                                         const std::string& path);
+                                         const std::string& path, bool allow_scalar = false);
 
 // The whole header of a version 1.0 .npy file of a C-order array of `type` and `shape`, byte for
 // byte as numpy >= 1.23 writes it: magic, version, length, the dict

@@ -5,12 +5,14 @@
 // sample's bytes are. Internal to server/pipeline.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "server/pipeline/tensor_schema.h"
 
 namespace ringloader::pipeline {
@@ -25,14 +27,20 @@ struct Extent {
   bool operator==(const Extent&) const = default;
 };
 
-// Damage found while indexing a container file: the rest of that file is not in the index.
+// Damage found while indexing a container file: the rest of that file is not in the index, or
+// (rest_unread false) one member is not served or its sample fails when read.
 struct IndexProblem {
   std::string file;  // relative to the root
   uint64_t offset = 0;
   std::string reason;   // image::ErrorReason
   std::string message;  // "<path>: offset N: <what>"
+  bool rest_unread = true;
   bool operator==(const IndexProblem&) const = default;
 };
+
+// Told what an index being built may hold (SampleList::CheckMemory); a non-OK status stops the
+// indexing with it. The daemon's draws on its memory budget, so memory_limit bounds indexing too.
+using IndexMemoryHold = std::function<absl::Status(uint64_t bytes)>;
 
 struct SampleList {
   std::string path_blob;                 // all relative paths, concatenated
@@ -46,6 +54,9 @@ struct SampleList {
   std::vector<Extent> extents;         // sample i's parts: [i * parts, (i + 1) * parts)
   std::vector<TensorSchema> tensors;   // the extra tensors every sample has (see Dataset)
   std::vector<IndexProblem> problems;  // container formats: damage met while indexing
+  // What the operator should know that is no sample's fault (a ragged tensor padded far beyond
+  // its typical length): logged at start-up, printed by validate.
+  std::vector<std::string> notes;
   // imagefolder: files in class folders without an image extension, and the first few of them
   // (relative paths, in listing order).
   static constexpr size_t kIgnoredExamples = 5;
@@ -53,6 +64,16 @@ struct SampleList {
   std::vector<std::string> ignored_examples;
 
   uint64_t size() const { return labels.size(); }
+  // Every kMemoryCheckEvery samples (call it after each Add): tells `hold` what the list may hold
+  // until the next check, its vectors' capacities doubled where the next kMemoryCheckEvery
+  // samples could grow them. So the list never holds more than `hold` last agreed to.
+  static constexpr uint64_t kMemoryCheckEvery = 4096;
+  // `also_held`: what the indexer holds beside the list.
+  absl::Status CheckMemory(const IndexMemoryHold& hold, uint64_t also_held = 0) const {
+    if (!hold || size() % kMemoryCheckEvery != 0) return absl::OkStatus();
+    return hold(HeapBytesAhead() + also_held);
+  }
+  uint64_t HeapBytesAhead() const;
   void Add(std::string_view relative_path, int64_t label) {
     path_blob.append(relative_path);
     path_ends.push_back(path_blob.size());

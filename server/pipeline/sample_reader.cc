@@ -311,7 +311,8 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
   std::string head;
   if (absl::Status s = ReadMember(extent, "tensor member", kNpyHeadBytes, head); !s.ok()) return s;
   absl::StatusOr<NpyHeader> header =
-      ParseNpyHeader(head, extent.size, absl::StrCat(where_, ": ", schema.name, ".npy"));
+      ParseNpyHeader(head, extent.size, absl::StrCat(where_, ": ", schema.name, ".npy"),
+                     /*allow_scalar=*/true);
   if (!header.ok()) {
     std::string_view reason = image::ErrorReason(header.status());
     if (reason == "other") {
@@ -320,18 +321,27 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
     }
     return image::WithReason(absl::DataLossError(header.status().message()), reason);
   }
+  const bool scalar = header->shape.empty();
   const bool same_rest = header->shape.size() == schema.shape.size() &&
-                         std::equal(header->shape.begin() + 1, header->shape.end(),
-                                    schema.shape.begin() + 1);
-  const bool fits = schema.ragged ? header->shape[0] <= schema.shape[0]
-                                  : header->shape[0] == schema.shape[0];
+                         (scalar || std::equal(header->shape.begin() + 1, header->shape.end(),
+                                               schema.shape.begin() + 1));
+  if (same_rest && !scalar && schema.ragged && header->type == schema.type &&
+      header->shape[0] > schema.shape[0]) {
+    return Damaged("too_large", absl::StrCat("tensor '", schema.name, "' has ", header->shape[0],
+                                             " rows, above the batch's ", schema.shape[0],
+                                             dataset_->spec().ragged_max_rows != 0
+                                                 ? " (ragged_max_rows)"
+                                                 : ""));
+  }
+  const bool fits = scalar || (schema.ragged ? header->shape[0] <= schema.shape[0]
+                                             : header->shape[0] == schema.shape[0]);
   if (header->type != schema.type || !same_rest || !fits) {
     return Damaged("corrupt",
                    absl::StrCat("tensor '", schema.name, "' is ", NpyTypeName(header->type), " ",
                                 ShapeText(header->shape), ", the batch's is ", schema.Describe(),
                                 schema.ragged ? " (ragged: at most that many rows)" : ""));
   }
-  const uint64_t data_bytes = header->shape[0] * header->row_bytes;
+  const uint64_t data_bytes = header->DataBytes();
   if (data_bytes > out.size()) {  // the checks above make it fit; never write past `out`
     return absl::InternalError(absl::StrCat("tensor '", schema.name, "': ", data_bytes,
                                             " bytes do not fit its ", out.size(), "-byte place"));
@@ -343,7 +353,7 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
     return Damaged("truncated", absl::StrCat("tensor member '", schema.name, ".npy' cut short"));
   }
   std::memset(out.data() + data_bytes, 0, out.size() - data_bytes);
-  return header->shape[0];
+  return scalar ? 1 : header->shape[0];
 }
 
 }  // namespace ringloader::pipeline

@@ -64,7 +64,7 @@ std::string PaxPath(std::string_view pax) {
 
 }  // namespace
 
-absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_member_bytes) {
+absl::StatusOr<TarScan> ScanTarShard(const std::string& path) {
   absl::StatusOr<container::File> file = container::File::Open(path);
   if (!file.ok()) return file.status();
   const int fd = file->fd();
@@ -120,12 +120,6 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_membe
       }
       long_name = type == 'L' ? Field(meta.data(), meta.size()) : PaxPath(meta);
     } else if (type == '0' || type == '\0' || type == '7') {  // a regular file
-      if (member_size > max_member_bytes) {
-        scan.stopped = Damaged(path, offset, "too_large",
-                               absl::StrCat("member of ", member_size,
-                                            " bytes, above the limit of ", max_member_bytes));
-        break;
-      }
       std::string name = long_name;
       if (name.empty()) {
         name = Field(h, 100);

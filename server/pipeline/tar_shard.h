@@ -33,8 +33,9 @@ struct TarScan {
 };
 
 // Fails only when the file cannot be opened or read; damage inside is reported in `stopped`.
-// Members larger than `max_member_bytes` stop the scan (a corrupt size must not be trusted).
-absl::StatusOr<TarScan> ScanTarShard(const std::string& path, uint64_t max_member_bytes);
+// A member of any size whose header is intact and whose data lies inside the file is listed (its
+// data is never read here; a sample's reader bounds what it reads: max_file_bytes and the like).
+absl::StatusOr<TarScan> ScanTarShard(const std::string& path);
 
 // One WebDataset sample: its key and its members (indices into TarScan::members) by extension.
 struct WebDatasetSample {

@@ -35,8 +35,7 @@ void StoreU32(uint32_t v, std::string& out) {
 
 }  // namespace
 
-absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path,
-                                              uint64_t max_record_bytes) {
+absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path) {
   absl::StatusOr<container::File> file = container::File::Open(path);
   if (!file.ok()) return file.status();
   const int fd = file->fd();
@@ -59,12 +58,6 @@ absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path,
     }
     const uint64_t length = LoadU64(header);
     const uint64_t data = offset + kHeaderBytes;
-    if (length > max_record_bytes) {
-      scan.stopped = Damaged(path, offset, "too_large",
-                             absl::StrCat("record of ", length, " bytes, above the limit of ",
-                                          max_record_bytes));
-      break;
-    }
     if (length + kFooterBytes > size - data) {
       scan.stopped = Damaged(path, offset, "truncated",
                              absl::StrCat("record of ", length, " bytes runs past the end of the "

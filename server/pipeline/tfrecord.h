@@ -33,9 +33,10 @@ struct TfRecordScan {
 };
 
 // Fails only when the file cannot be opened or read (NotFound, PermissionDenied, ...); damage
-// inside it is reported in `stopped`. Records longer than `max_record_bytes` stop the scan too
-// (a corrupt length must not become a huge allocation).
-absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path, uint64_t max_record_bytes);
+// inside it is reported in `stopped`. A record of any length whose header CRC holds and whose data
+// lies inside the file is listed: only its reader decides whether it is too large to read
+// (max_file_bytes), so one huge record costs that sample, not the rest of the file.
+absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path);
 
 // Reads the data of `record` from `fd` (the file `path`, opened for reading) into `out` (resized
 // to its length) and checks its CRC.

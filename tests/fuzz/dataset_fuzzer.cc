@@ -14,8 +14,8 @@
 //
 // Besides "no crash, no leak, no undefined behaviour", each input checks: a sample read never
 // writes past its tensor's buffer (ASan), a failure is a Status, and no tensor takes a name the
-// batch already uses (pipeline::CheckTensorName). The index is bounded (max_record_bytes 1 MiB)
-// so that one input cannot ask for gigabytes.
+// batch already uses (pipeline::CheckTensorName). Samples are read with max_file_bytes 1 MiB so
+// that one input cannot ask for gigabytes.
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -113,7 +113,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   DatasetSpec spec;
   spec.name = "fuzz";
-  spec.max_record_bytes = 1 << 20;
   switch (data[0] % 6) {
     case 0:
       spec.format = DatasetFormat::kWebDataset;

@@ -95,6 +95,14 @@ def main() -> None:
         "tfrecord": (1, record(example(jpeg(3), 7)) + record(example(jpeg(4), 2))),
         "example": (2, example(jpeg(5), 1)),
         "member.npy": (3, npy(np.arange(12, dtype=np.float64).reshape(3, 4))),
+        "scalar-member.npy": (3, npy(np.float32(2.5))),
+        "odd-shapes.tar": (0, shard([
+            ("a.jpg", jpeg(6)), ("a.cls", b"0"), ("a.s.npy", npy(np.float32(1))),
+            ("a.depth.npy", npy(np.ones((3, 3), np.float32))),
+            ("b.jpg", jpeg(7)), ("b.cls", b"1"), ("b.s.npy", npy(np.float32(2))),
+            ("b.depth.npy", npy(np.ones((2, 2), np.float32))),
+            ("c.jpg", jpeg(8)), ("c.cls", b"1"), ("c.s.npy", npy(np.int8(3))),
+            ("c.depth.npy", npy(np.ones((2, 2), np.float32)))])),
         "arrays.npy": (4, npy(np.arange(20, dtype=np.uint8).reshape(5, 4))),
         "label.json": (5, b'{"meta": {"label": 9}, "label": 2, "x": [1, 2.5, "s", null]}'),
     }

@@ -248,7 +248,7 @@ TEST_CASE("Dataset: a corrupt or truncated index cache is ignored and rewritten"
   // The on-disk header is pinned with literal numbers: if this fails, bump kIndexCacheVersion.
   REQUIRE(good.size() > 32);
   CHECK(good.substr(0, 8) == std::string("RLINDEX\0", 8));
-  CHECK(good.substr(8, 8) == std::string("\x04\0\0\0\0\0\0\0", 8));  // version 4, reserved 0
+  CHECK(good.substr(8, 8) == std::string("\x05\0\0\0\0\0\0\0", 8));  // version 5, reserved 0
   uint64_t payload_bytes = 0;
   std::memcpy(&payload_bytes, good.data() + 16, 8);
   CHECK(payload_bytes == good.size() - 32);

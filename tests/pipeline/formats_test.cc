@@ -330,8 +330,14 @@ TEST_CASE("11: damaged WebDataset shards cost only their own samples, or the res
   spec.format = DatasetFormat::kWebDataset;
   spec.root = dir.path();
   auto ds = Open(spec);
-  // s5 and everything after it in b.tar is gone; s8's truncated depth member too.
-  REQUIRE(ds->index_problems().size() == 2);
+  // s5 and everything after it in b.tar is gone; s8's truncated depth member too; s4's odd depth
+  // is named (the batch's shape is the other samples').
+  REQUIRE(ds->index_problems().size() == 3);
+  const IndexProblem& odd = ds->index_problems()[2];
+  CHECK(odd.file == "b.tar");
+  CHECK(odd.reason == "corrupt");
+  CHECK_FALSE(odd.rest_unread);
+  CHECK_THAT(odd.message, Catch::Contains("b.tar#s4.depth.npy is float32 [5, 8] but"));
   CHECK(ds->index_problems()[0].file == "b.tar");
   CHECK(ds->index_problems()[0].reason == "corrupt");
   CHECK(ds->index_problems()[0].offset == s5);

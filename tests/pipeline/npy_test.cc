@@ -112,6 +112,18 @@ open('not.npy', 'wb').write(b'hello')
   check("not.npy", "not a .npy file");
   CHECK(image::ErrorReason(ReadNpyHeader(dir.Join("cut.npy")).status()) == "truncated");
   CHECK(ReadNpyHeader(dir.Join("absent.npy")).status().code() == absl::StatusCode::kNotFound);
+
+  // A WebDataset member may be a scalar (one number per sample); its one item must be there.
+  const std::string scalar = testing::ReadFile(dir.Join("scalar.npy"));
+  auto h = ParseNpyHeader(scalar, scalar.size(), "m", /*allow_scalar=*/true);
+  REQUIRE(h.ok());
+  CHECK(h->shape.empty());
+  CHECK(h->type == NpyType::kFloat32);
+  CHECK(h->row_bytes == 4);
+  CHECK(h->DataBytes() == 4);
+  auto cut_scalar = ParseNpyHeader(scalar, scalar.size() - 1, "m", /*allow_scalar=*/true);
+  REQUIRE_FALSE(cut_scalar.ok());
+  CHECK(image::ErrorReason(cut_scalar.status()) == "truncated");
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ struct ThreeRecords {
 
 TEST_CASE("ScanTfRecordFile finds every record and ReadTfRecord returns its data", "[tfrecord]") {
   ThreeRecords f;
-  auto scan = ScanTfRecordFile(f.path, 1 << 20);
+  auto scan = ScanTfRecordFile(f.path);
   REQUIRE(scan.ok());
   CHECK(scan->stopped.ok());
   REQUIRE(scan->records.size() == 3);
@@ -67,7 +67,7 @@ TEST_CASE("a flipped data byte fails that record only, with crc_mismatch, path a
   ThreeRecords f;
   f.file[12 + 3] ^= 0x20;  // inside the first record's data
   testing::WriteFile(f.path, f.file);
-  auto scan = ScanTfRecordFile(f.path, 1 << 20);
+  auto scan = ScanTfRecordFile(f.path);
   REQUIRE(scan.ok());
   REQUIRE(scan->records.size() == 3);  // headers are intact: the file still frames
   const int fd = ::open(f.path.c_str(), O_RDONLY);
@@ -86,7 +86,7 @@ TEST_CASE("damaged framing stops the scan where it is, saying why", "[tfrecord]"
   SECTION("a header CRC mismatch") {
     f.file[second + 9] ^= 1;
     testing::WriteFile(f.path, f.file);
-    auto scan = ScanTfRecordFile(f.path, 1 << 20);
+    auto scan = ScanTfRecordFile(f.path);
     REQUIRE(scan.ok());
     CHECK(scan->records.size() == 1);
     CHECK(image::ErrorReason(scan->stopped) == "crc_mismatch");
@@ -95,7 +95,7 @@ TEST_CASE("damaged framing stops the scan where it is, saying why", "[tfrecord]"
   }
   SECTION("a file cut inside its last record") {
     testing::WriteFile(f.path, f.file.substr(0, f.file.size() - 10));
-    auto scan = ScanTfRecordFile(f.path, 1 << 20);
+    auto scan = ScanTfRecordFile(f.path);
     REQUIRE(scan.ok());
     CHECK(scan->records.size() == 2);
     CHECK(image::ErrorReason(scan->stopped) == "truncated");
@@ -103,19 +103,13 @@ TEST_CASE("damaged framing stops the scan where it is, saying why", "[tfrecord]"
   }
   SECTION("a file cut inside a header") {
     testing::WriteFile(f.path, f.file.substr(0, second + 5));
-    auto scan = ScanTfRecordFile(f.path, 1 << 20);
+    auto scan = ScanTfRecordFile(f.path);
     REQUIRE(scan.ok());
     CHECK(scan->records.size() == 1);
     CHECK_THAT(std::string(scan->stopped.message()), Catch::Contains("cut short (5 of 12"));
   }
-  SECTION("a record longer than the limit") {
-    auto scan = ScanTfRecordFile(f.path, 4096);
-    REQUIRE(scan.ok());
-    CHECK(scan->records.size() == 2);
-    CHECK(image::ErrorReason(scan->stopped) == "too_large");
-  }
   SECTION("a missing file is an error of its own") {
-    auto scan = ScanTfRecordFile(f.dir.Join("absent"), 1 << 20);
+    auto scan = ScanTfRecordFile(f.dir.Join("absent"));
     CHECK(scan.status().code() == absl::StatusCode::kNotFound);
   }
 }

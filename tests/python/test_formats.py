@@ -202,3 +202,136 @@ def test_an_npy_claiming_a_trillion_empty_rows_is_refused_by_daemon_and_validate
     out = ctl("validate", "--format", "arrays", "--path", str(root), check=False)
     assert out.returncode != 0
     assert "rows of 0 bytes" in out.stdout + out.stderr
+
+
+def shard_samples(tmp_path: Path, count: int, extra) -> Path:
+    """Shards of `count` JPEG samples (label i % 2), each with the members extra(i) gives."""
+    jpgs = sorted(make_dataset(tmp_path / "src", count, 2).rglob("*.jpg"))
+    shards = tmp_path / "shards"
+    write_shard(shards / "shard-0.tar", [
+        member for i, jpg in enumerate(jpgs) for member in (
+            (f"s{i:02d}.jpg", jpg.read_bytes()), (f"s{i:02d}.cls", str(i % 2).encode()),
+            *extra(i))])
+    return shards
+
+
+def served(d: rl.Daemon, name: str, **options) -> dict:
+    loader = rl.Loader(name, endpoint=d.endpoint, batch_size=4, image_size=16, augment="eval",
+                       shuffle=False, output="numpy", **options)
+    out = {}
+    for batch in loader:
+        for k, i in enumerate(batch["indices"].tolist()):
+            out[i] = {t: np.array(batch[t][k]) for t in batch if t != "images"}
+    loader.close()
+    return out
+
+
+def test_one_odd_tensor_shape_costs_its_own_sample_not_the_other_twenty(tmp_path: Path) -> None:
+    """Twenty depth.npy of [8, 8] and one of [9, 9], the odd one first: the batch's shape is the
+    majority's, the odd sample alone fails (named at start with both shapes), in the daemon and
+    in validate."""
+    shards = shard_samples(tmp_path, 21, lambda i: [(
+        f"s{i:02d}.depth.npy", npy_bytes(np.full((9, 9) if i == 0 else (8, 8), i, np.float32)))])
+    with rl.Daemon(datasets={"w": {"format": "webdataset", "path": str(shards)}},
+                   memory_limit="1GiB") as d:
+        got = served(d, "w")
+        log = d.log()
+        stats = d.stats()
+    assert sorted(got) == list(range(1, 21))
+    assert all(v["depth"].shape == (8, 8) and v["depth"][0, 0] == i for i, v in got.items())
+    assert "shard-0.tar#s00.depth.npy is float32 [9, 9] but 20 of 21 samples' 'depth' are " \
+           "float32 [8, 8]" in log
+    assert {(f["path"], f["reason"]) for f in stats["recent_bad_files"]} == {
+        ("shard-0.tar#s00", "corrupt")}
+    out = ctl("validate", "--format", "webdataset", "--path", str(shards), check=False)
+    assert out.returncode == 1
+    assert "20 good, 1 bad" in out.stdout and "float32 [9, 9] but 20 of 21" in out.stdout
+
+
+def test_a_scalar_npy_member_is_served_as_one_number_per_sample(tmp_path: Path) -> None:
+    """np.save(f, np.float32(x)) once vanished from batches without a word."""
+    shards = shard_samples(tmp_path, 6, lambda i: [
+        (f"s{i:02d}.score.npy", npy_bytes(np.float32(i / 4))),
+        (f"s{i:02d}.id.npy", npy_bytes(np.int64(1000 + i)))])
+    with rl.Daemon(datasets={"w": {"format": "webdataset", "path": str(shards)}},
+                   memory_limit="1GiB") as d:
+        loader = rl.Loader("w", endpoint=d.endpoint, batch_size=3, image_size=16,
+                           augment="eval", shuffle=False, output="numpy")
+        batch = next(iter(loader))
+        assert list(batch) == ["images", "labels", "indices", "id", "score"]
+        assert batch["score"].shape == (3,) and batch["score"].dtype == np.float32
+        assert batch["score"].tolist() == [0.0, 0.25, 0.5]
+        assert batch["id"].tolist() == [1000, 1001, 1002]
+        loader.close()
+
+
+def test_one_huge_ragged_sample_is_named_at_start_and_a_cap_bounds_every_batch(
+        tmp_path: Path) -> None:
+    """One sample with 300,000 boxes among ones with 3: a warning names it and its cost; with
+    ragged_max_rows it alone fails (too_large) and every batch pads to the cap."""
+    shards = shard_samples(tmp_path, 8, lambda i: [(
+        f"s{i:02d}.boxes.npy",
+        npy_bytes(np.full((300_000 if i == 5 else 3, 4), i, np.float32)))])
+    spec = {"format": "webdataset", "path": str(shards), "ragged": ["boxes"]}
+    with rl.Daemon(datasets={"w": spec}, memory_limit="1GiB") as d:
+        log = d.log()
+    assert "ragged tensor 'boxes': every sample is padded to 300000 rows (4800000 bytes per " \
+           "sample in every batch) because of shard-0.tar#s05" in log
+    assert "half the samples have at most 3 rows" in log and "ragged_max_rows" in log
+    with rl.Daemon(datasets={"w": {**spec, "ragged_max_rows": 16}}, memory_limit="1GiB") as d:
+        got = served(d, "w")
+        log = d.log()
+        stats = d.stats()
+    assert sorted(got) == [0, 1, 2, 3, 4, 6, 7]
+    assert all(v["boxes"].shape == (16, 4) and v["boxes_lengths"] == 3 for v in got.values())
+    assert "1 samples have more than ragged_max_rows = 16 rows" in log
+    assert {(f["path"], f["reason"]) for f in stats["recent_bad_files"]} == {
+        ("shard-0.tar#s05", "too_large")}
+
+
+def test_a_huge_member_in_an_intact_shard_costs_its_sample_not_the_rest_of_the_shard(
+        tmp_path: Path) -> None:
+    """A 1.5 GiB image member (a sparse file: nothing is written) once stopped the index of its
+    shard (above the 1 GiB record limit): now that sample alone fails too_large (above
+    max_file_bytes) and the members after it are all served."""
+    jpgs = sorted(make_dataset(tmp_path / "src", 6, 2).rglob("*.jpg"))
+    huge = 3 << 29
+    shard = tmp_path / "shards" / "shard-0.tar"
+    shard.parent.mkdir()
+    with open(shard, "wb") as f:
+        for i, jpg in enumerate(jpgs):
+            for name, data in ((f"s{i:02d}.jpg", jpg.read_bytes()),
+                               (f"s{i:02d}.cls", str(i % 2).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = huge if (i, name[-3:]) == (1, "jpg") else len(data)
+                f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+                if info.size == huge:
+                    f.seek(huge, io.SEEK_CUR)
+                else:
+                    f.write(data + b"\0" * (-len(data) % 512))
+        f.write(b"\0" * 1024)
+    assert shard.stat().st_size > huge
+    with rl.Daemon(datasets={"w": {"format": "webdataset", "path": str(shard.parent)}},
+                   memory_limit="1GiB") as d:
+        got = served(d, "w")
+        stats = d.stats()
+    assert sorted(got) == [0, 2, 3, 4, 5]
+    assert {(f["path"], f["reason"]) for f in stats["recent_bad_files"]} == {
+        ("shard-0.tar#s01", "too_large")}
+    assert stats["datasets"][0]["samples"] == 6
+
+
+def test_indexing_is_bounded_by_memory_limit(tmp_path: Path) -> None:
+    """An arrays column of 10^9 one-byte rows (a sparse 1 GB file: nothing written) once made
+    indexing allocate ~26 GB for the sample list; the index's growth is drawn from memory_limit,
+    so the start fails with the numbers instead."""
+    root = tmp_path / "huge"
+    root.mkdir()
+    header = npy_header_claiming((10**9,))
+    with open(root / "x.npy", "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + 10**9)
+    with pytest.raises(rl.Error, match=r"dataset 'huge': indexing \(its sample list growing "
+                                       r"to \d+ bytes\) needs .*memory_limit 256 MiB"):
+        rl.Daemon(datasets={"huge": {"format": "arrays", "path": str(root)}},
+                  memory_limit="256MiB", startup_timeout=60)
