@@ -387,6 +387,7 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
                                                     std::end(kIoFaultErrnos)), &err);
   if (err >= 0) f->io_fault_errno = kIoFaultErrnos[err];
   r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
+  r.Integer("session_end_delay_ms", &f->session_end_delay_ms, 0, 60'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {

@@ -68,6 +68,10 @@ struct FailpointConfig {
   std::string io_fault_path;
   std::string io_fault_errno = "EIO";
   uint32_t io_fault_times = 1;
+  // The daemon acts on a client's death (its session's end) this much later: forces the order
+  // "the restarted trainer asks before its predecessor's death is noticed". Independent of
+  // `action`.
+  uint32_t session_end_delay_ms = 0;
   bool enabled() const { return action != Action::kNone; }
   bool operator==(const FailpointConfig&) const = default;
 };

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,11 @@ int ErrnoNamed(const std::string& name) {
 }
 
 }  // namespace
+
+void Failpoints::OnSessionEnd() const {
+  if (config_.session_end_delay_ms == 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(config_.session_end_delay_ms));
+}
 
 void Failpoints::InstallIoFaults() const {
   if (config_.io_fault_path.empty() || g_io_faults != nullptr) return;

@@ -39,6 +39,8 @@ class Failpoints {
   // io_fault_path set: makes the first io_fault_times reads of each matching sample file fail
   // with io_fault_errno (image::SetReadFaultInjector). Once per process, before any read.
   void InstallIoFaults() const;
+  // session_end_delay_ms: waits that long before a session's end is acted on.
+  void OnSessionEnd() const;
 
  private:
   [[noreturn]] void Act(const std::string& why) const;

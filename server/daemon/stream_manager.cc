@@ -21,6 +21,8 @@ namespace ringloader::server {
 namespace {
 
 constexpr uint32_t kMaxWorldSize = 1 << 16;
+// How long an Open waits for room under max_streams before refusing (see Open).
+constexpr auto kWaitForRoom = std::chrono::seconds(2);
 
 image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
   image::TransformSpec t;
@@ -260,7 +262,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   uint64_t id;
   const std::string client_key = setup.client_key;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
     if (!request.session_id().empty()) {
       if (sessions_.count(request.session_id()) == 0) {
@@ -271,18 +273,28 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
       setup.session_id = request.session_id();
     }
     const ServerConfig& server = deps_.config->server;
+    const auto of_client = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      uint64_t n = opening_.count(client_key);
+      for (const auto& [other_id, s] : streams_) n += s->setup().client_key == client_key;
+      return n;
+    };
+    const auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shut_down_ || (streams_.size() + opening_.size() < server.max_streams &&
+                            (client_key.empty() || of_client() < server.max_streams_per_client));
+    };
+    // A trainer restarted at once after a crash may ask before the daemon has acted on its
+    // predecessor's death (the session's end, noticed within a poll): full, it waits briefly
+    // for a stream to go rather than refuse a restart that is about to fit.
+    room_cv_.wait_for(lock, kWaitForRoom, room);
+    if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
     if (streams_.size() + opening_.size() >= server.max_streams) {
       return Reject(absl::ResourceExhaustedError(absl::StrCat(
           "too many open streams (server.max_streams = ", server.max_streams, ")")));
     }
-    if (!client_key.empty()) {
-      uint64_t of_client = opening_.count(client_key);
-      for (const auto& [other_id, s] : streams_) of_client += s->setup().client_key == client_key;
-      if (of_client >= server.max_streams_per_client) {
-        return Reject(absl::ResourceExhaustedError(absl::StrCat(
-            "too many open streams from ", client_key, " (server.max_streams_per_client = ",
-            server.max_streams_per_client, ")")));
-      }
+    if (!client_key.empty() && of_client() >= server.max_streams_per_client) {
+      return Reject(absl::ResourceExhaustedError(absl::StrCat(
+          "too many open streams from ", client_key, " (server.max_streams_per_client = ",
+          server.max_streams_per_client, ")")));
     }
     opening_.insert(client_key);
     id = next_stream_id_++;
@@ -299,6 +311,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
       {
         std::lock_guard<std::mutex> lock(self->mu_);
         self->opening_.erase(self->opening_.find(key));
+        self->room_cv_.notify_all();
         if (!stream) return;
         // The session may have ended (its client died) while this stream was being opened.
         const std::string& session = stream->setup().session_id;
@@ -370,6 +383,7 @@ absl::StatusOr<std::string> StreamManager::OpenSession(const std::string& client
 }
 
 void StreamManager::CloseSession(const std::string& session_id) {
+  if (deps_.failpoints != nullptr) deps_.failpoints->OnSessionEnd();
   std::vector<std::shared_ptr<Stream>> closed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -380,6 +394,7 @@ void StreamManager::CloseSession(const std::string& session_id) {
       if (it->second->setup().session_id == session_id) {
         closed.push_back(it->second);
         it = streams_.erase(it);
+        room_cv_.notify_all();
       } else {
         ++it;
       }
@@ -465,6 +480,7 @@ absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     streams_.erase(request.stream_id());
+    room_cv_.notify_all();
   }
   (*stream)->Stop();
   SPDLOG_INFO("stream closed id={} by the client", request.stream_id());
@@ -594,6 +610,7 @@ void StreamManager::ReaperLoop() {
         if (!attached && now - it->second->last_activity() > idle_timeout) {
           idle.push_back(it->second);
           it = streams_.erase(it);
+          room_cv_.notify_all();
         } else {
           ++it;
         }
@@ -619,6 +636,7 @@ void StreamManager::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     shut_down_ = true;
     shut_down_cv_.notify_all();
+    room_cv_.notify_all();
     streams.swap(streams_);
     sessions_.clear();
   }

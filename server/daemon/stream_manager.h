@@ -129,6 +129,8 @@ class StreamManager {
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
+  // Notified (under mu_) when a stream leaves streams_ or opening_: an Open waiting for room.
+  std::condition_variable room_cv_;
   bool starting_ ABSL_GUARDED_BY(mu_) = false;
   std::string starting_progress_ ABSL_GUARDED_BY(mu_);
 };

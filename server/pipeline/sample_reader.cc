@@ -352,7 +352,8 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
   if (static_cast<uint64_t>(got) < data_bytes) {
     return Damaged("truncated", absl::StrCat("tensor member '", schema.name, ".npy' cut short"));
   }
-  std::memset(out.data() + data_bytes, 0, out.size() - data_bytes);
+  // (A tensor of 0-row samples has a 0-byte place whose data() may be null.)
+  if (out.size() > data_bytes) std::memset(out.data() + data_bytes, 0, out.size() - data_bytes);
   return scalar ? 1 : header->shape[0];
 }
 
