@@ -286,6 +286,14 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   if (s->ring_slots == 1) {
     return r.Fail("ring_slots", "must be 0 (4, or 3 for batches over 8 MiB) or in [2, 1024]", "1");
   }
+  if (s->decode_deadline_ms != 0 && s->io_retry_ms >= s->decode_deadline_ms) {
+    // A sample's retries run inside its deadline: a budget that reaches it would end a
+    // persistent EIO as deadline_exceeded with an abandoned thread, never as io_error.
+    return r.Fail("io_retry_ms",
+                  absl::StrCat("must be below decode_deadline_ms (", s->decode_deadline_ms,
+                               "): a sample's reads are retried within its deadline"),
+                  std::to_string(s->io_retry_ms));
+  }
   if (s->ring_slots > s->max_ring_slots) {
     return r.Fail("ring_slots", absl::StrCat("must be <= max_ring_slots (", s->max_ring_slots, ")"),
                   std::to_string(s->ring_slots));

@@ -117,8 +117,9 @@ struct ServerConfig {
   // (reason "deadline_exceeded"); 0 = no deadline.
   uint32_t decode_deadline_ms = 30'000;
   // A read failing with an I/O error that may pass (EIO, EMFILE, ENFILE, ENOMEM, EAGAIN, ESTALE,
-  // ETIMEDOUT) is retried with backoff this long before the sample fails as "io_error".
-  uint32_t io_retry_ms = 30'000;
+  // ETIMEDOUT) is retried with backoff before the sample fails as "io_error": one budget of this
+  // long for all of a sample's reads, below decode_deadline_ms (checked at load).
+  uint32_t io_retry_ms = 20'000;
   // Under --supervise: a daemon that sends no progress ping for this long after it serves is
   // killed with SIGABRT (its in-flight samples struck, as for a crash) and restarted. It stops
   // pinging while a decode has run for 2 x decode_deadline_ms (progress_watch.h). 0 = off. Under

@@ -5,9 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -39,6 +43,57 @@ std::atomic<uint64_t>* SlotWord(uint8_t* base, uint32_t worker) {
 }
 std::atomic<uint64_t>* IndexWord(uint8_t* base, uint32_t worker) {
   return reinterpret_cast<std::atomic<uint64_t>*>(base + kHeaderBytes + kEntryBytes * worker + 8);
+}
+
+// The pending list: one line per sample, "crashed|killed <TAB> dataset_hash <TAB> index".
+// Written by this process only (temp file + rename); a line that does not parse is dropped.
+void ReadPending(const std::string& path, std::vector<InFlightSample>& crashed,
+                 std::vector<InFlightSample>& killed) {
+  std::ifstream in(path);
+  std::string kind;
+  uint64_t hash = 0, index = 0;
+  while (in >> kind >> hash >> index) {
+    if (hash == 0 || hash > UINT32_MAX || (kind != "crashed" && kind != "killed")) continue;
+    const InFlightSample s{static_cast<uint32_t>(hash), index};
+    killed.push_back(s);
+    if (kind == "crashed") crashed.push_back(s);
+  }
+}
+
+void Dedupe(std::vector<InFlightSample>& samples) {
+  const auto key = [](const InFlightSample& s) {
+    return std::pair<uint32_t, uint64_t>(s.dataset_hash, s.sample_index);
+  };
+  std::sort(samples.begin(), samples.end(),
+            [&](const InFlightSample& a, const InFlightSample& b) { return key(a) < key(b); });
+  samples.erase(std::unique(samples.begin(), samples.end(),
+                            [&](const InFlightSample& a, const InFlightSample& b) {
+                              return key(a) == key(b);
+                            }),
+                samples.end());
+}
+
+absl::Status WritePending(const std::string& path, const std::vector<InFlightSample>& crashed,
+                          const std::vector<InFlightSample>& killed) {
+  std::string text;
+  for (const InFlightSample& s : killed) {
+    const bool was_crash = std::any_of(crashed.begin(), crashed.end(), [&](const InFlightSample& c) {
+      return c.dataset_hash == s.dataset_hash && c.sample_index == s.sample_index;
+    });
+    absl::StrAppend(&text, was_crash ? "crashed" : "killed", "\t", s.dataset_hash, "\t",
+                    s.sample_index, "\n");
+  }
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": rename: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -85,6 +140,20 @@ absl::StatusOr<std::unique_ptr<CrashJournal>> CrashJournal::Open(const std::stri
     }
     if (header[2] != kExitedCleanly) journal->previous_abnormal_ = true;
   }
+  // Strikes an earlier incarnation found but did not apply, then this one's, kept on disk until
+  // applied: the journal below is about to be reset.
+  journal->pending_path_ = path + ".pending";
+  ReadPending(journal->pending_path_, journal->crashed_in_flight_, journal->killed_in_flight_);
+  Dedupe(journal->crashed_in_flight_);
+  Dedupe(journal->killed_in_flight_);
+  if (!journal->killed_in_flight_.empty()) {
+    if (absl::Status s = WritePending(journal->pending_path_, journal->crashed_in_flight_,
+                                      journal->killed_in_flight_);
+        !s.ok()) {
+      ::close(fd);
+      return s;
+    }
+  }
   size_t bytes = kHeaderBytes + kEntryBytes * worker_count;
   if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int err = errno;
@@ -109,6 +178,13 @@ CrashJournal::~CrashJournal() {
   uint32_t* expected = reinterpret_cast<uint32_t*>(base_ + 8);
   g_crashed_word.compare_exchange_strong(expected, nullptr);
   if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+absl::Status CrashJournal::StrikesApplied() {
+  if (::unlink(pending_path_.c_str()) != 0 && errno != ENOENT) {
+    return absl::InternalError(absl::StrCat(pending_path_, ": unlink: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 void CrashJournal::Begin(uint32_t worker_id, uint32_t dataset_hash, uint64_t sample_index) {

@@ -34,8 +34,10 @@ uint32_t DatasetHash(const std::string& name);
 class CrashJournal {
  public:
   // Opens (creating if needed) <state_dir>/inflight. If the previous incarnation died of a fatal
-  // signal, the samples it had in flight are returned by crashed_in_flight(). The journal is then
-  // reset for this incarnation.
+  // signal, the samples it had in flight are returned by crashed_in_flight(). Before the journal
+  // is reset for this incarnation, what it held is added to <state_dir>/inflight.pending, which
+  // stays until StrikesApplied(): an incarnation that stops or dies before it applies them
+  // (SIGTERM during a long index, a failed start) hands them on instead of losing them.
   static absl::StatusOr<std::unique_ptr<CrashJournal>> Open(const std::string& state_dir,
                                                             uint32_t worker_count);
   ~CrashJournal();
@@ -48,6 +50,10 @@ class CrashJournal {
   // True if the previous incarnation did not exit cleanly (a fatal signal, a kill from outside,
   // the machine going down), whether or not it was decoding.
   bool previous_exit_was_abnormal() const { return previous_abnormal_; }
+
+  // The strikes of crashed_in_flight() / killed_in_flight() are recorded (the quarantine
+  // persisted them): forgets the pending list.
+  absl::Status StrikesApplied();
 
   void Begin(uint32_t worker_id, uint32_t dataset_hash, uint64_t sample_index);
   void End(uint32_t worker_id);
@@ -63,6 +69,7 @@ class CrashJournal {
   uint8_t* base_ = nullptr;
   size_t bytes_ = 0;
   uint32_t worker_count_ = 0;
+  std::string pending_path_;
   std::vector<InFlightSample> crashed_in_flight_;
   std::vector<InFlightSample> killed_in_flight_;
   bool previous_abnormal_ = false;

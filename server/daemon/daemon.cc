@@ -371,7 +371,7 @@ absl::Status ApplyStrikes(DaemonState& d) {
       }
     }
   }
-  return absl::OkStatus();
+  return d.journal->StrikesApplied();
 }
 
 // The slow half of the start, on DaemonState::indexer while the server already answers: index
@@ -503,7 +503,7 @@ absl::Status StartUp(DaemonState& d) {
   d.progress = std::make_unique<ProgressWatch>(
       d.pool->size(), std::chrono::milliseconds(2 * uint64_t{server.decode_deadline_ms}));
   d.gate = std::make_unique<SampleGate>(*d.journal, *d.progress, *d.quarantine, *d.failpoints,
-                                        d.pool->size());
+                                        d.pool->size(), d.stats.quarantines);
   // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
   d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,

@@ -142,18 +142,50 @@ void Failpoints::Act(const std::string& why) const {
   std::abort();
 }
 
-void SampleGate::BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) {
+namespace {
+
+absl::Status Quarantined(const pipeline::Dataset& dataset, uint64_t sample_index) {
+  return image::WithReason(
+      absl::FailedPreconditionError(absl::StrCat(
+          std::string(dataset.relative_path(sample_index)),
+          ": quarantined: the daemon crashed while decoding it, or its read or decode was "
+          "abandoned past decode_deadline_ms, ",
+          Quarantine::kStrikesToQuarantine, " times")),
+      "quarantined");
+}
+
+}  // namespace
+
+absl::Status SampleGate::BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) {
+  if (quarantine_.IsQuarantined(dataset.name(), sample_index)) {
+    return Quarantined(dataset, sample_index);
+  }
   if (failpoints_.enabled()) failpoints_.OnRead(std::string(dataset.relative_path(sample_index)));
+  return absl::OkStatus();
+}
+
+void SampleGate::OnAbandoned(const pipeline::Dataset& dataset, uint64_t sample_index) {
+  const std::string path = wire::EscapeBytes(dataset.relative_path(sample_index));
+  absl::StatusOr<uint32_t> strikes = quarantine_.Strike(dataset.name(), sample_index, path);
+  if (!strikes.ok()) {
+    SPDLOG_WARN("quarantine: {}", strikes.status().ToString());
+    return;
+  }
+  if (*strikes >= Quarantine::kStrikesToQuarantine) {
+    quarantines_.fetch_add(1, std::memory_order_relaxed);
+    SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: abandoned past decode_deadline_ms {} "
+                "times; it will be skipped (`ringloaderctl quarantine clear` to retry it)",
+                dataset.name(), sample_index, path, *strikes);
+  } else {
+    SPDLOG_WARN("dataset {}: sample {} ({}) abandoned past decode_deadline_ms (strike {}/{})",
+                dataset.name(), sample_index, path, *strikes, Quarantine::kStrikesToQuarantine);
+  }
 }
 
 absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                                       uint32_t worker_id) {
   if (quarantine_.IsQuarantined(dataset.name(), sample_index)) {
-    return image::WithReason(
-        absl::FailedPreconditionError(absl::StrCat(
-            std::string(dataset.relative_path(sample_index)), ": quarantined: it was being decoded when the daemon "
-            "crashed ", Quarantine::kStrikesToQuarantine, " times")),
-        "quarantined");
+    return Quarantined(dataset, sample_index);
   }
   const bool probation = quarantine_.StrikesOf(dataset.name(), sample_index) > 0;
   if (probation) {

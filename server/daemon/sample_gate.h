@@ -11,6 +11,7 @@
 //
 // Thread-safety: thread-safe (per-worker journal slots; the quarantine locks itself).
 
+#include <atomic>
 #include <cstdint>
 #include <shared_mutex>
 #include <string>
@@ -49,25 +50,33 @@ class Failpoints {
 
 class SampleGate : public pipeline::SampleObserver {
  public:
+  // `quarantines` counts the samples this gate puts into quarantine (DaemonStats).
   SampleGate(CrashJournal& journal, ProgressWatch& progress, Quarantine& quarantine,
-             const Failpoints& failpoints, uint32_t worker_count)
+             const Failpoints& failpoints, uint32_t worker_count,
+             std::atomic<uint64_t>& quarantines)
       : journal_(journal),
         progress_(progress),
         quarantine_(quarantine),
         failpoints_(failpoints),
+        quarantines_(quarantines),
         on_probation_(worker_count, 0) {}
 
-  void BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) override;
+  // Refuses a quarantined sample before its file is opened.
+  absl::Status BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) override;
   absl::Status BeforeDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                             uint32_t worker_id) override;
   void AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                    uint32_t worker_id) override;
+  // A sample the deadline abandoned is struck as a crash is: quarantined after its strikes, a
+  // read that hangs every epoch costs two deadlines, not one per epoch, and no more threads.
+  void OnAbandoned(const pipeline::Dataset& dataset, uint64_t sample_index) override;
 
  private:
   CrashJournal& journal_;
   ProgressWatch& progress_;
   Quarantine& quarantine_;
   const Failpoints& failpoints_;
+  std::atomic<uint64_t>& quarantines_;
   // Held shared by every decode, exclusively by a decode on probation; taken in BeforeDecode
   // and released in AfterDecode, on the same worker thread.
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.

@@ -198,6 +198,7 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
       },
       [&](uint64_t i, uint64_t drawn) {
         if (drawn > 0) options_.memory->Release(drawn);
+        if (observer != nullptr) observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
         batch.statuses[i] = image::WithReason(
             absl::DeadlineExceededError(absl::StrCat(
                 batch.dataset.AbsolutePath(batch.shard.at(batch.pos + i)),

@@ -82,10 +82,13 @@ struct FilledBatch {
 class SampleObserver {
  public:
   virtual ~SampleObserver() = default;
-  // Before the file is opened (failpoints that stand in for a stuck read). Default: nothing.
-  virtual void BeforeRead(const Dataset& dataset, uint64_t sample_index) {
+  // Before the file is opened: a non-OK status fails the sample unread (quarantined: a sample
+  // whose read hangs must not be read again). Failpoints that stand in for a stuck read act here.
+  // Default: read it.
+  virtual absl::Status BeforeRead(const Dataset& dataset, uint64_t sample_index) {
     (void)dataset;
     (void)sample_index;
+    return absl::OkStatus();
   }
   // After the image is read (the task committed), before its label, extra tensors and decode.
   // A non-OK status skips the sample with that error (e.g. quarantined).
@@ -93,6 +96,12 @@ class SampleObserver {
                                     uint32_t worker_id) = 0;
   // After the sample is done, whatever the outcome; called exactly when BeforeDecode was.
   virtual void AfterDecode(const Dataset& dataset, uint64_t sample_index, uint32_t worker_id) = 0;
+  // The decode deadline abandoned the sample (its read or decode stuck past it), from the
+  // thread that fills the batch. Default: nothing.
+  virtual void OnAbandoned(const Dataset& dataset, uint64_t sample_index) {
+    (void)dataset;
+    (void)sample_index;
+  }
 };
 
 // Where the memory a sample decode needs comes from (the daemon's memory_limit). Thread-safe.

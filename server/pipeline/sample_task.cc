@@ -74,7 +74,12 @@ bool SampleTask::Fail(absl::Status status) {
 
 bool SampleTask::Open() {
   Expect(state_ == State::kReading && !reader_);
-  if (job_.observer != nullptr) job_.observer->BeforeRead(*job_.dataset, job_.index);
+  if (job_.observer != nullptr) {
+    if (absl::Status refused = job_.observer->BeforeRead(*job_.dataset, job_.index);
+        !refused.ok()) {
+      return Fail(std::move(refused));
+    }
+  }
   if (!CheckNotAbandoned()) return false;
   absl::StatusOr<SampleReader> reader =
       SampleReader::Open(*job_.dataset, job_.index, job_.limits.max_file_bytes, job_.io_retry);

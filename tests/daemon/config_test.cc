@@ -126,6 +126,11 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
               "t.toml: server.log_level: must be one of trace, debug, info, warn, error, "
               "critical, off (got \"loud\")");
   ExpectError(Config("listen = 5"), "t.toml: server.listen: must be a string (got 5)");
+  // A sample's read retries run within its deadline (issue 28).
+  ExpectError(Config("io_retry_ms = 30000"),
+              "t.toml: server.io_retry_ms: must be below decode_deadline_ms (30000): a sample's "
+              "reads are retried within its deadline (got 30000)");
+  CHECK(Parse(Config("io_retry_ms = 30000\ndecode_deadline_ms = 0")).ok());
   ExpectError(Config("listen = \"\""), "t.toml: server.listen: must not be empty (got \"\")");
   // Ports out of range are errors, not a random port.
   ExpectError(Config("listen = \"127.0.0.1:99999\""),

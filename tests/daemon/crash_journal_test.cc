@@ -95,18 +95,31 @@ TEST_CASE("CrashJournal: a SIGSEGV after InstallCrashHandlers lists the samples 
   absl::StatusOr<std::unique_ptr<CrashJournal>> j = CrashJournal::Open(dir.path(), 2);
   REQUIRE(j.ok());
   CHECK((*j)->previous_exit_was_abnormal());
-  const std::vector<InFlightSample>& crashed = (*j)->crashed_in_flight();
-  REQUIRE(crashed.size() == 2);
-  CHECK(crashed[0].dataset_hash == DatasetHash("train"));
-  CHECK(crashed[0].sample_index == 42);
-  CHECK(crashed[1].dataset_hash == DatasetHash("val"));
-  CHECK(crashed[1].sample_index == 7);
+  const auto samples = [](const std::vector<InFlightSample>& in) {
+    std::set<std::pair<uint32_t, uint64_t>> out;
+    for (const InFlightSample& s : in) out.emplace(s.dataset_hash, s.sample_index);
+    return out;
+  };
+  const std::set<std::pair<uint32_t, uint64_t>> expected = {{DatasetHash("train"), 42},
+                                                            {DatasetHash("val"), 7}};
+  CHECK(samples((*j)->crashed_in_flight()) == expected);
   j->reset();
 
-  // Opening reset the journal for the new incarnation: the crash is reported once.
+  // Not applied (this incarnation stopped before it struck them): the next one gets them too,
+  // though the journal itself was reset and the stop was clean.
+  absl::StatusOr<std::unique_ptr<CrashJournal>> next = CrashJournal::Open(dir.path(), 2);
+  REQUIRE(next.ok());
+  CHECK(samples((*next)->crashed_in_flight()) == expected);
+  CHECK(samples((*next)->killed_in_flight()) == expected);
+  (*next)->MarkCleanExit();
+  REQUIRE((*next)->StrikesApplied().ok());
+  next->reset();
+
+  // Applied: the crash is reported once.
   absl::StatusOr<std::unique_ptr<CrashJournal>> again = CrashJournal::Open(dir.path(), 2);
   REQUIRE(again.ok());
   CHECK((*again)->crashed_in_flight().empty());
+  CHECK((*again)->killed_in_flight().empty());
 }
 
 TEST_CASE("CrashJournal: SIGKILL from outside strikes nobody but is seen as abnormal",

@@ -55,8 +55,9 @@ struct CountingMemory : DecodeMemory {
 };
 
 struct RecordingObserver : SampleObserver {
-  void BeforeRead(const Dataset&, uint64_t index) override {
+  absl::Status BeforeRead(const Dataset&, uint64_t index) override {
     calls.push_back("read " + std::to_string(index));
+    return absl::OkStatus();
   }
   absl::Status BeforeDecode(const Dataset&, uint64_t index, uint32_t worker) override {
     calls.push_back("decode " + std::to_string(index) + " on " + std::to_string(worker));

@@ -1,0 +1,71 @@
+// IoRetryBudget: one budget of retries for all of a sample's reads (issue 28).
+#include "server/pipeline/io_retry.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+
+#include "server/image/sample_decoder.h"
+
+namespace ringloader::pipeline {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+absl::StatusOr<int> FailingTransiently(int& tries) {
+  ++tries;
+  return image::WithReason(image::MarkTransient(absl::UnavailableError("f: Input/output error")),
+                           "read_error");
+}
+
+TEST_CASE("IoRetryBudget: retries a transient failure, then io_error naming tries and time",
+          "[pipeline][io_retry]") {
+  IoRetryBudget budget(milliseconds(150));
+  int tries = 0;
+  absl::StatusOr<int> r = budget.Run<int>([&] { return FailingTransiently(tries); });
+  REQUIRE_FALSE(r.ok());
+  CHECK(image::ErrorReason(r.status()) == "io_error");
+  CHECK(tries >= 3);  // 10, 20, 40 ms of backoff fit
+  CHECK_THAT(std::string(r.status().message()),
+             Catch::Contains("f: Input/output error (io_error: still failing after ") &&
+                 Catch::Contains("server.io_retry_ms = 150"));
+}
+
+TEST_CASE("IoRetryBudget: a sample's reads share one budget, never one each",
+          "[pipeline][io_retry]") {
+  IoRetryBudget budget(milliseconds(200));
+  const auto start = steady_clock::now();
+  int first = 0, second = 0, third = 0;
+  CHECK_FALSE(budget.Run<int>([&] { return FailingTransiently(first); }).ok());
+  // The budget is spent: later reads get one try each, not another 200 ms.
+  CHECK_FALSE(budget.Run<int>([&] { return FailingTransiently(second); }).ok());
+  CHECK_FALSE(budget.Run<int>([&] { return FailingTransiently(third); }).ok());
+  CHECK(second == 1);
+  CHECK(third == 1);
+  CHECK(steady_clock::now() - start < milliseconds(200 + 150));
+}
+
+TEST_CASE("IoRetryBudget: success and lasting errors return at once; give_up stops retries",
+          "[pipeline][io_retry]") {
+  IoRetryBudget budget(milliseconds(10'000));
+  int calls = 0;
+  CHECK(*budget.Run<int>([&]() -> absl::StatusOr<int> { return ++calls; }) == 1);
+  absl::StatusOr<int> lasting = budget.Run<int>([&]() -> absl::StatusOr<int> {
+    ++calls;
+    return image::WithReason(absl::NotFoundError("gone"), "read_error");
+  });
+  CHECK(calls == 2);
+  CHECK(image::ErrorReason(lasting.status()) == "read_error");
+  bool stop = false;
+  IoRetryBudget stopping(milliseconds(10'000), [&] { return stop; });
+  int tries = 0;
+  absl::StatusOr<int> r = stopping.Run<int>([&] {
+    if (tries == 2) stop = true;
+    return FailingTransiently(tries);
+  });
+  CHECK(tries == 3);
+  CHECK(image::ErrorReason(r.status()) == "read_error");  // the last error itself
+}
+
+}  // namespace
+}  // namespace ringloader::pipeline
