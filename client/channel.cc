@@ -125,6 +125,15 @@ std::optional<pid_t> UnixSocketListenerPid(const std::string& endpoint) {
   return pid;
 }
 
+grpc::Status NoConnectionStatus(const std::string& endpoint) {
+  const std::string path = UnixSocketPath(endpoint);
+  const int err = path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path) ? 0
+                                                                                : ConnectUnix(path);
+  return grpc::Status(err == EACCES || err == EPERM ? grpc::StatusCode::PERMISSION_DENIED
+                                                    : grpc::StatusCode::UNAVAILABLE,
+                      DiagnoseNoConnection(endpoint));
+}
+
 std::string DiagnoseNoConnection(const std::string& endpoint) {
   const std::string path = UnixSocketPath(endpoint);
   if (path.empty()) return "no connection (is ringloaderd running and the endpoint right?)";

@@ -42,4 +42,9 @@ std::optional<pid_t> UnixSocketListenerPid(const std::string& endpoint);
 // (join with: sudo usermod -aG G $USER ...)", "PATH does not exist (is ringloaderd running?)", ...
 std::string DiagnoseNoConnection(const std::string& endpoint);
 
+// The status for "nothing answers at `endpoint`": PERMISSION_DENIED when the Unix socket's
+// permissions keep this process out (waiting cannot change that, so it is never retried),
+// else UNAVAILABLE. Its message is DiagnoseNoConnection's.
+grpc::Status NoConnectionStatus(const std::string& endpoint);
+
 }  // namespace ringloader::client

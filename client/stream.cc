@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/channel.h"
 #include "client/internal.h"
 #include "client/retry.h"
 #include "grpcpp/client_context.h"
@@ -56,8 +57,13 @@ struct Stream::Impl {
   // a sleep would leave reconnecting to gRPC's 5 s backup poller.
   grpc::Status TryOpen(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::system_clock::now() + timeout;
+    if (!connection->connected()) {
+      // A socket whose permissions keep us out: said at once, never waited on.
+      grpc::Status refused = NoConnectionStatus(connection->endpoint());
+      if (refused.error_code() == grpc::StatusCode::PERMISSION_DENIED) return refused;
+    }
     if (!AwaitConnection(deadline)) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, connection->DiagnoseNoConnection());
+      return NoConnectionStatus(connection->endpoint());
     }
     v1::OpenStreamRequest request;
     FillSpec(options, *request.mutable_spec());
@@ -78,7 +84,7 @@ struct Stream::Impl {
     grpc::Status status = connection->stub().OpenStream(&context, request, &response);
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connection->connected()) {
       // Waiting for a connection that never came: say why, not "deadline exceeded".
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, connection->DiagnoseNoConnection());
+      return NoConnectionStatus(connection->endpoint());
     }
     if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       const std::string& message = status.error_message();

@@ -160,6 +160,9 @@ int Main(int argc, char** argv) {
   CLI::App* list_cmd = quarantine_cmd->add_subcommand("list", "list quarantined samples");
   CLI::App* clear_cmd = quarantine_cmd->add_subcommand("clear", "forget quarantined samples");
   clear_cmd->add_option("--dataset", quarantine.dataset, "only this dataset (default all)");
+  clear_cmd->add_option("--admin-endpoint", quarantine.admin_endpoint,
+                        "the daemon's admin socket (default: the endpoint's, e.g. "
+                        "unix:/run/ringloader/ringloader-admin.sock)");
 
   try {
     app.parse(argc, argv);

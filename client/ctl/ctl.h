@@ -156,6 +156,8 @@ std::string LegendPath(const std::string& sheet_path);
 
 struct QuarantineOptions {
   std::string endpoint;
+  // clear only: the daemon's admin socket; empty = derived from `endpoint` (wire::AdminEndpointOf)
+  std::string admin_endpoint;
   std::string dataset;  // clear only; empty = all
 };
 int RunQuarantineList(const QuarantineOptions& options, std::ostream& out, std::ostream& err);

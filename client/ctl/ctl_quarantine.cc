@@ -1,7 +1,9 @@
 // ringloaderctl quarantine list|clear.
 #include <ostream>
 
+#include "client/channel.h"
 #include "client/ctl/ctl.h"
+#include "proto/admin_endpoint.h"
 #include "client/ctl/rpc.h"
 #include "proto/ringloader.grpc.pb.h"
 
@@ -44,8 +46,26 @@ int RunQuarantineList(const QuarantineOptions& options, std::ostream& out, std::
   return kExitOk;
 }
 
+// Administrative: on the daemon's admin socket, which only its user (and server.admin_group)
+// may connect to.
 int RunQuarantineClear(const QuarantineOptions& options, std::ostream& out, std::ostream& err) {
-  auto stub = Stub(options.endpoint, err, "clear");
+  const std::string admin = options.admin_endpoint.empty()
+                                ? wire::AdminEndpointOf(options.endpoint)
+                                : options.admin_endpoint;
+  if (admin.empty()) {
+    err << "ringloaderctl quarantine clear: " << options.endpoint
+        << " is not a Unix socket: administrative calls are served only on the daemon's admin "
+           "socket (give it with --admin-endpoint unix:PATH)\n";
+    return kExitUsage;
+  }
+  // Permissions do not change by waiting: a socket that keeps us out is said at once.
+  if (grpc::Status refused = client::NoConnectionStatus(admin);
+      refused.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    err << "ringloaderctl quarantine clear: " << refused.error_message()
+        << " (the daemon's user, or members of server.admin_group)\n";
+    return ExitCodeFor(refused);
+  }
+  auto stub = Stub(admin, err, "clear");
   if (!stub) return kExitUsage;
   grpc::ClientContext context;
   SetTimeout(context, kRpcTimeout);
@@ -54,8 +74,10 @@ int RunQuarantineClear(const QuarantineOptions& options, std::ostream& out, std:
   v1::ClearQuarantineResponse response;
   grpc::Status status = stub->ClearQuarantine(&context, request, &response);
   if (!status.ok()) {
-    err << "ringloaderctl quarantine clear: " << options.endpoint << ": " << Describe(status)
-        << "\n";
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      status = client::NoConnectionStatus(admin);
+    }
+    err << "ringloaderctl quarantine clear: " << admin << ": " << Describe(status) << "\n";
     return ExitCodeFor(status);
   }
   out << "cleared " << response.cleared() << " quarantined samples"

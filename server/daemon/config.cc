@@ -223,6 +223,8 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.String("health_listen", &s->health_listen);
   r.Mode("socket_mode", &s->socket_mode);
   r.String("socket_group", &s->socket_group);
+  r.String("admin_listen", &s->admin_listen);
+  r.String("admin_group", &s->admin_group);
   r.String("state_dir", &s->state_dir);
   int level = -1;
   r.Enum("log_level", {"trace", "debug", "info", "warn", "error", "critical", "off"}, &level);
@@ -276,6 +278,14 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
                     absl::StrCat("\"", s->metrics_listen, "\""));
     }
   }
+  if (!s->admin_listen.empty() &&
+      (!absl::StartsWith(s->admin_listen, "unix:") || s->admin_listen.size() == 5 ||
+       s->admin_listen == s->listen || s->admin_listen == s->health_listen)) {
+    return r.Fail("admin_listen",
+                  "must be unix:PATH (a socket the kernel guards), other than listen and "
+                  "health_listen",
+                  absl::StrCat("\"", s->admin_listen, "\""));
+  }
   if (s->state_dir.empty()) return r.Fail("state_dir", "must not be empty", "");
   if ((s->segment_mode & 0022) != 0) {
     return r.Fail("segment_mode",
@@ -285,6 +295,10 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   }
   if (s->ring_slots == 1) {
     return r.Fail("ring_slots", "must be 0 (4, or 3 for batches over 8 MiB) or in [2, 1024]", "1");
+  }
+  if (table.get("io_retry_ms") == nullptr) {
+    // Unset: two thirds of the deadline, so a sample's retries end inside it.
+    s->io_retry_ms = s->decode_deadline_ms != 0 ? s->decode_deadline_ms / 3 * 2 : 20'000;
   }
   if (s->decode_deadline_ms != 0 && s->io_retry_ms >= s->decode_deadline_ms) {
     // A sample's retries run inside its deadline: a budget that reaches it would end a
@@ -499,6 +513,8 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.listen == b.listen, "listen");
   check(a.socket_mode == b.socket_mode, "socket_mode");
   check(a.socket_group == b.socket_group, "socket_group");
+  check(a.admin_listen == b.admin_listen, "admin_listen");
+  check(a.admin_group == b.admin_group, "admin_group");
   check(a.state_dir == b.state_dir, "state_dir");
   check(a.log_level == b.log_level, "log_level");
   check(a.log_format == b.log_format, "log_format");

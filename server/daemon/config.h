@@ -83,6 +83,11 @@ struct ServerConfig {
   std::string health_listen;
   mode_t socket_mode = 0660;
   std::string socket_group;     // empty = the daemon's group
+  // Administrative calls (ClearQuarantine) are served only on their own Unix socket, created
+  // 0600 (the daemon's user), or 0660 with this group. Empty admin_listen = derived from listen
+  // (wire::AdminEndpointOf: "unix:/run/ringloader/ringloader-admin.sock"); a TCP listen has none.
+  std::string admin_listen;
+  std::string admin_group;
   std::string state_dir = "/var/lib/ringloader";
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kPlain;
@@ -118,7 +123,8 @@ struct ServerConfig {
   uint32_t decode_deadline_ms = 30'000;
   // A read failing with an I/O error that may pass (EIO, EMFILE, ENFILE, ENOMEM, EAGAIN, ESTALE,
   // ETIMEDOUT) is retried with backoff before the sample fails as "io_error": one budget of this
-  // long for all of a sample's reads, below decode_deadline_ms (checked at load).
+  // long for all of a sample's reads, below decode_deadline_ms (checked at load). Unset in the
+  // file: two thirds of decode_deadline_ms (20 s), or 20 s without a deadline.
   uint32_t io_retry_ms = 20'000;
   // Under --supervise: a daemon that sends no progress ping for this long after it serves is
   // killed with SIGABRT (its in-flight samples struck, as for a crash) and restarted. It stops

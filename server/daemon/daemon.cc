@@ -31,6 +31,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
+#include "proto/admin_endpoint.h"
 #include "server/daemon/crash_journal.h"
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/host_notify.h"
@@ -170,6 +171,10 @@ struct DaemonState {
   std::unique_ptr<grpc::Server> server;
   ProbeHealthService probe_health;
   std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
+  std::unique_ptr<AdminService> admin_service;
+  std::unique_ptr<grpc::Server> admin_server;  // server.admin_listen: AdminService only
+  std::string admin_socket_path;
+  bool own_admin_socket = false;
   std::unique_ptr<Watchdog> watchdog;
   std::unique_ptr<MetricsEndpoint> metrics;  // server.metrics_listen
   std::string socket_path;
@@ -418,6 +423,38 @@ std::string StatusText(DaemonState& d, const std::optional<StuckSample>& stuck) 
                          d.stats.images_per_second());
 }
 
+// The admin socket: created 0600 (umask), then given to server.admin_group (0660) if set.
+absl::Status StartAdminServer(DaemonState& d, const std::string& admin_listen) {
+  const ServerConfig& server = d.config.server;
+  d.admin_socket_path = admin_listen.substr(5);
+  if (absl::StartsWith(d.admin_socket_path, "//")) d.admin_socket_path = d.admin_socket_path.substr(2);
+  if (absl::Status s = PrepareUnixSocket(d.admin_socket_path); !s.ok()) return s;
+  d.admin_service = std::make_unique<AdminService>(*d.streams);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(admin_listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(d.admin_service.get());
+  builder.SetMaxReceiveMessageSize(1 << 20);
+  const mode_t old_umask = umask(0177);  // 0600 from the start: no moment anyone else may connect
+  d.admin_server = builder.BuildAndStart();
+  umask(old_umask);
+  if (!d.admin_server) {
+    return absl::UnavailableError(absl::StrCat(d.config.source,
+                                               ": server.admin_listen: cannot listen on ",
+                                               admin_listen));
+  }
+  d.own_admin_socket = true;
+  if (!server.admin_group.empty()) {
+    struct group* g = getgrnam(server.admin_group.c_str());
+    if (g == nullptr ||
+        chown(d.admin_socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0 ||
+        chmod(d.admin_socket_path.c_str(), 0660) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d.config.source, ": server.admin_group: cannot use group \"", server.admin_group, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StartUp(DaemonState& d) {
   const ServerConfig& server = d.config.server;
   // First of all, before anything is created or removed: is another daemon serving here?
@@ -429,7 +466,8 @@ absl::Status StartUp(DaemonState& d) {
   }
   for (const auto& [key, group] : {std::pair<const char*, const std::string&>{
                                        "socket_group", server.socket_group},
-                                   {"segment_group", server.segment_group}}) {
+                                   {"segment_group", server.segment_group},
+                                   {"admin_group", server.admin_group}}) {
     if (!group.empty() && getgrnam(group.c_str()) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           d.config.source, ": server.", key, ": group \"", group,
@@ -511,7 +549,9 @@ absl::Status StartUp(DaemonState& d) {
                          d.started,      d.pool.get(), d.cache.get()};
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
-  d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation);
+  const std::string admin_listen =
+      server.admin_listen.empty() ? wire::AdminEndpointOf(listen) : server.admin_listen;
+  d.service = std::make_unique<LoaderService>(*d.streams, d.incarnation, admin_listen);
 
   // gRPC.
   grpc::ServerBuilder builder;
@@ -546,6 +586,9 @@ absl::Status StartUp(DaemonState& d) {
                                                  ": server.health_listen: cannot listen on ",
                                                  server.health_listen));
     }
+  }
+  if (d.server && !admin_listen.empty()) {
+    if (absl::Status s = StartAdminServer(d, admin_listen); !s.ok()) return s;
   }
   if (d.server && !server.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -606,7 +649,12 @@ void ShutDown(DaemonState& d) {
     d.health_server->Shutdown(std::chrono::system_clock::now());
     d.health_server->Wait();
   }
+  if (d.admin_server) {
+    d.admin_server->Shutdown(std::chrono::system_clock::now());
+    d.admin_server->Wait();
+  }
   if (d.own_socket) ::unlink(d.socket_path.c_str());
+  if (d.own_admin_socket) ::unlink(d.admin_socket_path.c_str());
   if (d.journal) d.journal->MarkCleanExit();
 }
 

@@ -10,6 +10,18 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+grpc::Status LoaderService::ClearQuarantine(grpc::ServerContext*,
+                                            const v1::ClearQuarantineRequest*,
+                                            v1::ClearQuarantineResponse*) {
+  return grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      admin_endpoint_.empty()
+          ? "ClearQuarantine is administrative: it is served only on the admin socket "
+            "(server.admin_listen), which this daemon does not have"
+          : "ClearQuarantine is administrative: it is served only on the admin socket " +
+                admin_endpoint_ + " (the daemon's user, or members of server.admin_group)");
+}
+
 grpc::Status LoaderService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                                    grpc::ServerWriter<v1::AttachEvent>* writer) {
   absl::StatusOr<std::string> session = streams_.OpenSession(request->client_name());

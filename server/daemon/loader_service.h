@@ -2,6 +2,9 @@
 // The gRPC face of the daemon: each handler is one line that calls StreamManager and converts its
 // status. All logic lives in StreamManager, which has its own tests.
 
+#include <string>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ringloader.grpc.pb.h"
@@ -14,8 +17,9 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 class LoaderService final : public v1::Loader::Service {
  public:
-  LoaderService(StreamManager& streams, uint64_t incarnation)
-      : streams_(streams), incarnation_(incarnation) {}
+  // `admin_endpoint`: where ClearQuarantine is served instead ("" = nowhere).
+  LoaderService(StreamManager& streams, uint64_t incarnation, std::string admin_endpoint)
+      : streams_(streams), incarnation_(incarnation), admin_endpoint_(std::move(admin_endpoint)) {}
 
   // Holds the call open while the client lives; closes its streams when it ends.
   grpc::Status Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
@@ -46,14 +50,33 @@ class LoaderService final : public v1::Loader::Service {
     streams_.ListQuarantine(response);
     return grpc::Status::OK;
   }
-  grpc::Status ClearQuarantine(grpc::ServerContext*, const v1::ClearQuarantineRequest* request,
-                               v1::ClearQuarantineResponse* response) override {
-    return ToGrpc(streams_.ClearQuarantine(*request, response));
-  }
+  // Administrative: refused here, for any local client may reach this socket.
+  grpc::Status ClearQuarantine(grpc::ServerContext*, const v1::ClearQuarantineRequest*,
+                               v1::ClearQuarantineResponse*) override;
 
  private:
   StreamManager& streams_;
   const uint64_t incarnation_;
+  const std::string admin_endpoint_;
+};
+
+// The administrative calls, on the admin socket only (ServerConfig::admin_listen), whose mode
+// lets in the daemon's user and server.admin_group alone.
+class AdminService final : public v1::Loader::Service {
+ public:
+  explicit AdminService(StreamManager& streams) : streams_(streams) {}
+  grpc::Status ClearQuarantine(grpc::ServerContext*, const v1::ClearQuarantineRequest* request,
+                               v1::ClearQuarantineResponse* response) override {
+    return ToGrpc(streams_.ClearQuarantine(*request, response));
+  }
+  grpc::Status ListQuarantine(grpc::ServerContext*, const v1::ListQuarantineRequest*,
+                              v1::ListQuarantineResponse* response) override {
+    streams_.ListQuarantine(response);
+    return grpc::Status::OK;
+  }
+
+ private:
+  StreamManager& streams_;
 };
 
 }  // namespace ringloader::server

@@ -21,6 +21,14 @@ namespace ringloader::server {
 namespace {
 
 constexpr uint32_t kMaxWorldSize = 1 << 16;
+
+// A client-supplied name for a message or log line: escaped, and at most 64 bytes of it (the
+// whole would be echoed whatever its size).
+std::string Shortened(const std::string& name) {
+  std::string text = wire::EscapeBytes(name.substr(0, 64));
+  if (name.size() > 64) absl::StrAppend(&text, "... (", name.size(), " bytes)");
+  return text;
+}
 // How long an Open waits for room under max_streams before refusing (see Open).
 constexpr auto kWaitForRoom = std::chrono::seconds(2);
 
@@ -187,11 +195,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   if (spec.world_size() == 0) spec.set_world_size(1);
   const ServedDataset* served = deps_.datasets->Find(spec.dataset());
   if (served == nullptr) {
-    // Shortened: the whole name would be echoed into the status, whatever its size.
-    std::string name = spec.dataset().substr(0, 64);
-    if (spec.dataset().size() > 64) absl::StrAppend(&name, "... (", spec.dataset().size(), " bytes)");
     return Reject(absl::NotFoundError(
-        absl::StrCat("unknown dataset \"", wire::EscapeBytes(name), "\"; configured: ",
+        absl::StrCat("unknown dataset \"", Shortened(spec.dataset()), "\"; configured: ",
                      absl::StrJoin(deps_.datasets->Names(), ", "))));
   }
   if (absl::Status s = Validate(spec); !s.ok()) return Reject(s);
@@ -574,7 +579,8 @@ void StreamManager::ListQuarantine(v1::ListQuarantineResponse* response) {
 absl::Status StreamManager::ClearQuarantine(const v1::ClearQuarantineRequest& request,
                                             v1::ClearQuarantineResponse* response) {
   if (!request.dataset().empty() && deps_.datasets->Find(request.dataset()) == nullptr) {
-    return Reject(absl::NotFoundError(absl::StrCat("unknown dataset \"", request.dataset(), "\"")));
+    return Reject(
+        absl::NotFoundError(absl::StrCat("unknown dataset \"", Shortened(request.dataset()), "\"")));
   }
   absl::StatusOr<uint64_t> cleared = deps_.quarantine->Clear(request.dataset());
   if (!cleared.ok()) return cleared.status();

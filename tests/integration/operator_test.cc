@@ -1,6 +1,9 @@
 // Issue 28: a running daemon under an operator's hands (restarts, scrapes, signals, local
 // clients), through the real daemon and real processes. Races are forced with failpoints.
+#include <grp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -159,6 +162,101 @@ TEST_CASE("28.5: a sample whose read hangs every epoch is struck when abandoned,
   CHECK(daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "4", "--image-size", "32",
                     "--epochs", "1"}).exit_code == 0);
   CHECK(Stats(daemon.endpoint()).decode_threads_abandoned() == 0);
+}
+
+// Runs ringloaderctl as nobody (uid 65534) in group `gid`, no supplementary groups.
+CommandResult CtlAsNobody(const DaemonFixture& daemon, const std::string& gid,
+                          std::vector<std::string> args) {
+  std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=65534", "--regid=" + gid,
+                                   "--clear-groups", CtlPath(), "--endpoint", daemon.endpoint()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, {}, seconds(120));
+}
+
+TEST_CASE("28.6: administrative calls need the daemon's user or admin_group, a client the "
+          "socket keeps out is told at once, and client text is bounded",
+          "[integration][operator]") {
+  if (!RunningAsRoot() || ::access("/usr/bin/setpriv", X_OK) != 0) {
+    RINGLOADER_SKIP("needs root and setpriv to act as another user");
+  }
+  DaemonFixtureOptions options;
+  options.images = 40;
+  // Anyone may use the main socket here; the admin socket stays the daemon's (and nogroup's).
+  options.server_extra = "socket_mode = \"0666\"\nadmin_group = \"nogroup\"";
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  REQUIRE(::chmod(daemon.dir().c_str(), 0711) == 0);  // traversable, as /run/ringloader is
+  const std::string admin = daemon.endpoint().substr(0, daemon.endpoint().size() - 5);
+
+  // The main socket serves everything but administration, to anyone it lets in.
+  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  {
+    grpc::ClientContext context;
+    v1::ClearQuarantineResponse response;
+    const grpc::Status s =
+        stub->ClearQuarantine(&context, v1::ClearQuarantineRequest(), &response);
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK_THAT(s.error_message(), Catch::Contains("served only on the admin socket") &&
+                                      Catch::Contains("-admin"));
+  }
+  CHECK(CtlAsNobody(daemon, "65534", {"stats"}).exit_code == 0);
+  // nobody:nobody-group is kept out of the admin socket (0660 root:nogroup) ...
+  const std::string nogroup = std::to_string(::getgrnam("nogroup")->gr_gid);
+  const CommandResult outsider = CtlAsNobody(daemon, "0", {"quarantine", "clear"});
+  CHECK(outsider.exit_code != 0);
+  CHECK_THAT(outsider.output, Catch::Contains("permission denied connecting to") &&
+                                  Catch::Contains("admin"));
+  // ... a member of admin_group and the daemon's user are let in.
+  const CommandResult member = CtlAsNobody(daemon, nogroup, {"quarantine", "clear"});
+  INFO(member.output);
+  CHECK(member.exit_code == 0);
+  CHECK(daemon.Ctl({"quarantine", "clear"}).exit_code == 0);
+
+  // A client the main socket keeps out is told at once, not after reconnect_deadline.
+  REQUIRE(daemon.Stop() == 0);
+  std::string config = ReadFile(daemon.config_path());
+  config.replace(config.find("socket_mode = \"0666\""), 20, "socket_mode = \"0660\"");
+  WriteFile(daemon.config_path(), config);
+  REQUIRE(daemon.Start());
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult refused = CtlAsNobody(
+      daemon, "65534", {"consume", "--dataset", "synth", "--batch-size", "4", "--epochs", "1"});
+  CHECK(refused.exit_code != 0);
+  CHECK_THAT(refused.output, Catch::Contains("permission denied connecting to"));
+  CHECK(std::chrono::steady_clock::now() - start < seconds(10));
+
+  // A 900 kB client_name and dataset name: bounded in stats, logs and errors.
+  const std::string huge(900'000, 'n');
+  stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  {
+    grpc::ClientContext context;
+    v1::AttachRequest attach;
+    attach.set_client_name(huge);
+    auto call = stub->Attach(&context, attach);
+    v1::AttachEvent event;
+    if (!call->Read(&event)) FAIL(call->Finish().error_message());
+    grpc::ClientContext open_context;
+    v1::OpenStreamRequest open;
+    open.mutable_spec()->set_dataset("synth");
+    open.mutable_spec()->set_batch_size(4);
+    open.mutable_spec()->set_image_size(32);
+    open.set_client_name(huge);
+    open.set_session_id(event.session_id());
+    v1::OpenStreamResponse opened;
+    REQUIRE(stub->OpenStream(&open_context, open, &opened).ok());
+    const v1::GetStatsResponse stats = Stats(daemon.endpoint());
+    REQUIRE(stats.streams_size() == 1);
+    CHECK(stats.streams(0).client_name().size() <= 128);
+    grpc::ClientContext bad_context;
+    open.mutable_spec()->set_dataset(huge);
+    open.set_client_name("x");
+    const grpc::Status unknown = stub->OpenStream(&bad_context, open, &opened);
+    INFO(unknown.error_message().substr(0, 400));
+    CHECK(unknown.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(unknown.error_message().size() < 400);
+    context.TryCancel();
+  }
+  CHECK(daemon.Log().find(std::string(200, 'n')) == std::string::npos);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ TEST_CASE("IoRetryBudget: a sample's reads share one budget, never one each",
   CHECK(steady_clock::now() - start < milliseconds(200 + 150));
 }
 
-TEST_CASE("IoRetryBudget: success and lasting errors return at once; give_up stops retries",
+TEST_CASE("IoRetryBudget: success and lasting errors return at once, and give_up stops retries",
           "[pipeline][io_retry]") {
   IoRetryBudget budget(milliseconds(10'000));
   int calls = 0;
