@@ -7,8 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 #include "proto/ringloader.pb.h"
 #include "server/daemon/progress_watch.h"
 #include "server/daemon/stream_manager.h"
@@ -66,15 +65,6 @@ MetricFamily DecodeLatency(const LatencySnapshot& latency) {
   f.metric.push_back(std::move(m));
   return f;
 }
-
-class Collector : public prometheus::Collectable {
- public:
-  explicit Collector(MetricsSources sources) : sources_(sources) {}
-  std::vector<MetricFamily> Collect() const override { return CollectMetrics(sources_); }
-
- private:
-  const MetricsSources sources_;
-};
 
 }  // namespace
 
@@ -155,20 +145,25 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen,
                                                                         MetricsSources sources) {
   auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
-  endpoint->collector_ = std::make_shared<Collector>(sources);
-  try {
-    // Two threads: a scrape is cheap, and a slow scraper must not hold up another.
-    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("server.metrics_listen: cannot listen on ", listen,
-                                               " (", e.what(), ")"));
+  HttpEndpoint::Page page;
+  page.path = "/metrics";
+  page.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  page.respond = [sources] {
+    return prometheus::TextSerializer().Serialize(CollectMetrics(sources));
+  };
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(listen, std::move(page));
+  if (!http.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("server.metrics_listen: ", http.status().message()));
   }
-  endpoint->exposer_->RegisterCollectable(endpoint->collector_);
+  endpoint->http_ = *std::move(http);
   return endpoint;
 }
 
 MetricsEndpoint::~MetricsEndpoint() {
-  exposer_.reset();  // no scrape runs past here
+  http_.reset();  // no scrape runs past here
 }
+
+int MetricsEndpoint::port() const { return http_->port(); }
 
 }  // namespace ringloader::server

@@ -1,6 +1,7 @@
 #pragma once
-// server.metrics_listen: Prometheus' GET /metrics over HTTP, in the text exposition format, served
-// by prometheus-cpp's Exposer (civetweb behind it). Nothing is counted twice: every scrape reads
+// server.metrics_listen: Prometheus' GET /metrics over HTTP, in the text exposition format
+// (prometheus-cpp's serializer), served by an HttpEndpoint: one epoll thread for every
+// connection, so idle or trickling clients never hold up a scrape. Nothing is counted twice: every scrape reads
 // the counters the daemon keeps anyway (StreamManager::Stats, as `ringloaderctl stats` shows
 // them, and the progress watch's decode-latency histogram), so every series exists from the
 // first scrape, at 0, and agrees with `stats`.
@@ -17,8 +18,7 @@
 //              memory_reserved_bytes, memory_decoding_bytes, resident_memory_bytes, cache_bytes
 //   histogram  decode_duration_seconds (after the read: label, tensors and decode)
 //
-// Thread-safety: the Exposer's threads call the collector; StreamManager and ProgressWatch are
-// thread-safe.
+// Thread-safety: the endpoint's thread collects; StreamManager and ProgressWatch are thread-safe.
 
 #include <memory>
 #include <string>
@@ -26,11 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/metric_family.h"
-
-namespace prometheus {
-class Collectable;
-class Exposer;
-}
+#include "server/daemon/http_endpoint.h"
 
 namespace ringloader::server {
 
@@ -51,11 +47,11 @@ class MetricsEndpoint {
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen,
                                                                 MetricsSources sources);
   ~MetricsEndpoint();  // stops serving before the sources go
+  int port() const;
 
  private:
   MetricsEndpoint() = default;
-  std::shared_ptr<prometheus::Collectable> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpEndpoint> http_;
 };
 
 }  // namespace ringloader::server

@@ -1,0 +1,96 @@
+#include "server/daemon/http_endpoint.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringloader::server {
+namespace {
+
+MHD_Result Queue(MHD_Connection* connection, unsigned status, const std::string& body,
+                 const std::string& content_type) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
+  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+// Splits "HOST:PORT" / "[V6]:PORT".
+bool SplitHostPort(const std::string& listen, std::string* host, std::string* port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == listen.size()) return false;
+  *host = listen.substr(0, colon);
+  *port = listen.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return !host->empty();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& listen,
+                                                                   Page page) {
+  std::string host, port;
+  if (!SplitHostPort(listen, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", listen, "' is not HOST:PORT"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, " (", gai_strerror(rc), ")"));
+  }
+  auto endpoint = std::unique_ptr<HttpEndpoint>(new HttpEndpoint(std::move(page)));
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
+  if (found->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  const MHD_AccessHandlerCallback handler =
+      [](void* cls, MHD_Connection* connection, const char* url, const char* method,
+         const char*, const char*, size_t* upload_size, void**) -> MHD_Result {
+    const HttpEndpoint& self = *static_cast<const HttpEndpoint*>(cls);
+    if (*upload_size != 0) {  // a body we do not want: drop it and answer
+      *upload_size = 0;
+      return MHD_YES;
+    }
+    if (std::strcmp(url, self.page_.path.c_str()) != 0) {
+      return Queue(connection, MHD_HTTP_NOT_FOUND,
+                   absl::StrCat("not found: only ", self.page_.path, " is served\n"),
+                   "text/plain; charset=utf-8");
+    }
+    if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
+      return Queue(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n",
+                   "text/plain; charset=utf-8");
+    }
+    return Queue(connection, MHD_HTTP_OK, self.page_.respond(), self.page_.content_type);
+  };
+  endpoint->daemon_ = MHD_start_daemon(
+      flags, 0, nullptr, nullptr, handler, endpoint.get(), MHD_OPTION_SOCK_ADDR, found->ai_addr,
+      MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT,
+      kIdleTimeoutSeconds, MHD_OPTION_END);
+  const int err = errno;
+  ::freeaddrinfo(found);
+  if (endpoint->daemon_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, " (", std::strerror(err), ")"));
+  }
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(endpoint->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  endpoint->port_ = info != nullptr ? info->port : 0;
+  return endpoint;
+}
+
+HttpEndpoint::~HttpEndpoint() {
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+}
+
+}  // namespace ringloader::server
