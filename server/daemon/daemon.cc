@@ -185,6 +185,7 @@ struct DaemonState {
   absl::Status start_failure ABSL_GUARDED_BY(start_mu);  // set, then SIGTERM to ourselves
   std::mutex reservations_mu;  // fixed_reservations, from parallel indexing threads
   std::atomic<bool> ready{false};
+  std::atomic<bool> reload_pending{false};  // a SIGHUP before `ready`, applied once serving
   std::atomic<bool> stop_indexing{false};  // a stop signal during start-up indexing
 };
 
@@ -403,6 +404,7 @@ void FinishStartUp(DaemonState& d) {
               "memory_limit={}",
               d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
               base::FormatBytes(d.config.server.memory_limit_bytes));
+  if (d.reload_pending.exchange(false)) ::kill(::getpid(), SIGHUP);  // the main thread reloads
 }
 
 // The STATUS= line systemd and the supervisor show: what the daemon does, or what holds it.
@@ -706,19 +708,30 @@ void Reload(DaemonState& d) {
   }
 }
 
-}  // namespace
-
-int RunDaemon(const DaemonOptions& options) {
-  // Signals are taken synchronously by this thread; every thread started later inherits the mask.
+sigset_t StopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGHUP);
+  return stop_signals;
+}
+
+}  // namespace
+
+void HoldStopSignals() {
+  const sigset_t stop_signals = StopSignals();
   // A handler, though sigwait takes them: as pid 1 of a pid namespace (a container) the kernel
   // drops signals whose action is the default, so SIGTERM would never reach sigwait.
   for (int s : {SIGTERM, SIGINT, SIGHUP}) signal(s, [](int) {});
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+}
+
+int RunDaemon(const DaemonOptions& options) {
+  // Signals are taken synchronously by this thread; every thread started later inherits the mask
+  // (main() held them from its first instruction; again here for callers that did not).
+  HoldStopSignals();
+  const sigset_t stop_signals = StopSignals();
   // Under --supervise the child is exec'ed as /proc/self/exe: name the process for ps and pgrep.
   prctl(PR_SET_NAME, "ringloaderd");
   signal(SIGPIPE, SIG_IGN);
@@ -761,10 +774,14 @@ int RunDaemon(const DaemonOptions& options) {
   while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
     if (d.ready) {
       Reload(d);
-    } else {
-      SPDLOG_WARN("SIGHUP while the datasets are still being indexed: ignored (send it again "
-                  "once serving)");
+      continue;
     }
+    // Remembered, and applied once serving: FinishStartUp raises it again when it sees the
+    // flag after marking ready; if it marked ready before we set the flag, we apply it here.
+    SPDLOG_INFO("SIGHUP while the datasets are still being indexed: the reload follows once "
+                "serving");
+    d.reload_pending = true;
+    if (d.ready && d.reload_pending.exchange(false)) Reload(d);
   }
   // Indexing still running: it stops between class folders and files (a single directory read
   // stuck on a dead mount still holds us here).

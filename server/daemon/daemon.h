@@ -16,4 +16,10 @@ struct DaemonOptions {
 // logged: bad config, socket in use, ...).
 int RunDaemon(const DaemonOptions& options);
 
+// main()'s first instruction, daemon and supervisor alike: SIGTERM, SIGINT and SIGHUP are
+// blocked (and given a no-op handler, for pid 1 of a container), so one that comes before the
+// process takes its signals waits, pending, instead of killing it. The mask survives fork and
+// exec: a supervised child holds them from its first instruction too.
+void HoldStopSignals();
+
 }  // namespace ringloader::server

@@ -13,6 +13,14 @@
 #include "server/daemon/daemon.h"
 #include "server/daemon/supervisor.h"
 
+// Before main() and before the libraries' static initializers (priority 101 runs first): from
+// here on a SIGHUP or SIGTERM waits, pending, for the daemon or the supervisor to take it (see
+// HoldStopSignals). Only the dynamic loader's work before this is exposed; a launcher that must
+// signal a process that instant blocks the signals before it execs us.
+__attribute__((constructor(101))) static void HoldSignalsFirst() {
+  ringloader::server::HoldStopSignals();
+}
+
 int main(int argc, char** argv) {
   ringloader::server::DaemonOptions options;
   bool supervise = false;

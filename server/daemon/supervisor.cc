@@ -107,7 +107,11 @@ Child StartChild(const std::vector<std::string>& argv, const sigset_t& original_
     // If the supervisor itself is killed, its daemon must not live on unsupervised.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != supervisor) _exit(1);  // it died before prctl took effect
-    sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+    // SIGCHLD back as it was; SIGTERM, SIGINT and SIGHUP stay blocked across exec (main() held
+    // them): one sent now waits for the daemon's sigwait instead of killing it unready.
+    sigset_t mask = original_mask;
+    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, s);
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
     // The write end survives exec (no CLOEXEC on the duplicate): the daemon writes READY=1,
     // WATCHDOG=1, STATUS=... there, one per line (host_notify.h). It talks to us, not to systemd:
     // we forward what systemd should hear.
@@ -185,6 +189,7 @@ int RunSupervisor(const SupervisorOptions& options) {
     SPDLOG_INFO("started ringloaderd pid={}", child.pid);
     ChildProgress progress;
     bool stopping = false;
+    bool hup_held = false;  // a SIGHUP for a child not yet ready: forwarded when it is
     int status = 0;
     while (true) {
       const int timeout_ms = stopping ? -1 : progress.MillisecondsToAct(Clock::now());
@@ -207,6 +212,11 @@ int RunSupervisor(const SupervisorOptions& options) {
             const std::string line = child.pending.substr(0, eol);
             child.pending.erase(0, eol + 1);
             progress.OnMessage(line, Clock::now());
+            if (line == "READY=1" && hup_held) {
+              hup_held = false;
+              SPDLOG_INFO("SIGHUP: forwarded to ringloaderd pid={}, now ready", child.pid);
+              kill(child.pid, SIGHUP);
+            }
             // systemd hears about the service as a whole: ready once, then status and pings.
             const bool is_ready = line == "READY=1";
             if (under_systemd && (!is_ready || !told_systemd_ready) &&
@@ -227,6 +237,11 @@ int RunSupervisor(const SupervisorOptions& options) {
         continue;
       }
       if (info.ssi_signo == SIGHUP) {  // the daemon reloads its config; we have none to reload
+        if (!progress.ready()) {
+          if (!hup_held) SPDLOG_INFO("SIGHUP: held until ringloaderd pid={} is ready", child.pid);
+          hup_held = true;
+          continue;
+        }
         SPDLOG_INFO("SIGHUP: forwarded to ringloaderd pid={}", child.pid);
         kill(child.pid, SIGHUP);
         continue;

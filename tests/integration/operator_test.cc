@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -30,6 +31,20 @@ v1::GetStatsResponse Stats(const std::string& endpoint) {
   INFO(s.error_message());
   REQUIRE(s.ok());
   return response;
+}
+
+// Whether process `pid` has SIGHUP blocked (/proc/PID/status SigBlk), after its exec.
+bool HoldsSigHup(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  bool exec_done = false, blocked = false;
+  while (std::getline(status, line)) {
+    if (line.rfind("Name:", 0) == 0) exec_done = line.find("ringloaderd") != std::string::npos;
+    if (line.rfind("SigBlk:", 0) == 0) {
+      blocked = (std::stoull(line.substr(7), nullptr, 16) & (1ull << (SIGHUP - 1))) != 0;
+    }
+  }
+  return exec_done && blocked;
 }
 
 size_t Count(const std::string& text, const std::string& what) {
@@ -257,6 +272,72 @@ TEST_CASE("28.6: administrative calls need the daemon's user or admin_group, a c
     context.TryCancel();
   }
   CHECK(daemon.Log().find(std::string(200, 'n')) == std::string::npos);
+}
+
+TEST_CASE("28.1: a SIGHUP during start-up indexing is remembered and applied once serving",
+          "[integration][operator]") {
+  DaemonFixtureOptions options;
+  options.images = 40;
+  options.config_extra = "[failpoints]\nindex_delay_ms = 1500\n";
+  DaemonFixture daemon(options);
+  daemon.Launch();
+  REQUIRE(WaitFor([&] { return daemon.Log().find("indexing 1 datasets") != std::string::npos; },
+                  seconds(30)));
+  // Config management adds a dataset and sends SIGHUP while the first is still being indexed.
+  std::string config = ReadFile(daemon.config_path());
+  const size_t failpoints = config.find("[failpoints]");
+  config.insert(failpoints, "[[datasets]]\nname = \"added\"\nformat = \"imagefolder\"\npath = \"" +
+                                daemon.dataset_root() + "\"\n");
+  WriteFile(daemon.config_path(), config);
+  daemon.process().Kill(SIGHUP);
+  REQUIRE(WaitFor([&] { return daemon.Log().find("reload: applied") != std::string::npos; },
+                  seconds(30)));
+  CHECK(daemon.Log().find("the reload follows once serving") <
+        daemon.Log().find("ringloaderd serving on"));
+  const CommandResult added = daemon.Ctl({"consume", "--dataset", "added", "--batch-size", "8",
+                                          "--image-size", "32", "--epochs", "1"});
+  INFO(added.output);
+  CHECK(added.exit_code == 0);
+  CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("28.1: SIGHUPs from the first instant and through restarts never kill the supervisor "
+          "or an unready child, and one held for an unready child reaches it once ready",
+          "[integration][operator]") {
+  DaemonFixtureOptions options;
+  options.images = 40;
+  options.supervise = true;
+  DaemonFixture daemon(options);
+  daemon.Launch();
+  const pid_t supervisor = daemon.process().pid();
+  // 100 SIGHUPs the instant the process holds its signals (its first constructor, before
+  // main()), long before it has a handler or a child.
+  REQUIRE(WaitFor([&] { return HoldsSigHup(supervisor); }, seconds(10)));
+  for (int i = 0; i < 100; ++i) ::kill(supervisor, SIGHUP);
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
+                  seconds(30)));
+  REQUIRE(daemon.process().Running());
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    const pid_t child = daemon.ServingPid();
+    REQUIRE(child > 0);
+    ::kill(child, SIGKILL);
+    // SIGHUPs while the supervisor restarts it: held, never sent to a child that cannot take them.
+    for (int i = 0; i < 100; ++i) ::kill(supervisor, SIGHUP);
+    REQUIRE(WaitFor(
+        [&] {
+          const pid_t now = daemon.ServingPid();
+          return now > 0 && now != child &&
+                 daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0;
+        },
+        seconds(30)));
+  }
+  REQUIRE(daemon.process().Running());
+  const std::string log = daemon.Log();
+  CHECK_THAT(log, !Catch::Contains("before it was ready") && !Catch::Contains("signal Hangup"));
+  CHECK_THAT(log, Catch::Contains("SIGHUP: forwarded to ringloaderd") &&
+                      Catch::Contains("reload: applied"));
+  CHECK(daemon.Stop() == 0);
 }
 
 }  // namespace
