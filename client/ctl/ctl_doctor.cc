@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "client/channel.h"
 #include "client/ctl/ctl.h"
+#include "shm/base/cgroup.h"
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
 #include "server/image/transform.h"
@@ -95,45 +96,6 @@ Check ShmDir(const server::ServerConfig& s, const DoctorOptions& options) {
   return Ok(what);
 }
 
-std::optional<uint64_t> ReadLimit(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
-  if (!(in >> text)) return std::nullopt;
-  uint64_t value = 0;
-  if (text == "max" || !absl::SimpleAtoi(text, &value)) return std::nullopt;
-  // cgroup v1 writes "no limit" as a page-rounded LONG_MAX.
-  if (value >= (uint64_t{1} << 62)) return std::nullopt;
-  return value;
-}
-
-// The tightest memory limit on `dir` and its ancestors (v2 memory.max, v1 limit_in_bytes).
-std::optional<std::pair<uint64_t, std::string>> CgroupLimit(std::filesystem::path dir) {
-  std::optional<std::pair<uint64_t, std::string>> tightest;
-  for (int depth = 0; depth < 64 && !dir.empty(); ++depth) {
-    for (const char* file : {"memory.max", "memory.limit_in_bytes"}) {
-      const std::string path = (dir / file).string();
-      if (std::optional<uint64_t> v = ReadLimit(path); v && (!tightest || *v < tightest->first)) {
-        tightest = std::make_pair(*v, path);
-      }
-    }
-    if (dir == dir.root_path() || dir.parent_path() == dir) break;
-    dir = dir.parent_path();
-    if (dir == "/sys/fs/cgroup" || dir == "/sys/fs/cgroup/memory" || dir == "/sys/fs") break;
-  }
-  return tightest;
-}
-
-// The memory cgroup directory of a process (v2 "0::/path", v1 "N:memory:/path").
-std::string CgroupDirOf(const std::string& pid) {
-  std::ifstream in("/proc/" + pid + "/cgroup");
-  for (std::string line; std::getline(in, line);) {
-    if (absl::StartsWith(line, "0::")) return "/sys/fs/cgroup" + line.substr(3);
-    const size_t at = line.find(":memory:");
-    if (at != std::string::npos) return "/sys/fs/cgroup/memory" + line.substr(at + 8);
-  }
-  return "/sys/fs/cgroup";
-}
-
 // The serving daemon, when one answers on the config's Unix socket and its process is visible
 // here: the limits that matter are its own (a systemd unit's MemoryMax=, LimitNOFILE=), not this
 // shell's.
@@ -162,13 +124,15 @@ Check Memory(const server::ServerConfig& s, const DoctorOptions& options, const 
   const uint64_t need = s.memory_limit_bytes + FixedOverheadBytes(DecodeThreads(s));
   const uint64_t host = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const std::string dir = options.cgroup.empty() ? CgroupDirOf(of.pid) : options.cgroup;
+  const std::optional<base::MemoryCgroup> cgroup =
+      options.cgroup.empty() ? base::MemoryCgroupOf(of.pid)
+                             : std::optional(base::MemoryCgroup::AtDirectory(options.cgroup));
   uint64_t limit = host;
   std::string source = "the host's memory";
-  if (auto cgroup = CgroupLimit(dir); cgroup && cgroup->first < host) {
-    limit = cgroup->first;
-    source = options.cgroup.empty() ? absl::StrCat(of.name, " cgroup: ", cgroup->second)
-                                    : cgroup->second;
+  if (const std::optional<base::MemoryLimit> l = cgroup ? cgroup->Limit() : std::nullopt;
+      l && l->bytes < host) {
+    limit = l->bytes;
+    source = options.cgroup.empty() ? absl::StrCat(of.name, " cgroup: ", l->path) : l->path;
   }
   const std::string what = absl::StrCat(
       "memory: memory_limit ", FormatBytes(s.memory_limit_bytes),

@@ -32,6 +32,7 @@
 #include "proto/wire_text.h"
 #include "server/daemon/config.h"
 #include "proto/admin_endpoint.h"
+#include "shm/base/cgroup.h"
 #include "server/daemon/crash_journal.h"
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/host_notify.h"
@@ -101,21 +102,17 @@ absl::Status PrepareUnixSocket(const std::string& path) {
   return absl::OkStatus();
 }
 
-// The memory this process can really have: the host's RAM, or less under a memory cgroup limit
-// (v2 memory.max, v1 memory.limit_in_bytes). `what` says which.
+// The memory this process can really have: the host's RAM, or less under its memory cgroup's
+// limit or an ancestor's (a systemd unit's MemoryMax=, a container's). `what` says which.
 uint64_t AvailableMemoryBytes(std::string* what) {
   uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                    static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   *what = "the host's memory";
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    FILE* f = std::fopen(path, "r");
-    if (f == nullptr) continue;
-    unsigned long long limit = 0;
-    const bool read = std::fscanf(f, "%llu", &limit) == 1;  // "max" (no limit) does not parse
-    std::fclose(f);
-    if (read && limit > 0 && limit < bytes) {
-      bytes = limit;
-      *what = absl::StrCat("the memory cgroup's limit (", path, ")");
+  if (const std::optional<base::MemoryCgroup> cgroup = base::MemoryCgroupOf()) {
+    if (const std::optional<base::MemoryLimit> limit = cgroup->Limit();
+        limit && limit->bytes < bytes) {
+      bytes = limit->bytes;
+      *what = absl::StrCat("the memory cgroup's limit (", limit->path, ")");
     }
   }
   return bytes;

@@ -16,12 +16,9 @@
 
 namespace ringloader::server {
 
-// The oom_kill count of this process's memory cgroup; nullopt without a readable one.
+// The oom_kill count of this process's memory cgroup (base::MemoryCgroup); nullopt without a
+// readable one.
 std::optional<uint64_t> CgroupOomKills();
-
-// The same, from explicit files (tests): /proc/self/cgroup's text and the cgroup mount root.
-std::optional<uint64_t> CgroupOomKillsAt(const std::string& proc_self_cgroup,
-                                         const std::string& cgroup_root);
 
 // What the previous incarnation recorded (nullopt: nothing recorded), and this one's record.
 std::optional<uint64_t> LoadRecordedOomKills(const std::string& state_dir);

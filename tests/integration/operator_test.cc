@@ -15,6 +15,7 @@
 
 #include "client/channel.h"
 #include "proto/ringloader.grpc.pb.h"
+#include "shm/base/cgroup.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace ringloader::testing {
@@ -338,6 +339,49 @@ TEST_CASE("28.1: SIGHUPs from the first instant and through restarts never kill 
   CHECK_THAT(log, Catch::Contains("SIGHUP: forwarded to ringloaderd") &&
                       Catch::Contains("reload: applied"));
   CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("28.3: the daemon and doctor read the daemon's own memory cgroup, nested below the "
+          "root (a systemd unit's MemoryMax=, a container's limit)",
+          "[integration][operator]") {
+  // A real child cgroup of this test's own, with a 256 MiB limit, made the way systemd makes a
+  // unit's: only possible as root on a writable cgroupfs.
+  const std::optional<base::MemoryCgroup> mine = base::MemoryCgroupOf();
+  if (!RunningAsRoot() || !mine) RINGLOADER_SKIP("needs root and a mounted memory cgroup");
+  const std::string dir = mine->dir + "/rl-test-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    RINGLOADER_SKIP("cannot create a child memory cgroup here (read-only cgroupfs?)");
+  }
+  struct Remove {
+    std::string dir;
+    ~Remove() { ::rmdir(dir.c_str()); }
+  } remove{dir};
+  const char* limit_file = mine->version == 2 ? "/memory.max" : "/memory.limit_in_bytes";
+  WriteFile(dir + limit_file, "268435456\n");
+  if (mine->version == 2 && ReadFile(dir + "/memory.max").find("268435456") != 0) {
+    RINGLOADER_SKIP("memory.max cannot be set here");
+  }
+  DaemonFixtureOptions options;
+  options.images = 20;
+  options.memory_limit = "1GiB";
+  DaemonFixture daemon(options);
+  // The daemon starts inside the child cgroup, as systemd starts a unit's process in its own.
+  Subprocess process({"/bin/sh", "-c",
+                      "echo $$ > '" + dir + "/cgroup.procs' && exec '" + DaemonPath() +
+                          "' --config '" + daemon.config_path() + "'"},
+                     {}, daemon.log_path());
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
+                  seconds(30)));
+  CHECK_THAT(daemon.Log(), Catch::Contains("server.memory_limit 1 GiB is more than the memory "
+                                           "cgroup's limit (" + dir + limit_file + ") (256 MiB)"));
+  // doctor, from outside that cgroup, checks the serving daemon's.
+  const CommandResult doctor = RunCommand({CtlPath(), "doctor", "--config", daemon.config_path()});
+  INFO(doctor.output);
+  CHECK_THAT(doctor.output, Catch::Contains("problem: memory: memory_limit 1 GiB") &&
+                                Catch::Contains("vs 256 MiB (ringloaderd pid") &&
+                                Catch::Contains(dir + limit_file));
+  process.Kill(SIGTERM);
+  CHECK(process.WaitExitCode(seconds(30)) == 0);
 }
 
 }  // namespace

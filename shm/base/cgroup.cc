@@ -1,0 +1,182 @@
+#include "shm/base/cgroup.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace ringloader::base {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::optional<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A limit file's value; nullopt for "max", v1's "no limit" (a page-rounded LONG_MAX) or junk.
+std::optional<uint64_t> ReadLimit(const std::string& path) {
+  const std::optional<std::string> text = ReadText(path);
+  uint64_t value = 0;
+  if (!text || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value)) return std::nullopt;
+  if (value == 0 || value >= (uint64_t{1} << 62)) return std::nullopt;
+  return value;
+}
+
+// "key value" lines: the value of `key`.
+std::optional<uint64_t> Field(const std::string& text, absl::string_view key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, ' ');
+    uint64_t n = 0;
+    if (kv.first == key && absl::SimpleAtoi(kv.second, &n)) return n;
+  }
+  return std::nullopt;
+}
+
+// One mountinfo line's fields that matter here.
+struct Mount {
+  std::string root;         // the hierarchy path the mount shows at its mount point
+  std::string mount_point;  // with mountinfo's octal escapes ("\040" for a space) undone
+  std::string fstype;
+  std::string super_options;
+};
+
+// mountinfo escapes a space, tab, newline and backslash in paths as \ooo (octal).
+std::string Unescape(absl::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool escape = s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3';
+    if (escape) {
+      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 +
+                                      (s[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<Mount> CgroupMounts(const std::string& mountinfo) {
+  std::vector<Mount> mounts;
+  for (absl::string_view line : absl::StrSplit(mountinfo, '\n')) {
+    // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    size_t dash = 6;
+    while (dash < f.size() && f[dash] != "-") ++dash;
+    if (dash + 1 >= f.size()) continue;
+    const absl::string_view fstype = f[dash + 1];
+    if (fstype != "cgroup" && fstype != "cgroup2") continue;
+    mounts.push_back({Unescape(f[3]), Unescape(f[4]), std::string(fstype),
+                      dash + 3 < f.size() ? std::string(f[dash + 3]) : ""});
+  }
+  return mounts;
+}
+
+// The directory of hierarchy path `path` under `mount`, or nullopt when the mount does not show
+// it (its root is elsewhere in the hierarchy).
+std::optional<std::string> DirUnder(const Mount& mount, const std::string& path) {
+  if (mount.root == "/") return mount.mount_point + (path == "/" ? "" : path);
+  if (path == mount.root) return mount.mount_point;
+  if (absl::StartsWith(path, mount.root + "/")) {
+    return mount.mount_point + path.substr(mount.root.size());
+  }
+  return std::nullopt;
+}
+
+bool HasMemoryController(const std::string& mount_point) {
+  const std::optional<std::string> controllers = ReadText(mount_point + "/cgroup.controllers");
+  if (!controllers) return false;
+  for (absl::string_view c : absl::StrSplit(*controllers, absl::ByAnyChar(" \n"))) {
+    if (c == "memory") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<MemoryLimit> MemoryCgroup::Limit() const {
+  std::optional<MemoryLimit> tightest;
+  const char* file = version == 2 ? "memory.max" : "memory.limit_in_bytes";
+  fs::path at = dir;
+  for (int depth = 0; depth < 64; ++depth) {
+    const std::string path = (at / file).string();
+    if (std::optional<uint64_t> v = ReadLimit(path); v && (!tightest || *v < tightest->bytes)) {
+      tightest = MemoryLimit{*v, path};
+    }
+    if (at.string() == mount || at == at.root_path() || !at.has_parent_path()) break;
+    at = at.parent_path();
+  }
+  return tightest;
+}
+
+std::optional<uint64_t> MemoryCgroup::OomKills() const {
+  const std::optional<std::string> text =
+      ReadText(dir + (version == 2 ? "/memory.events" : "/memory.oom_control"));
+  if (!text) return std::nullopt;
+  return Field(*text, "oom_kill");
+}
+
+MemoryCgroup MemoryCgroup::AtDirectory(const std::string& dir) {
+  MemoryCgroup c;
+  c.dir = dir;
+  c.version = fs::exists(dir + "/memory.limit_in_bytes") ? 1 : 2;
+  for (const char* root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
+    if (dir == root || absl::StartsWith(dir, std::string(root) + "/")) {
+      c.mount = root;
+      return c;
+    }
+  }
+  c.mount = "/";
+  return c;
+}
+
+std::optional<MemoryCgroup> MemoryCgroupFrom(const std::string& proc_cgroup,
+                                             const std::string& mountinfo) {
+  const std::vector<Mount> mounts = CgroupMounts(mountinfo);
+  std::optional<MemoryCgroup> v1;
+  for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n')) {
+    // "hierarchy-id:controllers:path"; v2's is "0::path".
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    const std::string path(f[2]);
+    const bool unified = f[0] == "0" && f[1].empty();
+    bool memory = false;
+    for (absl::string_view c : absl::StrSplit(f[1], ',')) memory = memory || c == "memory";
+    if (!unified && !memory) continue;
+    for (const Mount& m : mounts) {
+      const bool fits = unified ? m.fstype == "cgroup2"
+                                : m.fstype == "cgroup" &&
+                                      absl::StrContains("," + m.super_options + ",", ",memory,");
+      if (!fits) continue;
+      const std::optional<std::string> dir = DirUnder(m, path);
+      if (!dir) continue;
+      if (unified) {
+        if (!HasMemoryController(m.mount_point)) break;  // v2 without memory: v1 has it
+        return MemoryCgroup{2, *dir, m.mount_point};
+      }
+      if (!v1) v1 = MemoryCgroup{1, *dir, m.mount_point};
+      break;
+    }
+  }
+  return v1;
+}
+
+std::optional<MemoryCgroup> MemoryCgroupOf(const std::string& pid) {
+  const std::optional<std::string> cgroup = ReadText("/proc/" + pid + "/cgroup");
+  const std::optional<std::string> mountinfo = ReadText("/proc/" + pid + "/mountinfo");
+  if (!cgroup || !mountinfo) return std::nullopt;
+  return MemoryCgroupFrom(*cgroup, *mountinfo);
+}
+
+}  // namespace ringloader::base

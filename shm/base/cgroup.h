@@ -1,0 +1,48 @@
+#pragma once
+// A process's memory cgroup, v1 or v2, found the way the kernel describes it: /proc/PID/cgroup
+// names the cgroup's path in its hierarchy, /proc/PID/mountinfo where that hierarchy is mounted
+// and which of its paths the mount shows. So a nested cgroup (systemd's
+// system.slice/ringloader.service with MemoryMax=), a container's own cgroup namespace (the path
+// is "/" and the namespace's root is mounted at /sys/fs/cgroup) and a bind-mounted subtree all
+// resolve to the directory that holds the cgroup's files. One helper for the daemon's
+// memory_limit check, `ringloaderctl doctor` and the OOM-kill count.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ringloader::base {
+
+struct MemoryLimit {
+  uint64_t bytes = 0;
+  std::string path;  // the file that sets it: ".../memory.max" or ".../memory.limit_in_bytes"
+};
+
+struct MemoryCgroup {
+  int version = 2;    // 2: the unified hierarchy; 1: the memory controller's own hierarchy
+  std::string dir;    // the cgroup's directory, e.g. /sys/fs/cgroup/system.slice/x.service
+  std::string mount;  // where its hierarchy is mounted; `dir` is at or below it
+
+  // The tightest limit of this cgroup and its ancestors up to the mount: v2 memory.max, v1
+  // memory.limit_in_bytes ("max" and v1's page-rounded LONG_MAX mean none). nullopt: none.
+  std::optional<MemoryLimit> Limit() const;
+  // The processes of this cgroup the OOM killer has killed: v2 memory.events "oom_kill", v1
+  // memory.oom_control "oom_kill". nullopt when unreadable.
+  std::optional<uint64_t> OomKills() const;
+
+  // A cgroup directory given by hand (`doctor --cgroup DIR`): its version from its files, its
+  // mount the hierarchy root above it (/sys/fs/cgroup, /sys/fs/cgroup/memory) or "/".
+  static MemoryCgroup AtDirectory(const std::string& dir);
+};
+
+// From the texts of /proc/PID/cgroup and /proc/PID/mountinfo (tests pass their own; mount
+// points are taken as they are written). The v2 line is used when its hierarchy has the memory
+// controller (cgroup.controllers lists "memory"), else the v1 memory line. nullopt when the
+// process has no memory cgroup that is mounted.
+std::optional<MemoryCgroup> MemoryCgroupFrom(const std::string& proc_cgroup,
+                                             const std::string& mountinfo);
+
+// Of process `pid` ("self" or a number), read from /proc.
+std::optional<MemoryCgroup> MemoryCgroupOf(const std::string& pid = "self");
+
+}  // namespace ringloader::base
