@@ -13,7 +13,10 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "shm/base/atomic_file.h"
 
 namespace ringloader::server {
 namespace {
@@ -46,17 +49,21 @@ std::atomic<uint64_t>* IndexWord(uint8_t* base, uint32_t worker) {
 }
 
 // The pending list: one line per sample, "crashed|killed <TAB> dataset_hash <TAB> index".
-// Written by this process only (temp file + rename); a line that does not parse is dropped.
+// Written by the daemon only (base::WriteFileAtomically); a line that does not parse is dropped.
 void ReadPending(const std::string& path, std::vector<InFlightSample>& crashed,
                  std::vector<InFlightSample>& killed) {
   std::ifstream in(path);
-  std::string kind;
-  uint64_t hash = 0, index = 0;
-  while (in >> kind >> hash >> index) {
-    if (hash == 0 || hash > UINT32_MAX || (kind != "crashed" && kind != "killed")) continue;
-    const InFlightSample s{static_cast<uint32_t>(hash), index};
+  for (std::string line; std::getline(in, line);) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
+    uint32_t hash = 0;
+    uint64_t index = 0;
+    if (f.size() != 3 || (f[0] != "crashed" && f[0] != "killed") ||
+        !absl::SimpleAtoi(f[1], &hash) || hash == 0 || !absl::SimpleAtoi(f[2], &index)) {
+      continue;
+    }
+    const InFlightSample s{hash, index};
     killed.push_back(s);
-    if (kind == "crashed") crashed.push_back(s);
+    if (f[0] == "crashed") crashed.push_back(s);
   }
 }
 
@@ -83,17 +90,7 @@ absl::Status WritePending(const std::string& path, const std::vector<InFlightSam
     absl::StrAppend(&text, was_crash ? "crashed" : "killed", "\t", s.dataset_hash, "\t",
                     s.sample_index, "\n");
   }
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat(path, ": rename: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return base::WriteFileAtomically(path, text);
 }
 
 }  // namespace

@@ -18,6 +18,9 @@ MHD_Result Queue(MHD_Connection* connection, unsigned status, const std::string&
       body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
+  if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
+    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  }
   const MHD_Result queued = MHD_queue_response(connection, status, response);
   MHD_destroy_response(response);
   return queued;
@@ -78,11 +81,10 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
       flags, 0, nullptr, nullptr, handler, endpoint.get(), MHD_OPTION_SOCK_ADDR, found->ai_addr,
       MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT,
       kIdleTimeoutSeconds, MHD_OPTION_END);
-  const int err = errno;
   ::freeaddrinfo(found);
-  if (endpoint->daemon_ == nullptr) {
+  if (endpoint->daemon_ == nullptr) {  // (libmicrohttpd does not say why; errno is not reliable)
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", listen, " (", std::strerror(err), ")"));
+        absl::StrCat("cannot listen on ", listen, " (address in use, or not permitted?)"));
   }
   const MHD_DaemonInfo* info = MHD_get_daemon_info(endpoint->daemon_, MHD_DAEMON_INFO_BIND_PORT);
   endpoint->port_ = info != nullptr ? info->port : 0;

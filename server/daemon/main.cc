@@ -13,10 +13,11 @@
 #include "server/daemon/daemon.h"
 #include "server/daemon/supervisor.h"
 
-// Before main() and before the libraries' static initializers (priority 101 runs first): from
-// here on a SIGHUP or SIGTERM waits, pending, for the daemon or the supervisor to take it (see
-// HoldStopSignals). Only the dynamic loader's work before this is exposed; a launcher that must
-// signal a process that instant blocks the signals before it execs us.
+// Before main() and this binary's other static initializers (priority 101 runs first; shared
+// libraries' own initializers run before it): from here on a SIGHUP or SIGTERM waits, pending,
+// for the daemon or the supervisor to take it (see HoldStopSignals). Only the dynamic loader's
+// work before this is exposed; a launcher that must signal a process that instant blocks the
+// signals before it execs us.
 __attribute__((constructor(101))) static void HoldSignalsFirst() {
   ringloader::server::HoldStopSignals();
 }

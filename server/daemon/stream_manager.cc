@@ -257,17 +257,30 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.DefaultRingSlots(slot_bytes));
   setup.spec.set_ring_slots(spec.ring_slots());
   const uint64_t ring_bytes = spec.ring_slots() * slot_bytes + 64 * 1024;
-  absl::StatusOr<Reservation> reservation = deps_.budget->Reserve(
-      ring_bytes + shard_size * 4,
-      absl::StrCat("a stream of dataset \"", spec.dataset(), "\" (ring of ", spec.ring_slots(),
-                   " slots x ", base::FormatBytes(slot_bytes), ")"));
+  // A trainer restarted at once after a crash may ask before the daemon has acted on its
+  // predecessor's death (the session's end, noticed within a poll): at max_streams, or with
+  // memory_limit held by the dead trainer's ring, it waits briefly for a stream to go rather
+  // than be refused a restart that is about to fit.
+  const auto give_up = std::chrono::steady_clock::now() + kWaitForRoom;
+  absl::StatusOr<Reservation> reservation;
+  while (true) {
+    const uint64_t left_before = WaitForRoom(setup.client_key, give_up);
+    reservation = deps_.budget->Reserve(
+        ring_bytes + shard_size * 4,
+        absl::StrCat("a stream of dataset \"", spec.dataset(), "\" (ring of ", spec.ring_slots(),
+                     " slots x ", base::FormatBytes(slot_bytes), ")"));
+    if (reservation.ok() || !absl::IsResourceExhausted(reservation.status()) ||
+        !WaitForStreamToLeave(left_before, give_up)) {
+      break;
+    }
+  }
   if (!reservation.ok()) return Reject(reservation.status());
 
   // Streams being opened count against the limits too, so concurrent opens cannot exceed them.
   uint64_t id;
   const std::string client_key = setup.client_key;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
     if (!request.session_id().empty()) {
       if (sessions_.count(request.session_id()) == 0) {
@@ -283,14 +296,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
       for (const auto& [other_id, s] : streams_) n += s->setup().client_key == client_key;
       return n;
     };
-    const auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return shut_down_ || (streams_.size() + opening_.size() < server.max_streams &&
-                            (client_key.empty() || of_client() < server.max_streams_per_client));
-    };
-    // A trainer restarted at once after a crash may ask before the daemon has acted on its
-    // predecessor's death (the session's end, noticed within a poll): full, it waits briefly
-    // for a stream to go rather than refuse a restart that is about to fit.
-    room_cv_.wait_for(lock, kWaitForRoom, room);
+    // (Waited for above; another open may have taken the room since: refused then.)
     if (shut_down_) return absl::UnavailableError("ringloaderd is shutting down");
     if (streams_.size() + opening_.size() >= server.max_streams) {
       return Reject(absl::ResourceExhaustedError(absl::StrCat(
@@ -370,6 +376,37 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   return absl::OkStatus();
 }
 
+uint64_t StreamManager::WaitForRoom(const std::string& client_key,
+                                    std::chrono::steady_clock::time_point give_up) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const ServerConfig& server = deps_.config->server;
+  room_cv_.wait_until(lock, give_up, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shut_down_) return true;
+    if (streams_.size() + opening_.size() >= server.max_streams) return false;
+    if (client_key.empty()) return true;
+    uint64_t of_client = opening_.count(client_key);
+    for (const auto& [id, s] : streams_) of_client += s->setup().client_key == client_key;
+    return of_client < server.max_streams_per_client;
+  });
+  return streams_left_;
+}
+
+bool StreamManager::WaitForStreamToLeave(uint64_t left_before,
+                                         std::chrono::steady_clock::time_point give_up) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return room_cv_.wait_until(lock, give_up, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || streams_left_ != left_before;
+  }) && !shut_down_;
+}
+
+void StreamManager::StreamsLeft(std::vector<std::shared_ptr<Stream>>& gone) {
+  for (const auto& s : gone) s->Stop();
+  gone.clear();  // their rings' reservations go back here (unless a call still holds one)
+  std::lock_guard<std::mutex> lock(mu_);
+  ++streams_left_;
+  room_cv_.notify_all();
+}
+
 absl::StatusOr<std::string> StreamManager::OpenSession(const std::string& client_name) {
   std::string id = RandomBytes(16);
   {
@@ -408,8 +445,8 @@ void StreamManager::CloseSession(const std::string& session_id) {
   for (const auto& s : closed) {
     SPDLOG_INFO("stream {} closed: its client (\"{}\") is gone; {} slots reclaimed", s->id(),
                 wire::EscapeBytes(s->setup().client_name), s->ring().slot_count());
-    s->Stop();
   }
+  StreamsLeft(closed);
 }
 
 bool StreamManager::WaitUnlessShutDown(std::chrono::milliseconds timeout) {
@@ -487,7 +524,8 @@ absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
     streams_.erase(request.stream_id());
     room_cv_.notify_all();
   }
-  (*stream)->Stop();
+  std::vector<std::shared_ptr<Stream>> gone = {*std::move(stream)};
+  StreamsLeft(gone);
   SPDLOG_INFO("stream closed id={} by the client", request.stream_id());
   return absl::OkStatus();
 }
@@ -625,8 +663,8 @@ void StreamManager::ReaperLoop() {
     for (const auto& s : idle) {
       SPDLOG_INFO("stream {} closed: no request for {} ms (client gone?); its {} slots reclaimed",
                   s->id(), idle_timeout.count(), s->ring().slot_count());
-      s->Stop();
     }
+    if (!idle.empty()) StreamsLeft(idle);
   }
 }
 

@@ -111,6 +111,14 @@ class StreamManager {
   absl::Status Validate(const v1::StreamSpec& spec) const;
   void ReaperLoop();
   absl::Status Reject(absl::Status status);
+  // Waits until max_streams (and the client's share) has room, shutdown, or `give_up`; returns
+  // streams_left_ as it was then.
+  uint64_t WaitForRoom(const std::string& client_key, std::chrono::steady_clock::time_point give_up);
+  // Waits for a stream to leave after `left_before` was read; false at `give_up` or shutdown.
+  bool WaitForStreamToLeave(uint64_t left_before, std::chrono::steady_clock::time_point give_up);
+  // Stops `gone` (already out of streams_), lets their rings' reservations go, then wakes the
+  // opens waiting for room. Empties `gone`.
+  void StreamsLeft(std::vector<std::shared_ptr<Stream>>& gone);
 
   const StreamManagerDeps deps_;
   std::thread reaper_;
@@ -131,6 +139,7 @@ class StreamManager {
   std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
   // Notified (under mu_) when a stream leaves streams_ or opening_: an Open waiting for room.
   std::condition_variable room_cv_;
+  uint64_t streams_left_ ABSL_GUARDED_BY(mu_) = 0;  // streams stopped and let go, ever
   bool starting_ ABSL_GUARDED_BY(mu_) = false;
   std::string starting_progress_ ABSL_GUARDED_BY(mu_);
 };

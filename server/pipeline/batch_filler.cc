@@ -196,9 +196,12 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
         SampleTask task(std::move(job), control);
         task.Run(out, Worker{worker_id, *decoders_[worker_id]});
       },
-      [&](uint64_t i, uint64_t drawn) {
+      [&](uint64_t i, uint64_t drawn, WorkerPool::Abandoned why) {
         if (drawn > 0) options_.memory->Release(drawn);
-        if (observer != nullptr) observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
+        // Only a sample stuck past its own deadline is suspect; a shutdown abandons bystanders.
+        if (observer != nullptr && why == WorkerPool::Abandoned::kPastDeadline) {
+          observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
+        }
         batch.statuses[i] = image::WithReason(
             absl::DeadlineExceededError(absl::StrCat(
                 batch.dataset.AbsolutePath(batch.shard.at(batch.pos + i)),

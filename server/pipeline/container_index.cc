@@ -220,9 +220,10 @@ uint64_t RaggedRows(const std::string& name, const TensorSchema& rest,
 // and is named here as the shard's problem, instead of setting the shape every other sample is
 // held to. Ragged tensors: see RaggedRows. Reads every member's .npy header (one small read
 // each, one open per shard); a header that cannot be read is that sample's error when read.
-std::vector<TensorSchema> WebDatasetSchemas(const DatasetSpec& spec, const ShardFiles& files,
-                                            const std::vector<FoundSample>& found,
-                                            SampleList& list) {
+absl::StatusOr<std::vector<TensorSchema>> WebDatasetSchemas(const DatasetSpec& spec,
+                                                            const ShardFiles& files,
+                                                            const std::vector<FoundSample>& found,
+                                                            SampleList& list) {
   struct Tensor {
     bool ragged = false;
     std::vector<ShapeVote> votes;
@@ -232,9 +233,13 @@ std::vector<TensorSchema> WebDatasetSchemas(const DatasetSpec& spec, const Shard
   std::map<std::string, Tensor> tensors;
   std::optional<container::File> file;
   uint32_t file_index = UINT32_MAX;
+  int64_t last_report = base::SteadyNowNs();
   for (uint64_t i = 0; i < found.size(); ++i) {
     if (found[i].tensors.empty()) continue;
     if (list.sample_files[i] != file_index) {
+      if (Cancelled(spec)) return CancelledIndexing(spec);
+      ReportProgress(spec, last_report, list.sample_files[i], files.files.size(), list.size(),
+                     "shards' tensor headers read");
       file_index = list.sample_files[i];
       absl::StatusOr<container::File> opened =
           container::File::Open(Join(files.root, files.files[file_index]));
@@ -440,7 +445,9 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
     ReportProgress(spec, last_report, f + 1, files.files.size(), list.size(), "shards");
   }
 
-  list.tensors = WebDatasetSchemas(spec, files, found, list);
+  absl::StatusOr<std::vector<TensorSchema>> schemas = WebDatasetSchemas(spec, files, found, list);
+  if (!schemas.ok()) return schemas.status();
+  list.tensors = *std::move(schemas);
 
   list.parts = 2 + static_cast<uint32_t>(list.tensors.size());
   list.extents.reserve(found.size() * list.parts);

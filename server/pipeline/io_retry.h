@@ -1,7 +1,9 @@
 #pragma once
 // One budget of retries for transient I/O errors (image::IsTransient: EIO, EMFILE, ENOMEM,
 // ESTALE, ...), shared by every read of one sample, or of one file while indexing: a flaky mount
-// gets `budget` in all, never `budget` per call. Backoff 10 ms, doubling to 1 s.
+// gets `budget` in all, never `budget` per call. What counts is the time spent failing (failed
+// attempts and the backoff after them, 10 ms doubling to 1 s), not the time between: a sample
+// that waited for memory, or a long scan that failed near its end, still gets its retries.
 // Not thread-safe; one per sample or file.
 
 #include <algorithm>
@@ -19,23 +21,25 @@ namespace ringloader::pipeline {
 
 class IoRetryBudget {
  public:
-  // The budget starts now. `give_up` (optional) is asked before each retry: true ends the
-  // retries with the last error (a daemon told to stop while indexing a flaky mount).
+  // `give_up` (optional) is asked before each retry: true ends the retries with the last error
+  // (a daemon told to stop while indexing a flaky mount).
   explicit IoRetryBudget(std::chrono::milliseconds budget, std::function<bool()> give_up = {})
-      : budget_(budget), start_(std::chrono::steady_clock::now()), give_up_(std::move(give_up)) {}
+      : budget_(budget), give_up_(std::move(give_up)) {}
 
   // Runs `attempt` until it succeeds, fails for good, or the budget is spent: then the last
   // transient error becomes reason "io_error", saying how long and how often it was tried.
   template <typename T>
   absl::StatusOr<T> Run(const std::function<absl::StatusOr<T>()>& attempt) {
     while (true) {
+      const auto started = std::chrono::steady_clock::now();
       absl::StatusOr<T> result = attempt();
       ++tries_;
       if (result.ok() || !image::IsTransient(result.status())) return result;
+      failing_ += std::chrono::steady_clock::now() - started;
       if (give_up_ && give_up_()) return result;
-      const auto spent = std::chrono::steady_clock::now() - start_;
-      if (spent + backoff_ > budget_) return Exhausted(result.status(), spent);
+      if (failing_ + backoff_ > budget_) return Exhausted(result.status(), failing_);
       std::this_thread::sleep_for(backoff_);
+      failing_ += backoff_;
       backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(1000));
     }
   }
@@ -51,8 +55,8 @@ class IoRetryBudget {
   }
 
   std::chrono::milliseconds budget_;
-  std::chrono::steady_clock::time_point start_;
   std::function<bool()> give_up_;
+  std::chrono::nanoseconds failing_{0};  // in failed attempts and backoff, so far
   std::chrono::milliseconds backoff_{10};
   int tries_ = 0;
 };

@@ -58,7 +58,8 @@ absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path) {
     }
     const uint64_t length = LoadU64(header);
     const uint64_t data = offset + kHeaderBytes;
-    if (length + kFooterBytes > size - data) {
+    // (Written so that a length near 2^64 cannot wrap past the check.)
+    if (length > size - data || size - data - length < kFooterBytes) {
       scan.stopped = Damaged(path, offset, "truncated",
                              absl::StrCat("record of ", length, " bytes runs past the end of the "
                                           "file (", size - data, " bytes left)"));

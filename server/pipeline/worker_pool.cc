@@ -220,7 +220,7 @@ void WorkerPool::ParallelFor(uint64_t n,
 void WorkerPool::ParallelForWithDeadline(
     uint64_t n, std::chrono::milliseconds deadline,
     const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
-    const std::function<void(uint64_t i, uint64_t drawn)>& on_abandoned) {
+    const std::function<void(uint64_t i, uint64_t drawn, Abandoned why)>& on_abandoned) {
   if (n == 0) return;
   Job job;
   job.fn_control = &fn;
@@ -252,8 +252,15 @@ void WorkerPool::ParallelForWithDeadline(
         ++it;
       }
     }
-    for (const auto& [i, drawn] : abandoned) on_abandoned(i, drawn);
-    abandoned.clear();
+    if (!abandoned.empty()) {
+      // Without the lock: the callback may be slow (it writes the quarantine file), and the
+      // workers must not wait for it.
+      const Abandoned why = abandon_all ? Abandoned::kShuttingDown : Abandoned::kPastDeadline;
+      lock.unlock();
+      for (const auto& [i, drawn] : abandoned) on_abandoned(i, drawn, why);
+      lock.lock();
+      abandoned.clear();
+    }
     if (job.remaining == 0) break;
     if (deadline_ns == 0 && !abandon_all) {
       // No deadline: only shutdown (AbandonUncommitted) can end a task early; look now and then.

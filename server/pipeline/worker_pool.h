@@ -75,15 +75,17 @@ class WorkerPool {
   // `fn` must not throw. REQUIRES: not called from inside a task (that could deadlock).
   void ParallelFor(uint64_t n, const std::function<void(uint64_t i, uint32_t worker_id)>& fn);
 
+  // Why a task was abandoned: its own deadline, or the pool's shutdown (AbandonUncommitted).
+  enum class Abandoned { kPastDeadline, kShuttingDown };
   // As ParallelFor, with a deadline per task (0 = none) counted from the task's start until it
-  // calls TaskControl::Commit(). An abandoned task's index and the bytes it had drawn
-  // (TaskControl::SetDrawn) are passed to on_abandoned (on the caller's thread), and the call does
-  // not wait for it. At most 1024 threads are ever left stuck: past that, late tasks are waited
-  // for like committed ones.
+  // calls TaskControl::Commit(). An abandoned task's index, the bytes it had drawn
+  // (TaskControl::SetDrawn) and why are passed to on_abandoned (on the caller's thread, without
+  // the pool's lock), and the call does not wait for it. At most 1024 threads are ever left
+  // stuck: past that, late tasks are waited for like committed ones.
   void ParallelForWithDeadline(
       uint64_t n, std::chrono::milliseconds deadline,
       const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
-      const std::function<void(uint64_t i, uint64_t drawn)>& on_abandoned);
+      const std::function<void(uint64_t i, uint64_t drawn, Abandoned why)>& on_abandoned);
 
   // From now on every uncommitted task is abandoned at once (shutdown: a stuck read must not
   // hold up the exit). Irreversible.

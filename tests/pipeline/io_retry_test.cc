@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <thread>
 
 #include "server/image/sample_decoder.h"
 
@@ -65,6 +66,16 @@ TEST_CASE("IoRetryBudget: success and lasting errors return at once, and give_up
   });
   CHECK(tries == 3);
   CHECK(image::ErrorReason(r.status()) == "read_error");  // the last error itself
+}
+
+TEST_CASE("IoRetryBudget: only time spent failing counts, not the time between reads",
+          "[pipeline][io_retry]") {
+  IoRetryBudget budget(milliseconds(150));
+  // The sample waited for memory (or its first read was long and worked): not retry time.
+  std::this_thread::sleep_for(milliseconds(200));
+  int tries = 0;
+  CHECK_FALSE(budget.Run<int>([&] { return FailingTransiently(tries); }).ok());
+  CHECK(tries >= 3);
 }
 
 }  // namespace

@@ -105,7 +105,10 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
         }
         if (control.Commit()) committed.fetch_add(1);
       },
-      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t, WorkerPool::Abandoned why) {
+        abandoned.push_back(i);
+        CHECK(why == WorkerPool::Abandoned::kPastDeadline);
+      });
   const auto took = std::chrono::steady_clock::now() - start;
   CHECK(abandoned == std::vector<uint64_t>{0});
   CHECK(committed.load() == 5);
@@ -146,7 +149,7 @@ TEST_CASE("WorkerPool: a task waiting for memory is not abandoned, and a committ
         }
         if (i == 1) finished = true;
       },
-      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t, WorkerPool::Abandoned) { abandoned.push_back(i); });
   CHECK(abandoned.empty());
   CHECK(finished.load());
 }
@@ -168,7 +171,10 @@ TEST_CASE("WorkerPool: AbandonUncommitted ends the wait for a stuck task at once
         control.Checkpoint();
         while (!go->load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       },
-      [&](uint64_t i, uint64_t) { abandoned.push_back(i); });
+      [&](uint64_t i, uint64_t, WorkerPool::Abandoned why) {
+        abandoned.push_back(i);
+        CHECK(why == WorkerPool::Abandoned::kShuttingDown);  // not the sample's fault: no strike
+      });
   CHECK(abandoned == std::vector<uint64_t>{0});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   stop = true;
