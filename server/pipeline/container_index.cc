@@ -165,6 +165,15 @@ struct FoundSample {
 constexpr uint64_t kFoundTensorBytes =
     sizeof(std::pair<std::string, Extent>) + kMaxTensorNameBytes;
 
+// What the samples found so far hold (until the schemas are known), with the vector's next
+// doubling counted once it is near.
+uint64_t FoundBytes(const std::vector<FoundSample>& found, uint64_t tensor_members) {
+  const size_t capacity = found.size() + SampleList::kMemoryCheckEvery > found.capacity()
+                              ? 2 * std::max<size_t>(found.capacity(), 1)
+                              : found.capacity();
+  return capacity * sizeof(FoundSample) + tensor_members * kFoundTensorBytes;
+}
+
 // One dtype and shape (ragged: shape[1:]) that members of a tensor have, and how many do.
 struct ShapeVote {
   NpyType type;
@@ -395,8 +404,15 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
     if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
     IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
-    absl::StatusOr<TarScan> scan =
-        budget.Run<TarScan>([&] { return ScanTarShard(path); });
+    absl::Status refused;  // by the memory hold: ends the indexing, not just this shard
+    const auto hold = [&](uint64_t scan_bytes) {
+      if (!spec.hold_memory) return absl::OkStatus();
+      refused = spec.hold_memory(list.HeapBytesAhead() + FoundBytes(found, tensor_members) +
+                                 scan_bytes);
+      return refused;
+    };
+    absl::StatusOr<TarScan> scan = budget.Run<TarScan>([&] { return ScanTarShard(path, hold); });
+    if (!refused.ok()) return refused;
     if (!scan.ok()) {
       AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;
@@ -436,9 +452,9 @@ absl::StatusOr<SampleList> IndexWebDataset(const DatasetSpec& spec, const ShardF
       list.sample_files.push_back(f);
       found.push_back(std::move(s));
       // The members found so far are held beside the list until the schemas are known.
-      const uint64_t found_bytes =
-          found.capacity() * sizeof(FoundSample) + tensor_members * kFoundTensorBytes;
-      if (absl::Status held = list.CheckMemory(spec.hold_memory, found_bytes); !held.ok()) {
+      if (absl::Status held =
+              list.CheckMemory(spec.hold_memory, FoundBytes(found, tensor_members));
+          !held.ok()) {
         return held;
       }
     }
@@ -474,8 +490,15 @@ absl::StatusOr<SampleList> IndexTfRecords(const DatasetSpec& spec, const ShardFi
     if (Cancelled(spec)) return CancelledIndexing(spec);
     const std::string path = Join(files.root, files.files[f]);
     IoRetryBudget budget(spec.io_retry, [&] { return Cancelled(spec); });
+    absl::Status refused;  // by the memory hold: ends the indexing, not just this file
+    const auto hold = [&](uint64_t scan_bytes) {
+      if (!spec.hold_memory) return absl::OkStatus();
+      refused = spec.hold_memory(list.HeapBytesAhead() + scan_bytes);
+      return refused;
+    };
     absl::StatusOr<TfRecordScan> scan =
-        budget.Run<TfRecordScan>([&] { return ScanTfRecordFile(path); });
+        budget.Run<TfRecordScan>([&] { return ScanTfRecordFile(path, hold); });
+    if (!refused.ok()) return refused;
     if (!scan.ok()) {
       AddProblem(list, files.files[f], ReadErrorOf(scan.status()), 0);
       continue;

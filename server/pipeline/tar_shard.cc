@@ -64,7 +64,10 @@ std::string PaxPath(std::string_view pax) {
 
 }  // namespace
 
-absl::StatusOr<TarScan> ScanTarShard(const std::string& path) {
+absl::StatusOr<TarScan> ScanTarShard(const std::string& path,
+                                      const std::function<absl::Status(uint64_t bytes)>& hold) {
+  constexpr size_t kHoldEvery = 4096;
+  uint64_t name_bytes = 0;  // the members' names beyond what fits in a std::string
   absl::StatusOr<container::File> file = container::File::Open(path);
   if (!file.ok()) return file.status();
   const int fd = file->fd();
@@ -126,7 +129,16 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path) {
         const std::string prefix = Field(h + 345, 155);  // ustar
         if (std::memcmp(h + 257, "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
       }
+      name_bytes += name.size() > 15 ? name.capacity() : 0;
       scan.members.push_back({std::move(name), data, member_size});
+      if (hold && scan.members.size() % kHoldEvery == 0) {
+        const size_t capacity = scan.members.size() + kHoldEvery > scan.members.capacity()
+                                    ? 2 * scan.members.capacity()
+                                    : scan.members.capacity();
+        if (absl::Status held = hold(capacity * sizeof(TarMember) + name_bytes); !held.ok()) {
+          return held;
+        }
+      }
       long_name.clear();
     } else {
       long_name.clear();  // directories, links and the rest carry no sample data

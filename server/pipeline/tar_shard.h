@@ -13,6 +13,7 @@
 // or "truncated" (a member cut short by the end of the file).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,11 @@ struct TarScan {
 // Fails only when the file cannot be opened or read; damage inside is reported in `stopped`.
 // A member of any size whose header is intact and whose data lies inside the file is listed (its
 // data is never read here; a sample's reader bounds what it reads: max_file_bytes and the like).
-absl::StatusOr<TarScan> ScanTarShard(const std::string& path);
+// `hold` (optional) is told, every 4,096 members, what the member list may hold by the next
+// time; its error stops the scan with it (a shard of millions of empty members against the
+// daemon's memory_limit).
+absl::StatusOr<TarScan> ScanTarShard(
+    const std::string& path, const std::function<absl::Status(uint64_t bytes)>& hold = {});
 
 // One WebDataset sample: its key and its members (indices into TarScan::members) by extension.
 struct WebDatasetSample {

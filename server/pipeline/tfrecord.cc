@@ -35,7 +35,9 @@ void StoreU32(uint32_t v, std::string& out) {
 
 }  // namespace
 
-absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path) {
+absl::StatusOr<TfRecordScan> ScanTfRecordFile(
+    const std::string& path, const std::function<absl::Status(uint64_t bytes)>& hold) {
+  constexpr size_t kHoldEvery = 4096;
   absl::StatusOr<container::File> file = container::File::Open(path);
   if (!file.ok()) return file.status();
   const int fd = file->fd();
@@ -66,6 +68,12 @@ absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path) {
       break;
     }
     scan.records.push_back({data, length});
+    if (hold && scan.records.size() % kHoldEvery == 0) {
+      const size_t capacity = scan.records.size() + kHoldEvery > scan.records.capacity()
+                                  ? 2 * scan.records.capacity()
+                                  : scan.records.capacity();
+      if (absl::Status held = hold(capacity * sizeof(TfRecordSpan)); !held.ok()) return held;
+    }
     offset = data + length + kFooterBytes;
   }
   return scan;

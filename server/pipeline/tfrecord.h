@@ -9,6 +9,7 @@
 // "<path>: offset <N>: <what>", with reason "crc_mismatch" or "truncated" (image::ErrorReason).
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,7 +37,10 @@ struct TfRecordScan {
 // inside it is reported in `stopped`. A record of any length whose header CRC holds and whose data
 // lies inside the file is listed: only its reader decides whether it is too large to read
 // (max_file_bytes), so one huge record costs that sample, not the rest of the file.
-absl::StatusOr<TfRecordScan> ScanTfRecordFile(const std::string& path);
+// `hold` (optional) is told, every 4,096 records, what the record list may hold by the next
+// time; its error stops the scan with it.
+absl::StatusOr<TfRecordScan> ScanTfRecordFile(
+    const std::string& path, const std::function<absl::Status(uint64_t bytes)>& hold = {});
 
 // Reads the data of `record` from `fd` (the file `path`, opened for reading) into `out` (resized
 // to its length) and checks its CRC.

@@ -133,5 +133,27 @@ TEST_CASE("damage stops the scan where it is, naming offset and reason", "[tar]"
   }
 }
 
+TEST_CASE("ScanTarShard tells its hold what the member list may hold and stops when refused",
+          "[tar]") {
+  testing::TempDir dir;
+  std::string shard;
+  for (int i = 0; i < 5'000; ++i) AppendTarMember("k" + std::to_string(i) + ".cls", "", shard);
+  AppendTarEnd(shard);
+  testing::WriteFile(dir.Join("many.tar"), shard);
+  int calls = 0;
+  auto all = ScanTarShard(dir.Join("many.tar"), [&](uint64_t bytes) {
+    ++calls;
+    CHECK(bytes >= 4'096 * sizeof(TarMember));
+    return absl::OkStatus();
+  });
+  REQUIRE(all.ok());
+  CHECK(all->members.size() == 5'000);
+  CHECK(calls == 1);
+  auto refused = ScanTarShard(dir.Join("many.tar"), [](uint64_t) {
+    return absl::ResourceExhaustedError("over memory_limit");
+  });
+  CHECK(absl::IsResourceExhausted(refused.status()));
+}
+
 }  // namespace
 }  // namespace ringloader::pipeline

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <random>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,29 @@ TEST_CASE("damaged framing stops the scan where it is, saying why", "[tfrecord]"
     auto scan = ScanTfRecordFile(f.dir.Join("absent"));
     CHECK(scan.status().code() == absl::StatusCode::kNotFound);
   }
+}
+
+TEST_CASE("ScanTfRecordFile tells its hold what the record list may hold and stops when refused",
+          "[tfrecord]") {
+  testing::TempDir dir;
+  std::string file;
+  for (int i = 0; i < 10'000; ++i) AppendTfRecord(Bytes(""), file);  // 16 bytes each
+  testing::WriteFile(dir.Join("many.tfrecord"), file);
+  uint64_t most = 0;
+  int calls = 0;
+  auto all = ScanTfRecordFile(dir.Join("many.tfrecord"), [&](uint64_t bytes) {
+    ++calls;
+    most = std::max(most, bytes);
+    return absl::OkStatus();
+  });
+  REQUIRE(all.ok());
+  CHECK(all->records.size() == 10'000);
+  CHECK(calls == 2);  // at 4,096 and 8,192 records
+  CHECK(most >= 8'192 * sizeof(TfRecordSpan));
+  auto refused = ScanTfRecordFile(dir.Join("many.tfrecord"), [](uint64_t bytes) {
+    return bytes > 100'000 ? absl::ResourceExhaustedError("over") : absl::OkStatus();
+  });
+  CHECK(absl::IsResourceExhausted(refused.status()));
 }
 
 }  // namespace
