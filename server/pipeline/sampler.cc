@@ -42,6 +42,10 @@ std::vector<uint32_t> EpochOrder(uint64_t n, const ShardSpec& spec) {
 
 }  // namespace
 
+std::vector<uint32_t> EpochShard::Order(uint64_t dataset_size, const ShardSpec& spec) {
+  return EpochOrder(dataset_size, spec);
+}
+
 uint64_t EpochShard::ShardSize(uint64_t dataset_size, uint32_t world_size, bool drop_last) {
   if (world_size == 0) return 0;
   return drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;

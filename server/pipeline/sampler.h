@@ -43,6 +43,9 @@ class EpochShard {
 
   // Shard size without building the shard.
   static uint64_t ShardSize(uint64_t dataset_size, uint32_t world_size, bool drop_last);
+  // The whole epoch's order before padding and striding (`spec`'s seed, epoch and shuffle; its
+  // rank and world size do not matter): EpochShard's positions index into it.
+  static std::vector<uint32_t> Order(uint64_t dataset_size, const ShardSpec& spec);
 
  private:
   ShardSpec spec_;
