@@ -436,7 +436,6 @@ void StreamManager::CloseSession(const std::string& session_id) {
       if (it->second->setup().session_id == session_id) {
         closed.push_back(it->second);
         it = streams_.erase(it);
-        room_cv_.notify_all();
       } else {
         ++it;
       }
@@ -522,7 +521,6 @@ absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     streams_.erase(request.stream_id());
-    room_cv_.notify_all();
   }
   std::vector<std::shared_ptr<Stream>> gone = {*std::move(stream)};
   StreamsLeft(gone);
@@ -654,7 +652,6 @@ void StreamManager::ReaperLoop() {
         if (!attached && now - it->second->last_activity() > idle_timeout) {
           idle.push_back(it->second);
           it = streams_.erase(it);
-          room_cv_.notify_all();
         } else {
           ++it;
         }

@@ -137,7 +137,8 @@ class StreamManager {
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
-  // Notified (under mu_) when a stream leaves streams_ or opening_: an Open waiting for room.
+  // Notified (under mu_) when an opening stream leaves opening_, when streams that left streams_
+  // have been stopped and let go (StreamsLeft), and at shutdown: an Open waiting for room.
   std::condition_variable room_cv_;
   uint64_t streams_left_ ABSL_GUARDED_BY(mu_) = 0;  // streams stopped and let go, ever
   bool starting_ ABSL_GUARDED_BY(mu_) = false;

@@ -168,10 +168,9 @@ constexpr uint64_t kFoundTensorBytes =
 // What the samples found so far hold (until the schemas are known), with the vector's next
 // doubling counted once it is near.
 uint64_t FoundBytes(const std::vector<FoundSample>& found, uint64_t tensor_members) {
-  const size_t capacity = found.size() + SampleList::kMemoryCheckEvery > found.capacity()
-                              ? 2 * std::max<size_t>(found.capacity(), 1)
-                              : found.capacity();
-  return capacity * sizeof(FoundSample) + tensor_members * kFoundTensorBytes;
+  return BytesAfterGrowth(found.size(), SampleList::kMemoryCheckEvery, found.capacity(),
+                          sizeof(FoundSample)) +
+         tensor_members * kFoundTensorBytes;
 }
 
 // One dtype and shape (ragged: shape[1:]) that members of a tensor have, and how many do.
@@ -236,8 +235,12 @@ absl::StatusOr<std::vector<TensorSchema>> WebDatasetSchemas(const DatasetSpec& s
   struct Tensor {
     bool ragged = false;
     std::vector<ShapeVote> votes;
-    std::vector<std::pair<uint64_t, size_t>> ragged_members;  // (sample, vote); rows below
-    std::vector<uint64_t> ragged_rows;
+    struct RaggedMember {
+      uint64_t sample;
+      size_t vote;
+      uint64_t rows;
+    };
+    std::vector<RaggedMember> ragged_members;
   };
   std::map<std::string, Tensor> tensors;
   std::optional<container::File> file;
@@ -273,8 +276,8 @@ absl::StatusOr<std::vector<TensorSchema>> WebDatasetSchemas(const DatasetSpec& s
       }
       ++vote->count;
       if (t.ragged) {
-        t.ragged_members.emplace_back(i, static_cast<size_t>(vote - t.votes.begin()));
-        t.ragged_rows.push_back(header->shape[0]);
+        t.ragged_members.push_back(
+            {i, static_cast<size_t>(vote - t.votes.begin()), header->shape[0]});
       }
     }
   }
@@ -291,9 +294,9 @@ absl::StatusOr<std::vector<TensorSchema>> WebDatasetSchemas(const DatasetSpec& s
     TensorSchema schema{name, winner->type, winner->shape, t.ragged};
     if (t.ragged) {
       std::vector<std::pair<uint64_t, uint64_t>> rows;
-      for (size_t m = 0; m < t.ragged_members.size(); ++m) {
-        if (t.ragged_members[m].second == w) {
-          rows.emplace_back(t.ragged_members[m].first, t.ragged_rows[m]);
+      for (const auto& m : t.ragged_members) {
+        if (m.vote == w) {
+          rows.emplace_back(m.sample, m.rows);
         }
       }
       schema.shape.insert(schema.shape.begin(),

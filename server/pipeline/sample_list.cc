@@ -53,19 +53,13 @@ SampleIndex SampleIndex::View(std::shared_ptr<const void> storage, std::string_v
 uint64_t SampleList::HeapBytesAhead() const {
   const uint64_t n = size();
   const uint64_t ahead = kMemoryCheckEvery;
-  // A vector of `count` items that the next `more` could outgrow doubles its capacity.
-  const auto grown = [](uint64_t count, uint64_t more, uint64_t capacity, uint64_t item) {
-    return (count + more > capacity ? 2 * std::max<uint64_t>(capacity, count + more) : capacity) *
-           item;
-  };
   const uint64_t path_bytes_each = n == 0 ? 64 : path_blob.size() / n + 1;
-  const uint64_t parts_each = parts == 0 ? 0 : parts;
-  return grown(path_blob.size(), ahead * path_bytes_each, path_blob.capacity(), 1) +
-         grown(n, ahead, path_ends.capacity(), sizeof(uint64_t)) +
-         grown(n, ahead, labels.capacity(), sizeof(int64_t)) +
-         grown(sample_files.size(), sample_files.empty() ? 0 : ahead, sample_files.capacity(),
-               sizeof(uint32_t)) +
-         grown(extents.size(), ahead * parts_each, extents.capacity(), sizeof(Extent));
+  return BytesAfterGrowth(path_blob.size(), ahead * path_bytes_each, path_blob.capacity(), 1) +
+         BytesAfterGrowth(n, ahead, path_ends.capacity(), sizeof(uint64_t)) +
+         BytesAfterGrowth(n, ahead, labels.capacity(), sizeof(int64_t)) +
+         BytesAfterGrowth(sample_files.size(), sample_files.empty() ? 0 : ahead,
+                          sample_files.capacity(), sizeof(uint32_t)) +
+         BytesAfterGrowth(extents.size(), ahead * parts, extents.capacity(), sizeof(Extent));
 }
 
 uint64_t SampleIndex::Bytes() const {

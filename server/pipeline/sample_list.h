@@ -38,6 +38,15 @@ struct IndexProblem {
   bool operator==(const IndexProblem&) const = default;
 };
 
+// What a vector (or string) of `count` items of `item_bytes` each, with `capacity`, may hold once
+// `more` items are added: its capacity, or the doubled one the additions could grow it to. For
+// the memory holds of indexing (SampleList::CheckMemory, the shard scans).
+inline uint64_t BytesAfterGrowth(uint64_t count, uint64_t more, uint64_t capacity,
+                                 uint64_t item_bytes) {
+  const uint64_t needed = count + more;
+  return (needed > capacity ? 2 * needed : capacity) * item_bytes;
+}
+
 // Told what an index being built may hold (SampleList::CheckMemory); a non-OK status stops the
 // indexing with it. The daemon's draws on its memory budget, so memory_limit bounds indexing too.
 using IndexMemoryHold = std::function<absl::Status(uint64_t bytes)>;

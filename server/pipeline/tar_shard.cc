@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/pipeline/container_file.h"
+#include "server/pipeline/sample_list.h"
 
 namespace ringloader::pipeline {
 namespace {
@@ -132,12 +133,9 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path,
       name_bytes += name.size() > 15 ? name.capacity() : 0;
       scan.members.push_back({std::move(name), data, member_size});
       if (hold && scan.members.size() % kHoldEvery == 0) {
-        const size_t capacity = scan.members.size() + kHoldEvery > scan.members.capacity()
-                                    ? 2 * scan.members.capacity()
-                                    : scan.members.capacity();
-        if (absl::Status held = hold(capacity * sizeof(TarMember) + name_bytes); !held.ok()) {
-          return held;
-        }
+        const uint64_t members = BytesAfterGrowth(scan.members.size(), kHoldEvery,
+                                                  scan.members.capacity(), sizeof(TarMember));
+        if (absl::Status held = hold(members + name_bytes); !held.ok()) return held;
       }
       long_name.clear();
     } else {

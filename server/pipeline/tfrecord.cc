@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/pipeline/container_file.h"
+#include "server/pipeline/sample_list.h"
 #include "server/pipeline/crc32c.h"
 
 namespace ringloader::pipeline {
@@ -69,10 +70,11 @@ absl::StatusOr<TfRecordScan> ScanTfRecordFile(
     }
     scan.records.push_back({data, length});
     if (hold && scan.records.size() % kHoldEvery == 0) {
-      const size_t capacity = scan.records.size() + kHoldEvery > scan.records.capacity()
-                                  ? 2 * scan.records.capacity()
-                                  : scan.records.capacity();
-      if (absl::Status held = hold(capacity * sizeof(TfRecordSpan)); !held.ok()) return held;
+      if (absl::Status held = hold(BytesAfterGrowth(scan.records.size(), kHoldEvery,
+                                                    scan.records.capacity(), sizeof(TfRecordSpan)));
+          !held.ok()) {
+        return held;
+      }
     }
     offset = data + length + kFooterBytes;
   }

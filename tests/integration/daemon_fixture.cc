@@ -6,9 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
+#include "client/channel.h"
+#include "proto/ringloader.grpc.pb.h"
 #include "server/image/synthetic.h"
 
 namespace ringloader::testing {
@@ -126,6 +130,16 @@ std::vector<SampleLine> ReadSamplesOut(const std::string& path) {
     lines.push_back(s);
   }
   return lines;
+}
+
+v1::GetStatsResponse Stats(const std::string& endpoint) {
+  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(endpoint)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatsResponse response;
+  const grpc::Status s = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+  if (!s.ok()) throw std::runtime_error("GetStats at " + endpoint + ": " + s.error_message());
+  return response;
 }
 
 }  // namespace ringloader::testing

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/ringloader.pb.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::testing {
@@ -80,6 +81,10 @@ struct SampleLine {
 std::vector<SampleLine> ReadSamplesOut(const std::string& path);
 
 std::string CtlPath();
+
+// GetStats from the daemon at `endpoint`, straight over gRPC (10 s deadline). Throws
+// std::runtime_error with gRPC's message when the call fails (the test fails with it).
+v1::GetStatsResponse Stats(const std::string& endpoint);
 
 // A TCP port on 127.0.0.1 that nobody listens on right now (the kernel's pick for port 0).
 int FreeTcpPort();

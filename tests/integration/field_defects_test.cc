@@ -50,18 +50,6 @@ std::vector<SampleLine> ConsumeEpoch(DaemonFixture& daemon, const std::string& d
   return ReadSamplesOut(out);
 }
 
-v1::GetStatsResponse Stats(const std::string& endpoint) {
-  auto channel = client::MakeChannel(*client::GrpcTarget(endpoint));
-  auto stub = v1::Loader::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-  v1::GetStatsResponse response;
-  grpc::Status s = stub->GetStats(&context, v1::GetStatsRequest(), &response);
-  INFO(s.error_message());
-  REQUIRE(s.ok());
-  return response;
-}
-
 std::vector<std::string> SegmentsIn(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) {

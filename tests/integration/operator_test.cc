@@ -23,17 +23,6 @@ namespace {
 
 using std::chrono::seconds;
 
-v1::GetStatsResponse Stats(const std::string& endpoint) {
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(endpoint)));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-  v1::GetStatsResponse response;
-  grpc::Status s = stub->GetStats(&context, v1::GetStatsRequest(), &response);
-  INFO(s.error_message());
-  REQUIRE(s.ok());
-  return response;
-}
-
 // Whether process `pid` has SIGHUP blocked (/proc/PID/status SigBlk), after its exec.
 bool HoldsSigHup(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
