@@ -360,7 +360,8 @@ std::unique_ptr<Stream> Client::Open(const StreamOptions& options,
 }
 
 std::unique_ptr<Stream> Client::Resume(const std::string& state) {
-  return Open(ParseState(state).options);
+  const ResumeState parsed = ParseState(state);
+  return Open(ContinueState(parsed, parsed.options).options);
 }
 
 }  // namespace ringloader::client

@@ -54,6 +54,12 @@
 // nothing, so the parent's streams and Client keep working whatever the child does, and the child
 // exits promptly. Batches the child inherited stay readable there (the mapping is copied).
 //
+// Elastic restarts: a state resumes in a stream of another world size, rank, batch size or
+// drop_last (ContinueState): the samples the saved job had not consumed in its epoch are sharded
+// over the new world, each exactly once, and later epochs shard as usual. In a lockstep job (all
+// ranks took the same number of batches and none skipped a bad sample) any one rank's state is
+// the job's; where ranks skipped bad samples, CombineStates of all ranks' states makes it exact.
+//
 // End of epoch: exactly one batch per epoch has last_in_epoch() (also with drop_last, and when
 // the epoch's last files are bad), and its next() is the next epoch's first position.
 //
@@ -143,6 +149,25 @@ struct Position {
   bool operator==(const Position&) const = default;
 };
 
+// How far a job got through an epoch, as positions of that epoch's global order (the order
+// before it is sharded over ranks): [0, prefix) and `beyond` are consumed. Empty: none.
+struct EpochProgress {
+  uint64_t prefix = 0;
+  std::vector<uint64_t> beyond;  // ascending, each > prefix
+  bool empty() const { return prefix == 0 && beyond.empty(); }
+  bool operator==(const EpochProgress&) const = default;
+};
+
+// The world a state was saved in, when a stream continues it with another world size, rank,
+// batch size or drop_last (set by ContinueState; see "Elastic restarts" above).
+struct SavedWorld {
+  uint32_t world_size = 0;  // 0: none
+  bool drop_last = false;
+  // Per rank of that world: how far along its shard it got; kWholeShard: all of it.
+  std::vector<uint64_t> cursors;
+  static constexpr uint64_t kWholeShard = ~uint64_t{0};
+};
+
 enum class Augment { kTrain, kEval };
 // kFast: libjpeg's DCT scaling where it still covers the output (the default; see
 // image::TransformSpec::exact_resize for the measured difference). kExact: full-size decode,
@@ -189,6 +214,11 @@ struct StreamOptions {
   // With a fingerprint that no longer matches: start the saved epoch again from its first batch
   // (with the new sample list) instead of failing.
   bool restart_epoch_if_dataset_changed = false;
+  // Resuming inside an epoch another world began (ContinueState sets these): the progress epoch
+  // start.epoch continues after (start.cursor counts within this rank's share of the rest), and
+  // the world that saved it, whose consumption the daemon adds to it. Empty: the whole epoch.
+  EpochProgress start_progress;
+  SavedWorld saved_world;
 };
 
 class Stream;
@@ -261,6 +291,10 @@ class Stream {
   uint64_t copies() const;
   // The fingerprint of the dataset this stream reads (see StreamOptions::dataset_fingerprint).
   uint64_t dataset_fingerprint() const;
+  // The progress the stream's first epoch (options().start.epoch) continues after, with a saved
+  // world's consumption applied once the daemon has answered (see "Elastic restarts"). Empty
+  // when the stream reads that epoch whole.
+  EpochProgress start_progress() const;
   // Samples in the dataset, in one epoch of this rank's shard, and batches in one such epoch
   // (exact unless samples are skipped; then an upper bound), as the daemon said at open.
   uint64_t dataset_size() const;
@@ -289,10 +323,10 @@ class Client {
   // for Ctrl-C in it). `interrupted` runs on the calling thread and only during this call.
   std::unique_ptr<Stream> Open(const StreamOptions& options,
                                const std::function<bool()>& interrupted);
-  // Opens a stream from Stream::State(), continuing with exactly the batch after the one the
-  // state was taken after. Options not kept in the state (reconnect_deadline, verify_checksums,
-  // client_name) take their defaults; to change them use ParseState(), edit the options and call
-  // Open().
+  // Opens a stream from Stream::State() (or a job's state, CombineStates), continuing with
+  // exactly the batch after the one the state was taken after. Options not kept in the state
+  // (reconnect_deadline, verify_checksums, client_name) take their defaults; to change them, or
+  // to continue at another world size, rank or batch size, use ContinueState() and Open().
   std::unique_ptr<Stream> Resume(const std::string& state);
   const std::string& endpoint() const;
 
@@ -319,24 +353,56 @@ const char* Version();
 void ValidateOptions(const StreamOptions& options);
 
 // The state text is one line:
-//   ringloader-state v1 dataset=<percent-encoded> batch_size=64 seed=0 rank=0 world_size=1
+//   ringloader-state v3 dataset=<percent-encoded> batch_size=64 seed=0 rank=0 world_size=1
 //   image_size=224 augment=train|eval dtype=uint8|float32 layout=nhwc|nchw shuffle=1 drop_last=0
 //   end_epoch=2 ring_slots=0 epoch=1 sequence=7 cursor=448 [mean=a,b,c std=a,b,c]
-//   [resize=exact] [fingerprint=<16 hex digits>] check=<16 hex digits> end
+//   [resize=exact] [fingerprint=<16 hex digits>] [progress=<prefix> [beyond=p,q,...]]
+//   [cursors=c0,c1,...] check=<16 hex digits> end
 // The check is XXH3-64 of the text before " check="; " end" terminates the line. A state cut
 // short anywhere, altered, or holding a value out of range (epoch >= 2^32, std < 1e-6, ...) is
-// refused naming the problem. (States of format v1, without the check, are still read.)
-// Fields may appear in any order; every field except mean/std/resize/fingerprint is required;
-// unknown or repeated fields are errors. The position fields are where the stream resumes.
+// refused naming the problem. States of format v2 (no progress or cursors) and v1 (no check
+// either) are still read.
+// Fields may appear in any order; every field up to cursor is required; unknown or repeated
+// fields are errors. The position fields are where the stream resumes; progress and beyond are
+// the epoch's start_progress; cursors (a job's state, CombineStates: every rank's cursor, "end"
+// for a rank that finished the epoch) replace the one rank's position.
 struct ResumeState {
   StreamOptions options;  // options.start = the position to resume at
+  // A job's state (CombineStates): each rank of options.world_size's cursor in epoch
+  // options.start.epoch (SavedWorld::kWholeShard: finished). Empty: one rank's state.
+  std::vector<uint64_t> world_cursors;
 };
 // Parses Stream::State() text (leading/trailing whitespace ignored). Throws
 // Error(kInvalidArgument) whose message names the bad field, e.g.
 // "invalid ringloader state: field 'batch_size': not an unsigned integer: 'x'".
 ResumeState ParseState(const std::string& state);
-// Formats `options` (the fields listed above) with position `next`.
-std::string FormatState(const StreamOptions& options, const Position& next);
+// Formats `options` (the fields listed above; options.start_progress as the progress of
+// next.epoch) with position `next`, and `world_cursors` for a job's state.
+std::string FormatState(const StreamOptions& options, const Position& next,
+                        const std::vector<uint64_t>& world_cursors = {});
+
+// Continuing a state in a stream with `options`: its world size, rank, batch size, drop_last,
+// end_epoch and the options no state keeps (client_name, reconnect_deadline, ...).
+struct Continuation {
+  StreamOptions options;  // for Client::Open: the state's position, fingerprint and progress
+  // Set when the resume may not be exact: one rank's state from a job whose ranks skipped bad
+  // samples (how many samples may be read twice, and what to do instead). Empty otherwise.
+  std::string warning;
+};
+// With the state's own world size, rank, batch size and drop_last (and one rank's state), the
+// stream continues exactly as the saved one would have. Otherwise the rest of the saved epoch is
+// sharded over the new world (see "Elastic restarts"). Throws Error(kInvalidArgument) naming
+// the first option that differs where no resume can be exact: dataset, seed, shuffle,
+// image_size, augment, dtype, layout, resize, mean, std; e.g. "the state was saved with seed=1,
+// these options have seed=2 ...".
+Continuation ContinueState(const ResumeState& state, const StreamOptions& options);
+
+// One state for a whole job from the states of all ranks of its world, in any order: where
+// each rank got to, so a resume is exact even where ranks skipped different bad samples.
+// Throws Error(kInvalidArgument) naming what contradicts: options that differ, a rank missing
+// or given twice, ranks in different epochs (except a rank at the very start of the next one),
+// a state that is already a job's.
+std::string CombineStates(const std::vector<std::string>& states);
 
 }  // namespace ringloader::client
 

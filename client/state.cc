@@ -22,8 +22,9 @@ namespace ringloader::client {
 namespace {
 
 constexpr absl::string_view kMagic = "ringloader-state";
-constexpr absl::string_view kVersion = "v2";
-constexpr absl::string_view kOldVersion = "v1";  // no check field: still read
+constexpr absl::string_view kVersion = "v3";
+constexpr absl::string_view kV2 = "v2";           // no progress or cursors: still read
+constexpr absl::string_view kOldVersion = "v1";  // no check field either: still read
 constexpr absl::string_view kCheckKey = " check=";
 constexpr absl::string_view kTerminator = " end";
 
@@ -137,6 +138,16 @@ std::string FormatFloats(const std::vector<float>& values) {
   return absl::StrJoin(parts, ",");
 }
 
+// "a,b,c" of unsigned integers (at least one); `end` (when not empty) reads as kWholeShard.
+std::vector<uint64_t> ParseU64s(absl::string_view field, absl::string_view value,
+                                absl::string_view end = "") {
+  std::vector<uint64_t> out;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    out.push_back(!end.empty() && part == end ? SavedWorld::kWholeShard : ParseU64(field, part));
+  }
+  return out;
+}
+
 std::vector<float> ParseFloats(absl::string_view field, absl::string_view value) {
   std::vector<float> out;
   for (absl::string_view part : absl::StrSplit(value, ',')) {
@@ -186,9 +197,20 @@ void ValidateOptions(const StreamOptions& o) {
               absl::StrCat("is past end_epoch (", o.start.epoch, " > ", o.end_epoch, ")"));
   }
   if (o.reconnect_deadline.count() < 0) BadOption("reconnect_deadline", "must be >= 0");
+  if (o.saved_world.world_size != 0) {
+    if (o.saved_world.cursors.size() != o.saved_world.world_size) {
+      BadOption("saved_world.cursors",
+                absl::StrCat("one per rank of saved_world.world_size ", o.saved_world.world_size,
+                             " (got ", o.saved_world.cursors.size(), ")"));
+    }
+    if (o.start.sequence != 0 || o.start.cursor != 0) {
+      BadOption("start", "must be an epoch's beginning (sequence 0, cursor 0) with a saved_world");
+    }
+  }
 }
 
-std::string FormatState(const StreamOptions& o, const Position& next) {
+std::string FormatState(const StreamOptions& o, const Position& next,
+                        const std::vector<uint64_t>& world_cursors) {
   std::string s = absl::StrCat(
       kMagic, " ", kVersion, " dataset=", PercentEncode(o.dataset), " batch_size=", o.batch_size,
       " seed=", o.seed, " rank=", o.rank, " world_size=", o.world_size,
@@ -203,6 +225,18 @@ std::string FormatState(const StreamOptions& o, const Position& next) {
   if (o.dataset_fingerprint != 0) {
     absl::StrAppend(&s, " fingerprint=", absl::Hex(o.dataset_fingerprint, absl::kZeroPad16));
   }
+  if (!o.start_progress.empty()) {
+    absl::StrAppend(&s, " progress=", o.start_progress.prefix);
+    if (!o.start_progress.beyond.empty()) {
+      absl::StrAppend(&s, " beyond=", absl::StrJoin(o.start_progress.beyond, ","));
+    }
+  }
+  if (!world_cursors.empty()) {
+    absl::StrAppend(&s, " cursors=",
+                    absl::StrJoin(world_cursors, ",", [](std::string* out, uint64_t c) {
+                      absl::StrAppend(out, c == SavedWorld::kWholeShard ? "end" : absl::StrCat(c));
+                    }));
+  }
   absl::StrAppend(&s, kCheckKey, CheckOf(s), kTerminator);
   return s;
 }
@@ -216,8 +250,10 @@ ResumeState ParseState(const std::string& text) {
   if (absl::StrContains(line, '\n')) {
     throw Error(ErrorCode::kInvalidArgument, "invalid ringloader state: more than one line");
   }
-  const bool v2 = absl::StartsWith(line.substr(kMagic.size()), absl::StrCat(" ", kVersion, " "));
-  if (v2) {
+  const absl::string_view after_magic = line.substr(kMagic.size());
+  const bool v3 = absl::StartsWith(after_magic, absl::StrCat(" ", kVersion, " "));
+  const bool checked = v3 || absl::StartsWith(after_magic, absl::StrCat(" ", kV2, " "));
+  if (checked) {
     // "... check=<hex> end": cut short anywhere, the terminator or the check is missing; altered
     // anywhere, the check does not match.
     if (!absl::ConsumeSuffix(&line, kTerminator)) {
@@ -237,10 +273,10 @@ ResumeState ParseState(const std::string& text) {
   std::vector<absl::string_view> tokens = absl::StrSplit(line, ' ', absl::SkipEmpty());
   if (tokens.size() < 2 || tokens[0] != kMagic) {
     throw Error(ErrorCode::kInvalidArgument,
-                "invalid ringloader state: does not start with 'ringloader-state v2'");
+                "invalid ringloader state: does not start with 'ringloader-state v3'");
   }
-  if (tokens[1] != kVersion && tokens[1] != kOldVersion) {
-    BadField("version", absl::StrCat("unsupported version '", tokens[1], "' (expected v2)"));
+  if (tokens[1] != kVersion && tokens[1] != kV2 && tokens[1] != kOldVersion) {
+    BadField("version", absl::StrCat("unsupported version '", tokens[1], "' (expected v3)"));
   }
   std::map<absl::string_view, absl::string_view> fields;
   for (size_t i = 2; i < tokens.size(); ++i) {
@@ -257,8 +293,9 @@ ResumeState ParseState(const std::string& text) {
       "augment",    "dtype",      "layout",   "shuffle", "drop_last",  "end_epoch",
       "ring_slots", "epoch",      "sequence", "cursor"};
   for (const auto& [key, value] : fields) {
+    const bool v3_field = key == "progress" || key == "beyond" || key == "cursors";
     if (std::find(kRequired.begin(), kRequired.end(), key) == kRequired.end() && key != "mean" &&
-        key != "std" && key != "fingerprint" && key != "resize") {
+        key != "std" && key != "fingerprint" && key != "resize" && !(v3 && v3_field)) {
       BadField(key, "unknown field");
     }
   }
@@ -321,6 +358,29 @@ ResumeState ParseState(const std::string& text) {
     if (hex.size() != 16 || !absl::SimpleHexAtoi(hex, &o.dataset_fingerprint) ||
         o.dataset_fingerprint == 0) {
       BadField("fingerprint", absl::StrCat("must be 16 hex digits, not all zero, got '", hex, "'"));
+    }
+  }
+
+  if (fields.count("progress")) {
+    o.start_progress.prefix = ParseU64("progress", fields["progress"]);
+    if (fields.count("beyond")) o.start_progress.beyond = ParseU64s("beyond", fields["beyond"]);
+    uint64_t previous = o.start_progress.prefix;
+    for (uint64_t p : o.start_progress.beyond) {
+      if (p <= previous) BadField("beyond", "positions must ascend, each above progress");
+      previous = p;
+    }
+    if (o.start_progress.empty()) BadField("progress", "0 with no beyond: omit it");
+  } else if (fields.count("beyond")) {
+    BadField("beyond", "needs progress");
+  }
+  if (fields.count("cursors")) {
+    state.world_cursors = ParseU64s("cursors", fields["cursors"], "end");
+    if (state.world_cursors.size() != o.world_size) {
+      BadField("cursors", absl::StrCat("one per rank of world_size ", o.world_size, " (got ",
+                                       state.world_cursors.size(), ")"));
+    }
+    if (o.rank != 0 || o.start.sequence != 0 || o.start.cursor != 0) {
+      BadField("cursors", "a job's state has rank=0 sequence=0 cursor=0");
     }
   }
 

@@ -47,6 +47,9 @@ struct Stream::Impl {
       : connection(std::move(c)),
         options(o),
         position(o.start),
+        progress(o.start_progress),
+        progress_epoch(o.start.epoch),
+        saved_world(o.saved_world),
         fingerprint(o.dataset_fingerprint),
         backoff(std::random_device{}()) {}
 
@@ -70,6 +73,17 @@ struct Stream::Impl {
     request.mutable_start()->set_epoch(position.epoch);
     request.mutable_start()->set_sequence(position.sequence);
     request.mutable_start()->set_cursor(position.cursor);
+    if (position.epoch == progress_epoch) {
+      request.mutable_start_progress()->set_prefix(progress.prefix);
+      request.mutable_start_progress()->mutable_beyond()->Assign(progress.beyond.begin(),
+                                                                 progress.beyond.end());
+      if (saved_world.world_size != 0) {
+        v1::SavedWorld& world = *request.mutable_saved_world();
+        world.set_world_size(saved_world.world_size);
+        world.set_drop_last(saved_world.drop_last);
+        world.mutable_cursors()->Assign(saved_world.cursors.begin(), saved_world.cursors.end());
+      }
+    }
     request.set_client_name(options.client_name);
     request.set_expected_fingerprint(fingerprint);
     // The session is attached in the background; waiting for it briefly is enough (without one
@@ -97,10 +111,19 @@ struct Stream::Impl {
           options.restart_epoch_if_dataset_changed && fingerprint != 0) {
         position = Position{position.epoch, 0, 0};
         fingerprint = 0;
+        progress = EpochProgress{};  // the saved epoch's progress means nothing in the new list
+        saved_world = SavedWorld{};
         return TryOpen(timeout);
       }
     }
     if (!status.ok()) return status;
+    if (position.epoch == progress_epoch) {
+      // With a saved world, the daemon's answer is the progress it applied: ours from now on.
+      progress.prefix = response.start_progress().prefix();
+      progress.beyond.assign(response.start_progress().beyond().begin(),
+                             response.start_progress().beyond().end());
+      saved_world = SavedWorld{};
+    }
     stream_id = response.stream_id();
     incarnation = response.incarnation();
     token = response.stream_token();
@@ -399,8 +422,10 @@ struct Stream::Impl {
     // first batch when the rest of this epoch yielded none (a dropped or all-bad tail). Anything
     // else means batches went elsewhere: fail loudly rather than train on a hole.
     const Position& at = (*impl)->position;
+    // (A resumed epoch's rest may yield nothing at all.)
+    const bool resumed = position.epoch == progress_epoch && !progress.empty();
     const bool expected = at == position || (at.epoch == position.epoch + 1 && at.sequence == 0 &&
-                                             at.cursor == 0 && position.sequence > 0);
+                                             at.cursor == 0 && (position.sequence > 0 || resumed));
     if (!expected) {
       throw refuse(ErrorCode::kDataLoss,
                    absl::StrCat("batch gap: expected epoch ", position.epoch, " sequence ",
@@ -432,6 +457,11 @@ struct Stream::Impl {
   const std::shared_ptr<Connection> connection;
   const StreamOptions options;
   Position position;  // of the next batch to deliver; owned by the client
+  // The progress epoch `progress_epoch` continues after (client.h "Elastic restarts"), and the
+  // saved world to send until an open has applied it.
+  EpochProgress progress;
+  const uint64_t progress_epoch;
+  SavedWorld saved_world;
   uint64_t fingerprint = 0;  // of the dataset; 0 until the first open unless resuming
   bool decoded_images = true;  // false for an arrays dataset (OpenStreamResponse)
   uint64_t stream_id = 0;
@@ -470,9 +500,12 @@ Position Stream::position() const { return impl_->position; }
 std::string Stream::State() const {
   StreamOptions options = impl_->options;
   options.dataset_fingerprint = impl_->fingerprint;
+  options.start_progress =
+      impl_->position.epoch == impl_->progress_epoch ? impl_->progress : EpochProgress{};
   return FormatState(options, impl_->position);
 }
 uint64_t Stream::dataset_fingerprint() const { return impl_->fingerprint; }
+EpochProgress Stream::start_progress() const { return impl_->progress; }
 uint64_t Stream::dataset_size() const { return impl_->dataset_size; }
 uint64_t Stream::samples_per_epoch() const { return impl_->samples_per_epoch; }
 uint64_t Stream::batches_per_epoch() const { return impl_->batches_per_epoch; }

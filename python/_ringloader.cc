@@ -188,6 +188,41 @@ Position PositionOf(const py::dict& d) {
   return p;
 }
 
+client::EpochProgress ProgressOf(const py::dict& d) {
+  client::EpochProgress p;
+  p.prefix = IntegerOf<uint64_t>("start_progress.prefix", d["prefix"]);
+  for (py::handle v : d["beyond"].cast<py::list>()) {
+    p.beyond.push_back(IntegerOf<uint64_t>("start_progress.beyond", py::reinterpret_borrow<py::object>(v)));
+  }
+  return p;
+}
+
+py::dict DictOf(const client::EpochProgress& p) {
+  py::dict d;
+  d["prefix"] = p.prefix;
+  d["beyond"] = p.beyond;
+  return d;
+}
+
+client::SavedWorld SavedWorldOf(const py::dict& d) {
+  client::SavedWorld w;
+  w.world_size = IntegerOf<uint32_t>("saved_world.world_size", d["world_size"]);
+  w.drop_last = d["drop_last"].cast<bool>();
+  for (py::handle v : d["cursors"].cast<py::list>()) {
+    w.cursors.push_back(IntegerOf<uint64_t>("saved_world.cursors", py::reinterpret_borrow<py::object>(v)));
+  }
+  return w;
+}
+
+py::object DictOf(const client::SavedWorld& w) {
+  if (w.world_size == 0) return py::none();
+  py::dict d;
+  d["world_size"] = w.world_size;
+  d["drop_last"] = w.drop_last;
+  d["cursors"] = w.cursors;
+  return d;
+}
+
 py::dict DictOf(const Position& p) {
   py::dict d;
   d["epoch"] = p.epoch;
@@ -235,6 +270,18 @@ StreamOptions OptionsOf(const py::dict& in) {
     o.start = PositionOf(d["start"].cast<py::dict>());
     PyDict_DelItemString(d.ptr(), "start");
   }
+  if (d.contains("start_progress")) {
+    if (!d["start_progress"].is_none()) {
+      o.start_progress = ProgressOf(d["start_progress"].cast<py::dict>());
+    }
+    PyDict_DelItemString(d.ptr(), "start_progress");
+  }
+  if (d.contains("saved_world")) {
+    if (!d["saved_world"].is_none()) {
+      o.saved_world = SavedWorldOf(d["saved_world"].cast<py::dict>());
+    }
+    PyDict_DelItemString(d.ptr(), "saved_world");
+  }
   if (!d.empty()) {
     Fail(ErrorCode::kInvalidArgument,
          "unknown stream option '" + std::string(py::str(d.begin()->first)) + "'");
@@ -262,6 +309,8 @@ py::dict DictOf(const StreamOptions& o) {
   d["ring_slots"] = o.ring_slots;
   d["dataset_fingerprint"] = o.dataset_fingerprint;
   d["start"] = DictOf(o.start);
+  d["start_progress"] = DictOf(o.start_progress);
+  d["saved_world"] = DictOf(o.saved_world);
   return d;
 }
 
@@ -394,6 +443,7 @@ class PyStream {
   uint64_t reconnects() { return Get()->reconnects(); }
   uint64_t copies() { return Get()->copies(); }
   uint64_t dataset_fingerprint() { return Get()->dataset_fingerprint(); }
+  py::dict start_progress() { return DictOf(Get()->start_progress()); }
   uint64_t dataset_size() { return Get()->dataset_size(); }
   uint64_t samples_per_epoch() { return Get()->samples_per_epoch(); }
   uint64_t batches_per_epoch() { return Get()->batches_per_epoch(); }
@@ -469,6 +519,7 @@ PYBIND11_MODULE(_ringloader, m) {
       .def_property_readonly("reconnects", &PyStream::reconnects)
       .def_property_readonly("copies", &PyStream::copies)
       .def_property_readonly("dataset_fingerprint", &PyStream::dataset_fingerprint)
+      .def_property_readonly("start_progress", &PyStream::start_progress)
       .def_property_readonly("dataset_size", &PyStream::dataset_size)
       .def_property_readonly("samples_per_epoch", &PyStream::samples_per_epoch)
       .def_property_readonly("batches_per_epoch", &PyStream::batches_per_epoch);
@@ -522,10 +573,25 @@ PYBIND11_MODULE(_ringloader, m) {
       py::arg("endpoint"), py::arg("timeout") = 10.0);
   m.def("validate_options", [](py::dict options) { client::ValidateOptions(OptionsOf(options)); });
   m.def("parse_state", [](const std::string& state) {
-    return DictOf(client::ParseState(state).options);
+    const client::ResumeState parsed = client::ParseState(state);
+    py::dict d = DictOf(parsed.options);
+    d["world_cursors"] = parsed.world_cursors;
+    return d;
   });
+  m.def("continue_state", [](const std::string& state, py::dict options) {
+    const client::Continuation c =
+        client::ContinueState(client::ParseState(state), OptionsOf(options));
+    py::dict d;
+    d["start"] = DictOf(c.options.start);
+    d["start_progress"] = DictOf(c.options.start_progress);
+    d["saved_world"] = DictOf(c.options.saved_world);
+    d["dataset_fingerprint"] = c.options.dataset_fingerprint;
+    d["warning"] = c.warning;
+    return d;
+  });
+  m.def("combine_states", &client::CombineStates);
   m.def("format_state", [](py::dict options) {
     client::StreamOptions o = OptionsOf(options);
-    return client::FormatState(o, o.start);
+    return client::FormatState(o, o.start);  // o.start_progress: of o.start.epoch
   });
 }

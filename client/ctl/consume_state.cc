@@ -47,7 +47,9 @@ absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
   }
   ConsumeState state;
   try {
-    state.options = client::ParseState(std::string(lines[0])).options;
+    client::ResumeState resume = client::ParseState(std::string(lines[0]));
+    state.options = std::move(resume.options);
+    state.world_cursors = std::move(resume.world_cursors);
   } catch (const client::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("line 1: ", e.what()));
   }
@@ -88,19 +90,14 @@ absl::Status CheckSameRun(const client::StreamOptions& saved, const client::Stre
   const auto augment = [](Augment a) { return a == Augment::kEval ? "eval" : "train"; };
   for (absl::Status s : {
            Compare("--dataset", saved.dataset, flags.dataset),
-           Compare("--batch-size", saved.batch_size, flags.batch_size),
            Compare("--epochs", saved.end_epoch, flags.end_epoch),
            Compare("--seed", saved.seed, flags.seed),
-           Compare("--rank", saved.rank, flags.rank),
-           Compare("--world-size", saved.world_size, flags.world_size),
            Compare("--image-size", saved.image_size, flags.image_size),
            Compare<std::string>("--augment", augment(saved.augment), augment(flags.augment)),
            Compare<std::string>("--dtype", client::DTypeName(saved.dtype),
                                 client::DTypeName(flags.dtype)),
            Compare<std::string>("--no-shuffle", saved.shuffle ? "off" : "on",
                                 flags.shuffle ? "off" : "on"),
-           Compare<std::string>("--drop-last", saved.drop_last ? "on" : "off",
-                                flags.drop_last ? "on" : "off"),
            Compare<std::string>("--resize", saved.resize == client::Resize::kExact ? "exact" : "fast",
                                 flags.resize == client::Resize::kExact ? "exact" : "fast"),
        }) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -25,6 +26,7 @@ namespace ringloader::ctl {
 
 struct ConsumeState {
   client::StreamOptions options;  // options.start = where to resume
+  std::vector<uint64_t> world_cursors;  // a job's state (client::CombineStates); else empty
   uint64_t samples_out_bytes = 0;
   std::string samples_out_path;   // empty = the run had no --samples-out (or an older state)
 };
@@ -39,7 +41,8 @@ absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& p
 
 // OK if a run with `flags` continues the run that saved `saved`; otherwise InvalidArgument
 // naming the first disagreeing option as its command-line flag, e.g.
-// "--seed is 1 but the state file was saved with 0".
+// "--seed is 1 but the state file was saved with 0". --rank, --world-size, --batch-size and
+// --drop-last may differ: the run then continues the saved epoch in the new world (elastic).
 absl::Status CheckSameRun(const client::StreamOptions& saved, const client::StreamOptions& flags);
 
 struct ConsumeOptions;

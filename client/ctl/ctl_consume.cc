@@ -219,9 +219,16 @@ int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
       if (absl::Status same = CheckSameRun(saved->options, *stream_options); !same.ok()) {
         return fail(absl::StrCat("state file ", o.state_file, ": ", same.message()), kExitFailure);
       }
-      stream_options->start = saved->options.start;
-      stream_options->ring_slots = saved->options.ring_slots;
-      stream_options->dataset_fingerprint = saved->options.dataset_fingerprint;
+      const uint32_t ring_slots = saved->options.ring_slots;
+      client::Continuation resumed;
+      try {
+        resumed = client::ContinueState({saved->options, saved->world_cursors}, *stream_options);
+      } catch (const client::Error& e) {
+        return fail(absl::StrCat("state file ", o.state_file, ": ", e.what()), kExitFailure);
+      }
+      if (!resumed.warning.empty()) err << "ringloaderctl consume: warning: " << resumed.warning << "\n";
+      *stream_options = std::move(resumed.options);
+      stream_options->ring_slots = ring_slots;
       // Into the same samples file: keep what the saved position covers. Into another (or a
       // first) one: start it afresh with the rest of the run.
       const bool same_file = !saved->samples_out_path.empty()

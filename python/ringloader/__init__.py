@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 from .errors import (DataLoss, DeadlineExceeded, Error, FailedPrecondition, Internal,
                      InvalidArgument, NotFound, ResourceExhausted, Unavailable)
-from .loader import Batch, Loader
+from .loader import Batch, Loader, ResumeWarning, combine_states
 from .daemon import Daemon, find_binary
 from . import _ringloader
 
@@ -47,6 +47,6 @@ def __getattr__(name: str):  # ringloader.torch is imported on first use (torch 
 
 
 __version__ = "0.1.0"
-__all__ = ["Loader", "Batch", "Daemon", "health", "daemon_stats", "find_binary", "Error", "Unavailable",
+__all__ = ["Loader", "Batch", "Daemon", "combine_states", "ResumeWarning", "health", "daemon_stats", "find_binary", "Error", "Unavailable",
            "NotFound", "InvalidArgument", "ResourceExhausted", "DataLoss", "FailedPrecondition",
            "Internal", "DeadlineExceeded"]

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 try:  # every batch is numpy arrays; imported here too so that type hints resolve
@@ -18,12 +19,13 @@ from . import _ringloader
 from .errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 _STATE_FORMAT = "ringloader.Loader/1"
-_PICKLE_FORMAT = "ringloader.Loader.pickle/1"
+_PICKLE_FORMAT = "ringloader.Loader.pickle/2"
 _MAX_EPOCH = 2**32  # as the state format's bound (client/state.cc)
 
-# Options a saved state must agree with (the rest may change between runs).
-_RUN_KEYS = ("dataset", "batch_size", "seed", "rank", "world_size", "image_size", "augment",
-             "dtype", "layout", "resize", "shuffle", "drop_last", "mean", "std")
+
+class ResumeWarning(UserWarning):
+    """A loaded state may not resume exactly: one rank's state of a job whose ranks skipped bad
+    samples, loaded at another world size (see :func:`combine_states`)."""
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -263,6 +265,7 @@ class Loader:
         self._endpoint = endpoint if endpoint else _ringloader.default_endpoint()
         self._position = {"epoch": 0, "sequence": 0, "cursor": 0}
         self._fingerprint = 0
+        self._resumed: Optional[Dict[str, Any]] = None
         self._start_process()
 
     def _start_process(self) -> None:
@@ -299,6 +302,7 @@ class Loader:
             self._pass = None
             if epoch != self._position["epoch"]:
                 self._move_to({"epoch": epoch, "sequence": 0, "cursor": 0})
+                self._resumed = None  # that epoch, if it comes again, is read whole
 
     def __len__(self) -> int:
         """Batches in one epoch for this rank: with ``drop_last`` only whole batches (an upper
@@ -330,9 +334,15 @@ class Loader:
 
     def state_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict: :meth:`load_state_dict` resumes exactly as this loader goes on."""
+        r = self._resumed
+        if r is not None and r["saved_world"] is not None and r["start"] == self._position:
+            # A loaded state the daemon has not applied yet (no stream opened since): itself.
+            return dict(r["state"])
         options = {k: v for k, v in self._options.items()
                    if k != "restart_epoch_if_dataset_changed"}
         options.update(start=dict(self._position), dataset_fingerprint=self._fingerprint)
+        if r is not None and r["start"]["epoch"] == self._position["epoch"]:
+            options["start_progress"] = r["progress"]
         return {"format": _STATE_FORMAT, "state": _ringloader.format_state(options),
                 "epoch": self._position["epoch"], "sequence": self._position["sequence"]}
 
@@ -340,26 +350,36 @@ class Loader:
         """Continues from a :meth:`state_dict` (of this process or another): with exactly the
         batch after the last one returned when it was taken.
 
-        The state must come from a loader with the same dataset, batch size, seed, rank, world
-        size and transforms; otherwise :class:`ringloader.InvalidArgument` names the difference.
+        The state may come from any rank of a job of any world size, per-rank batch size or
+        ``drop_last`` (an elastic restart): the samples that job had not consumed in its epoch
+        are sharded over this loader's world, each exactly once, and later epochs shard as
+        usual. With this loader's own world size, rank and batch size it continues exactly as
+        the saved loader would have. Where the saved job's ranks skipped bad samples, give the
+        states of all its ranks combined (:func:`combine_states`) for an exact resume; one
+        rank's state then warns (:class:`ringloader.ResumeWarning`) how many samples may repeat.
+
+        A state of another dataset, seed, shuffle or transform (image size, augment, dtype,
+        layout, resize, mean, std) raises :class:`ringloader.InvalidArgument` naming the
+        difference.
         """
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise InvalidArgument(
                 f"load_state_dict: not a ringloader Loader state (expected format "
                 f"{_STATE_FORMAT!r}, got {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r})")
-        saved = _ringloader.parse_state(str(state.get("state", "")))
-        for key in _RUN_KEYS:
-            mine, theirs = self._options.get(key), saved.get(key)
-            if key in ("mean", "std"):
-                mine = list(mine or [])
-                theirs = list(theirs or [])
-            if mine != theirs:
-                raise InvalidArgument(
-                    f"load_state_dict: the state was saved with {key}={theirs!r}, this Loader has "
-                    f"{key}={mine!r}")
+        text = str(state.get("state", ""))
+        try:
+            c = _ringloader.continue_state(text, self._options)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"load_state_dict: {e}") from None
+        if c["warning"]:
+            warnings.warn(c["warning"], ResumeWarning, stacklevel=2)
         with self._one_thread("load_state_dict()"):
             self._pass = None
-            self._move_to(dict(saved["start"]), saved["dataset_fingerprint"])
+            self._move_to(dict(c["start"]), c["dataset_fingerprint"])
+            self._resumed = {"start": dict(c["start"]), "progress": c["start_progress"],
+                             "saved_world": c["saved_world"],
+                             "state": {"format": _STATE_FORMAT, "state": text,
+                                       "epoch": c["start"]["epoch"], "sequence": 0}}
 
     def peek(self, epoch: Optional[int] = None, batch: int = 0,
              columns: int = 8) -> "numpy.ndarray":
@@ -438,7 +458,7 @@ class Loader:
                 "default_name": self._default_name, "output": self._output,
                 "timeout": self._timeout, "progress": self._progress,
                 "endpoint": self._endpoint, "position": dict(self._position),
-                "fingerprint": self._fingerprint}
+                "fingerprint": self._fingerprint, "resumed": self._resumed}
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("format") != _PICKLE_FORMAT:
@@ -456,6 +476,7 @@ class Loader:
         self._endpoint = state["endpoint"]
         self._position = dict(state["position"])
         self._fingerprint = state["fingerprint"]
+        self._resumed = state["resumed"]
         self._start_process()
 
     @property
@@ -562,10 +583,19 @@ class Loader:
         # The dataset's fingerprint guards a position inside an epoch (a changed sample list
         # would repeat or skip samples); an epoch's start reads whatever the dataset is now.
         at_epoch_start = self._position["sequence"] == 0 and self._position["cursor"] == 0
+        r = self._resumed
+        resumed = r is not None and r["start"]["epoch"] == self._position["epoch"]
+        if resumed:  # the epoch continues after what the saved job consumed
+            at_epoch_start = False
         options = dict(self._options, start=dict(self._position),
                        dataset_fingerprint=0 if at_epoch_start else self._fingerprint)
+        if resumed:
+            options.update(start_progress=r["progress"], saved_world=r["saved_world"])
         stream = self._connect().open(options)
         self._stream = stream
+        if resumed:  # what the daemon applied: this loader's progress from now on
+            r["progress"] = stream.start_progress
+            r["saved_world"] = None
         self._fingerprint = stream.dataset_fingerprint
         self._position = stream.position  # restart_epoch_if_dataset_changed may move it
         self._batches_per_epoch = stream.batches_per_epoch
@@ -634,3 +664,21 @@ class Loader:
         return (f"<ringloader.Loader {o['dataset']!r} batch_size={o['batch_size']} "
                 f"rank={o['rank']}/{o['world_size']} epoch={self._position['epoch']} "
                 f"endpoint={self._endpoint!r}>")
+
+
+def combine_states(states: List[Mapping[str, Any]]) -> Dict[str, Any]:
+    """One state for a whole job from the :meth:`Loader.state_dict` of every rank (any order).
+
+    Where ranks skipped different numbers of bad samples, one rank's state cannot say how far
+    the others got; this one can, so :meth:`Loader.load_state_dict` of it resumes exactly at any
+    world size. Raises :class:`ringloader.InvalidArgument` naming what contradicts: a rank
+    missing or given twice, options that differ, ranks in different epochs.
+    """
+    texts = []
+    for i, state in enumerate(states):
+        if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
+            raise InvalidArgument(f"combine_states: states[{i}] is not a ringloader Loader state")
+        texts.append(str(state.get("state", "")))
+    text = _ringloader.combine_states(texts)
+    epoch = _ringloader.parse_state(text)["start"]["epoch"]
+    return {"format": _STATE_FORMAT, "state": text, "epoch": epoch, "sequence": 0}

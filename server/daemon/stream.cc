@@ -52,7 +52,7 @@ void Stream::ProducerLoop() {
   const v1::StreamSpec& spec = setup_.spec;
   ProducerCursor cursor;
   cursor.next = setup_.start;
-  cursor.epoch_from_start = setup_.start.cursor() == 0;
+  cursor.epoch_from_start = setup_.start.cursor() == 0 && setup_.start_progress.consumed() == 0;
   while (true) {
     if (!cursor.look_ahead) {  // decided without a slot: the stream's or the epoch's end
       if (spec.end_epoch() != 0 && cursor.next.epoch() >= spec.end_epoch()) {
@@ -176,7 +176,12 @@ const pipeline::EpochShard& Stream::ShardOf(ProducerCursor& cursor, uint64_t epo
     shard_spec.world_size = spec.world_size();
     shard_spec.shuffle = spec.shuffle();
     shard_spec.drop_last = spec.drop_last();
-    cursor.shard = std::make_unique<pipeline::EpochShard>(setup_.dataset->size(), shard_spec);
+    if (epoch == setup_.start.epoch() && setup_.start_progress.consumed() != 0) {
+      cursor.shard = std::make_unique<pipeline::EpochShard>(
+          pipeline::ResumedShard(setup_.dataset->size(), shard_spec, setup_.start_progress));
+    } else {
+      cursor.shard = std::make_unique<pipeline::EpochShard>(setup_.dataset->size(), shard_spec);
+    }
   }
   return *cursor.shard;
 }

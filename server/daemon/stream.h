@@ -44,6 +44,7 @@
 #include "server/image/transform.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/epoch_progress.h"
 #include "shm/ring.h"
 
 namespace ringloader::server {
@@ -65,6 +66,8 @@ struct StreamSetup {
   std::string cache_key;
   pipeline::BatchLayout layout;
   v1::Position start;
+  // The progress the epoch start.epoch continues after (resume_position.h); empty = all of it.
+  pipeline::EpochProgress start_progress;
 };
 
 // What the stream needs from the daemon; all outlive the stream.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
+#include "server/daemon/resume_position.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
 #include "shm/base/text.h"
@@ -54,6 +55,17 @@ void ToProto(const QuarantineEntry& e, v1::QuarantinedSample* q) {
   q->set_sample_index(e.sample_index);
   q->set_path(e.path);  // stored escaped (ApplyStrikes)
   q->set_strikes(e.strikes);
+}
+
+// " after N consumed (from world W)" for a stream that continues a resumed epoch, else "".
+std::string ResumedText(const pipeline::EpochProgress& progress,
+                        const v1::OpenStreamRequest& request) {
+  if (progress.consumed() == 0) return "";
+  std::string text = absl::StrCat(" after ", progress.consumed(), " consumed");
+  if (request.saved_world().world_size() != 0) {
+    absl::StrAppend(&text, " (resized from world ", request.saved_world().world_size(), ")");
+  }
+  return text;
 }
 
 // `n` bytes from the kernel's CSPRNG (tokens and session ids must not be guessable).
@@ -223,11 +235,9 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
         " (lower batch_size or world_size", spec.drop_last() ? ", or turn drop_last off" : "",
         ")")));
   }
-  if (request.start().cursor() > shard_size) {
-    return Reject(absl::InvalidArgumentError(
-        absl::StrCat("start.cursor: must be <= the shard size ", shard_size, " (got ",
-                     request.start().cursor(), ")")));
-  }
+  absl::StatusOr<pipeline::EpochProgress> start_progress =
+      StartProgressOf(request, spec, dataset.size());
+  if (!start_progress.ok()) return Reject(start_progress.status());
 
   StreamSetup setup;
   setup.incarnation = deps_.incarnation;
@@ -250,6 +260,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   setup.layout = pipeline::ComputeBatchLayout(spec.batch_size(), setup.transform, &dataset);
   setup.start = request.start();
+  setup.start_progress = *std::move(start_progress);
 
   // Ring + one epoch's shard order (4 bytes a sample), reserved before anything is allocated.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -366,13 +377,15 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_shm_dir(deps_.config->server.shm_dir);
   response->set_dataset_fingerprint(dataset.fingerprint());
   response->set_no_decoded_images(!dataset.has_images());
+  ToProto(stream->setup().start_progress, response->mutable_start_progress());
   stream->Start();  // added to streams_ by `opened` on return
   SPDLOG_INFO(
-      "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{} "
+      "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{}{} "
       "client=\"{}\"",
       id, spec.dataset(), spec.rank(), spec.world_size(), spec.batch_size(), spec.image_size(),
       spec.ring_slots(), request.start().epoch(), request.start().sequence(),
-      request.start().cursor(), wire::EscapeBytes(request.client_name().substr(0, 128)));
+      request.start().cursor(), ResumedText(stream->setup().start_progress, request),
+      wire::EscapeBytes(request.client_name().substr(0, 128)));
   return absl::OkStatus();
 }
 

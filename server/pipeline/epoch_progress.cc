@@ -22,14 +22,14 @@ std::vector<uint64_t> Rest(uint64_t n, const EpochProgress& progress) {
 
 }  // namespace
 
-uint64_t ResumedShard::ShardSize(uint64_t dataset_size, const EpochProgress& progress,
-                                 uint32_t world_size, bool drop_last) {
+uint64_t ResumedShardSize(uint64_t dataset_size, const EpochProgress& progress,
+                          uint32_t world_size, bool drop_last) {
   const uint64_t consumed = std::min(progress.consumed(), dataset_size);
   return EpochShard::ShardSize(dataset_size - consumed, world_size, drop_last);
 }
 
-ResumedShard::ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
-                           const EpochProgress& progress) {
+EpochShard ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
+                        const EpochProgress& progress) {
   if (dataset_size >= (uint64_t{1} << 32) || spec.world_size == 0 ||
       spec.rank >= spec.world_size) {
     std::abort();  // the caller validates requests first
@@ -37,13 +37,14 @@ ResumedShard::ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
   const std::vector<uint64_t> rest = Rest(dataset_size, progress);
   const uint64_t shard_size =
       EpochShard::ShardSize(rest.size(), spec.world_size, spec.drop_last);
-  if (shard_size == 0) return;
+  if (shard_size == 0) return EpochShard(spec, {});
   const std::vector<uint32_t> order = EpochShard::Order(dataset_size, spec);
   // DistributedSampler over the rest: pad by wrapping (or truncate), rank r every W-th.
-  indices_.resize(shard_size);
+  std::vector<uint32_t> indices(shard_size);
   for (uint64_t k = 0; k < shard_size; ++k) {
-    indices_[k] = order[rest[(spec.rank + k * spec.world_size) % rest.size()]];
+    indices[k] = order[rest[(spec.rank + k * spec.world_size) % rest.size()]];
   }
+  return EpochShard(spec, std::move(indices));
 }
 
 EpochProgress EpochProgress::Advance(uint64_t dataset_size, bool drop_last,

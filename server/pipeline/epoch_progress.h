@@ -39,19 +39,12 @@ struct EpochProgress {
 
 // A rank's shard of the rest of an epoch: what EpochShard would be, over the positions
 // `progress` has not consumed. With empty progress it is exactly EpochShard(dataset_size, spec).
-class ResumedShard {
- public:
-  // REQUIRES: as EpochShard's, and `progress` within [0, dataset_size).
-  ResumedShard(uint64_t dataset_size, const ShardSpec& spec, const EpochProgress& progress);
-  uint64_t size() const { return indices_.size(); }
-  uint32_t at(uint64_t pos) const { return indices_[pos]; }
+// REQUIRES: as EpochShard's, and `progress` within [0, dataset_size).
+EpochShard ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
+                        const EpochProgress& progress);
 
-  // Shard size without building the shard.
-  static uint64_t ShardSize(uint64_t dataset_size, const EpochProgress& progress,
-                            uint32_t world_size, bool drop_last);
-
- private:
-  std::vector<uint32_t> indices_;
-};
+// ResumedShard's size without building the shard.
+uint64_t ResumedShardSize(uint64_t dataset_size, const EpochProgress& progress,
+                          uint32_t world_size, bool drop_last);
 
 }  // namespace ringloader::pipeline

@@ -16,6 +16,7 @@
 // position is O(1) after it, so a stream can start at any batch without replaying the epoch.
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace ringloader::pipeline {
@@ -35,6 +36,9 @@ class EpochShard {
   // validate requests first). dataset_size 0, or drop_last with fewer samples than ranks, gives
   // an empty shard.
   EpochShard(uint64_t dataset_size, const ShardSpec& spec);
+  // A shard whose positions are `indices` (a resumed epoch's: see epoch_progress.h).
+  EpochShard(const ShardSpec& spec, std::vector<uint32_t> indices)
+      : spec_(spec), indices_(std::move(indices)) {}
 
   const ShardSpec& spec() const { return spec_; }
   uint64_t size() const { return indices_.size(); }

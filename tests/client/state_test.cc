@@ -50,7 +50,7 @@ TEST_CASE("State: FormatState then ParseState gives back every option and the po
   const std::string text = FormatState(o, next);
   CHECK(text.find('\n') == std::string::npos);
   CHECK(text.find('\t') == std::string::npos);
-  CHECK(text.rfind("ringloader-state v2 ", 0) == 0);
+  CHECK(text.rfind("ringloader-state v3 ", 0) == 0);
 
   const StreamOptions p = ParseState(text).options;
   CHECK(p.dataset == o.dataset);

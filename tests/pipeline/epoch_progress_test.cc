@@ -25,7 +25,7 @@ ShardSpec Spec(uint32_t rank, uint32_t world, bool drop_last = false) {
 void Read(std::map<uint32_t, int>& seen, uint64_t n, const EpochProgress& progress,
           uint32_t world, const std::vector<uint64_t>& cursors, bool drop_last = false) {
   for (uint32_t r = 0; r < world; ++r) {
-    ResumedShard shard(n, Spec(r, world, drop_last), progress);
+    const EpochShard shard = ResumedShard(n, Spec(r, world, drop_last), progress);
     for (uint64_t k = 0; k < std::min<uint64_t>(cursors[r], shard.size()); ++k) {
       ++seen[shard.at(k)];
     }
@@ -36,7 +36,7 @@ TEST_CASE("ResumedShard: with no progress it is exactly EpochShard", "[pipeline]
   for (uint32_t world : {1u, 2u, 3u, 7u}) {
     for (bool drop_last : {false, true}) {
       for (uint32_t rank = 0; rank < world; ++rank) {
-        ResumedShard resumed(103, Spec(rank, world, drop_last), EpochProgress{});
+        const EpochShard resumed = ResumedShard(103, Spec(rank, world, drop_last), EpochProgress{});
         EpochShard plain(103, Spec(rank, world, drop_last));
         REQUIRE(resumed.size() == plain.size());
         for (uint64_t k = 0; k < plain.size(); ++k) CHECK(resumed.at(k) == plain.at(k));
@@ -138,13 +138,13 @@ TEST_CASE("ResumedShard: a finished epoch leaves nothing, and sizes agree with S
   const EpochProgress p = EpochProgress{}.Advance(n, false, done);
   CHECK(p.prefix == 50);
   CHECK(ResumedShard(n, Spec(0, 3), p).size() == 0);
-  CHECK(ResumedShard::ShardSize(n, p, 3, false) == 0);
+  CHECK(ResumedShardSize(n, p, 3, false) == 0);
   const std::vector<uint64_t> part = {5, 6};
   const EpochProgress q = EpochProgress{}.Advance(n, false, part);
   for (uint32_t world : {1u, 3u, 4u}) {
     for (bool drop_last : {false, true}) {
       CHECK(ResumedShard(n, Spec(0, world, drop_last), q).size() ==
-            ResumedShard::ShardSize(n, q, world, drop_last));
+            ResumedShardSize(n, q, world, drop_last));
     }
   }
 }
