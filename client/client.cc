@@ -361,6 +361,11 @@ std::unique_ptr<Stream> Client::Open(const StreamOptions& options,
 
 std::unique_ptr<Stream> Client::Resume(const std::string& state) {
   const ResumeState parsed = ParseState(state);
+  if (!parsed.world_cursors.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "Resume: a job's state (CombineStates) names no rank: open each rank with "
+                "ContinueState(ParseState(state), options) and that rank's options");
+  }
   return Open(ContinueState(parsed, parsed.options).options);
 }
 

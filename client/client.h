@@ -61,7 +61,8 @@
 // the job's; where ranks skipped bad samples, CombineStates of all ranks' states makes it exact.
 //
 // End of epoch: exactly one batch per epoch has last_in_epoch() (also with drop_last, and when
-// the epoch's last files are bad), and its next() is the next epoch's first position.
+// the epoch's last files are bad), and its next() is the next epoch's first position. (A resumed
+// epoch whose rest holds nothing for this rank has none: the next batch is the next epoch's.)
 //
 // Thread-safety: a Stream is used by one thread at a time (a second concurrent Next() throws
 // kFailedPrecondition "a Stream is used by one thread at a time"); Batch objects may be destroyed
@@ -323,8 +324,8 @@ class Client {
   // for Ctrl-C in it). `interrupted` runs on the calling thread and only during this call.
   std::unique_ptr<Stream> Open(const StreamOptions& options,
                                const std::function<bool()>& interrupted);
-  // Opens a stream from Stream::State() (or a job's state, CombineStates), continuing with
-  // exactly the batch after the one the state was taken after. Options not kept in the state
+  // Opens a stream from Stream::State(), continuing with exactly the batch after the one the
+  // state was taken after (a job's state, CombineStates, is refused: it names no rank). Options not kept in the state
   // (reconnect_deadline, verify_checksums, client_name) take their defaults; to change them, or
   // to continue at another world size, rank or batch size, use ContinueState() and Open().
   std::unique_ptr<Stream> Resume(const std::string& state);

@@ -95,19 +95,22 @@ Continuation ContinueState(const ResumeState& state, const StreamOptions& option
   world.cursors = state.world_cursors;
   if (world.cursors.empty()) {
     // One rank's state of a lockstep job: every rank took `sequence` batches, so each consumed
-    // at least sequence * batch_size positions of its shard; this rank's own count is exact.
+    // at least sequence * batch_size positions of its shard. Counting exactly that for every
+    // rank, this one included, makes the job's progress the same whichever rank's state each new
+    // rank loads (the new ranks' shares then fit together); a rank that skipped bad samples
+    // consumed a few more positions, which are read again: repeats, never a miss.
     const uint64_t taken = saved.start.sequence * saved.batch_size;
     world.cursors.assign(saved.world_size, taken);
-    world.cursors[saved.rank] = saved.start.cursor;
     const uint64_t skipped = saved.start.cursor - std::min(saved.start.cursor, taken);
-    if (skipped > 0 && saved.world_size > 1) {
+    if (skipped > 0) {
       c.warning = absl::StrCat(
-          "resuming from rank ", saved.rank, "'s state alone at another world size: that rank "
-          "skipped ", skipped, " bad sample(s) so far in epoch ", saved.start.epoch,
-          ", and the other ", saved.world_size - 1, " ranks' skips are not in its state. Each "
-          "sample another rank skipped makes one sample be read again (none is missed): about ",
-          skipped * (saved.world_size - 1), " if they skipped as many. Combine every rank's "
-          "state (CombineStates, ringloader.combine_states) for an exact resume");
+          "resuming from rank ", saved.rank, "'s state alone with another world size, rank or "
+          "batch size: that rank skipped ", skipped, " bad sample(s) so far in epoch ",
+          saved.start.epoch, ", and its state cannot say what the other ", saved.world_size - 1,
+          " rank(s) skipped. Each skipped sample makes one sample be read twice (none is "
+          "missed): ", skipped, " here, about ", skipped * saved.world_size,
+          " if every rank skipped as many. Combine every rank's state (CombineStates, "
+          "ringloader.combine_states) for an exact resume");
     }
   }
   return c;

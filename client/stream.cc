@@ -117,13 +117,6 @@ struct Stream::Impl {
       }
     }
     if (!status.ok()) return status;
-    if (position.epoch == progress_epoch) {
-      // With a saved world, the daemon's answer is the progress it applied: ours from now on.
-      progress.prefix = response.start_progress().prefix();
-      progress.beyond.assign(response.start_progress().beyond().begin(),
-                             response.start_progress().beyond().end());
-      saved_world = SavedWorld{};
-    }
     stream_id = response.stream_id();
     incarnation = response.incarnation();
     token = response.stream_token();
@@ -133,6 +126,21 @@ struct Stream::Impl {
     samples_per_epoch = response.samples_per_epoch();
     batches_per_epoch = response.batches_per_epoch();
     open = true;
+    const bool resuming =
+        position.epoch == progress_epoch && (!progress.empty() || saved_world.world_size != 0);
+    if (resuming && !response.start_progress_applied()) {
+      CloseQuietly();
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the daemon is too old to resume inside an epoch saved at another world size, "
+                  "rank or batch size (it ignored the saved progress): upgrade ringloaderd");
+    }
+    if (position.epoch == progress_epoch) {
+      // With a saved world, the daemon's answer is the progress it applied: ours from now on.
+      progress.prefix = response.start_progress().prefix();
+      progress.beyond.assign(response.start_progress().beyond().begin(),
+                             response.start_progress().beyond().end());
+      saved_world = SavedWorld{};
+    }
     auto mapped =
         connection->MapSegment(response.segment_name(), response.incarnation(), response.shm_dir());
     if (!mapped.ok()) {

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "client/channel.h"
+#include "client/internal.h"
 #include "client/ctl/ctl.h"
 #include "shm/base/cgroup.h"
 #include "proto/wire_text.h"
@@ -238,6 +239,29 @@ Check Socket(const server::ServerConfig& s) {
   return Ok(what);
 }
 
+// Where the running daemon's decode threads spend their time: reading (waiting for files on a
+// slow mount) or decoding. Reads that dominate want more read-ahead. Nothing to say when the
+// daemon does not answer or has decoded too little to tell.
+std::optional<Check> Reads(const server::ServerConfig& s) {
+  v1::GetStatsResponse stats;
+  try {
+    stats = client::FetchDaemonStats(s.listen, std::chrono::seconds(2));
+  } catch (const client::Error&) {
+    return std::nullopt;
+  }
+  if (stats.samples_read() < 100 || stats.samples_decoded() == 0) return std::nullopt;
+  const double read_ms = 1000 * stats.read_wait_seconds() / stats.samples_read();
+  const double decode_ms = 1000 * stats.decode_seconds() / stats.samples_decoded();
+  const std::string what = absl::StrFormat(
+      "reads: decode threads waited %.2f ms a sample for its read, and decoded for %.2f ms "
+      "(io_depth %d)", read_ms, decode_ms, stats.io_depth());
+  if (read_ms <= decode_ms) return Ok(what);
+  return Problem(absl::StrCat(what, ": reads dominate (a slow filesystem: network mount?)"),
+                 absl::StrCat("raise [server] io_depth (now ", stats.io_depth(),
+                              "; about images/s x the storage's latency per file, e.g. 128), "
+                              "and give memory_limit room for the bytes read ahead"));
+}
+
 Check StateDir(const server::ServerConfig& s) {
   std::filesystem::path dir = s.state_dir;
   std::error_code ec;
@@ -298,6 +322,7 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
     checks.push_back(Socket(s));
     checks.push_back(StateDir(s));
     for (const server::DatasetConfig& dc : config->datasets) checks.push_back(Dataset(*config, dc));
+    if (std::optional<Check> reads = Reads(s)) checks.push_back(*std::move(reads));
   }
   size_t problems = 0;
   for (const Check& c : checks) {

@@ -34,6 +34,13 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   out << absl::StrFormat("%-20s %d\n", "batches copied out", s.batches_copied_out());
   out << absl::StrFormat("%-20s %d\n", "images decoded", s.images_decoded());
   out << absl::StrFormat("%-20s %.1f\n", "images/s", s.images_per_second());
+  if (s.samples_read() > 0 && s.samples_decoded() > 0) {
+    out << absl::StrFormat(
+        "%-20s %.2f ms a sample (decode %.2f ms); io_depth %d, %d reads in flight, %s read ahead\n",
+        "read wait", 1000 * s.read_wait_seconds() / s.samples_read(),
+        1000 * s.decode_seconds() / s.samples_decoded(), s.io_depth(), s.reads_in_flight(),
+        base::FormatBytes(s.read_ahead_bytes()));
+  }
   std::vector<std::string> reasons;
   std::map<std::string, uint64_t> by_reason(s.decode_errors_by_reason().begin(),
                                             s.decode_errors_by_reason().end());

@@ -354,7 +354,8 @@ class Loader:
         ``drop_last`` (an elastic restart): the samples that job had not consumed in its epoch
         are sharded over this loader's world, each exactly once, and later epochs shard as
         usual. With this loader's own world size, rank and batch size it continues exactly as
-        the saved loader would have. Where the saved job's ranks skipped bad samples, give the
+        the saved loader would have. ``len()`` stays the batches of a whole epoch; the resumed
+        epoch yields fewer (its rest). Where the saved job's ranks skipped bad samples, give the
         states of all its ranks combined (:func:`combine_states`) for an exact resume; one
         rank's state then warns (:class:`ringloader.ResumeWarning`) how many samples may repeat.
 
@@ -375,6 +376,8 @@ class Loader:
             warnings.warn(c["warning"], ResumeWarning, stacklevel=2)
         with self._one_thread("load_state_dict()"):
             self._pass = None
+            # An open stream at the same position would read the epoch without the progress.
+            self._close_stream()
             self._move_to(dict(c["start"]), c["dataset_fingerprint"])
             self._resumed = {"start": dict(c["start"]), "progress": c["start_progress"],
                              "saved_world": c["saved_world"],
@@ -674,11 +677,17 @@ def combine_states(states: List[Mapping[str, Any]]) -> Dict[str, Any]:
     world size. Raises :class:`ringloader.InvalidArgument` naming what contradicts: a rank
     missing or given twice, options that differ, ranks in different epochs.
     """
-    texts = []
+    texts: List[str] = []
     for i, state in enumerate(states):
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise InvalidArgument(f"combine_states: states[{i}] is not a ringloader Loader state")
-        texts.append(str(state.get("state", "")))
+        text = str(state.get("state", ""))
+        if text in texts:
+            raise InvalidArgument(
+                f"combine_states: states[{texts.index(text)}] and states[{i}] are the same state "
+                "(a Loader that loaded a state and has not read a batch since returns the state "
+                "it loaded): take each rank's state after it has read")
+        texts.append(text)
     text = _ringloader.combine_states(texts)
     epoch = _ringloader.parse_state(text)["start"]["epoch"]
     return {"format": _STATE_FORMAT, "state": text, "epoch": epoch, "sequence": 0}

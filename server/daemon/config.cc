@@ -234,6 +234,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Enum("log_format", {"plain", "timestamped"}, &format);
   if (format >= 0) s->log_format = format == 0 ? LogFormat::kPlain : LogFormat::kTimestamped;
   r.Integer("decode_threads", &s->decode_threads, 0, 1024);
+  r.Integer("io_depth", &s->io_depth, 0, 4096);
   r.ByteSize("memory_limit", &s->memory_limit_bytes, 16ull << 20);
   r.String("shm_dir", &s->shm_dir);
   r.Mode("segment_mode", &s->segment_mode);
@@ -519,6 +520,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.log_level == b.log_level, "log_level");
   check(a.log_format == b.log_format, "log_format");
   check(a.decode_threads == b.decode_threads, "decode_threads");
+  check(a.io_depth == b.io_depth, "io_depth");
   check(a.memory_limit_bytes == b.memory_limit_bytes, "memory_limit");
   check(a.shm_dir == b.shm_dir, "shm_dir");
   check(a.segment_mode == b.segment_mode, "segment_mode");

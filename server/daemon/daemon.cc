@@ -52,6 +52,7 @@
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/read_pool.h"
 #include "server/pipeline/worker_pool.h"
 #include "shm/ring.h"
 #include "server/daemon/status_text.h"
@@ -158,6 +159,7 @@ struct DaemonState {
   DaemonStats stats;
   std::unique_ptr<HostNotifier> notifier;  // systemd and the supervisor (host_notify.h)
   std::unique_ptr<pipeline::WorkerPool> pool;
+  std::unique_ptr<pipeline::ReadPool> read_pool;  // server.io_depth > 0
   std::unique_ptr<ProgressWatch> progress;
   std::unique_ptr<pipeline::BatchFiller> filler;
   std::unique_ptr<SampleGate> gate;
@@ -548,9 +550,11 @@ absl::Status StartUp(DaemonState& d) {
                                         d.pool->size(), d.stats.quarantines);
   // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
   d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
+  if (server.io_depth > 0) d.read_pool = std::make_unique<pipeline::ReadPool>(server.io_depth);
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
-                         d.started,      d.pool.get(), d.cache.get()};
+                         d.started,      d.pool.get(), d.cache.get(), d.read_pool.get(),
+                         d.progress.get()};
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   const std::string admin_listen =
@@ -640,6 +644,7 @@ void ShutDown(DaemonState& d) {
   if (d.notifier) d.notifier->Stopping();
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
+  if (d.read_pool) d.read_pool->Shutdown();
   d.main_health.SetServing(false);
   d.probe_health.SetServing(false);
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so

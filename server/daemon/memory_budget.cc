@@ -1,6 +1,8 @@
 #include "server/daemon/memory_budget.h"
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,6 +48,7 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
         what, " needs ", base::FormatBytes(bytes), "; memory_limit ", base::FormatBytes(limit_), " has ",
         base::FormatBytes(limit_ - fixed_), " free (", base::FormatBytes(fixed_), " reserved)"));
   }
+  EvictFor(lock, bytes);
   if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait) ||
       fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -66,6 +69,7 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes) {
         "than memory_limit ", base::FormatBytes(limit_), " leaves beside rings and indexes (",
         base::FormatBytes(fixed_), ")"));
   }
+  EvictFor(lock, bytes);
   WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
   if (fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -81,6 +85,79 @@ void MemoryBudget::Release(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   decoding_ -= bytes;
   room_.notify_all();
+}
+
+uint64_t MemoryBudget::TryAcquireReadAhead(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!queue_.empty() || fixed_ + decoding_ + bytes > limit_ ||
+      read_ahead_ + bytes > limit_ / 2) {
+    return 0;
+  }
+  decoding_ += bytes;
+  read_ahead_ += bytes;
+  peak_ = std::max(peak_, fixed_ + decoding_);
+  const uint64_t id = next_hold_++;
+  holds_.emplace(id, ReadAheadHold{bytes, nullptr});
+  return id;
+}
+
+void MemoryBudget::ArmEviction(uint64_t id, std::function<void()> evict) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = holds_.find(id);
+  if (it != holds_.end()) it->second.evict = std::move(evict);
+}
+
+bool MemoryBudget::Pin(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = holds_.find(id);
+  if (it == holds_.end()) return false;
+  it->second.evict = nullptr;
+  return true;
+}
+
+void MemoryBudget::ReleaseReadAhead(uint64_t id) {
+  std::function<void()> evict;  // destroyed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = holds_.find(id);
+  if (it == holds_.end()) return;  // evicted: the evictor gave the bytes back
+  decoding_ -= it->second.bytes;
+  read_ahead_ -= it->second.bytes;
+  evict = std::move(it->second.evict);
+  holds_.erase(it);
+  room_.notify_all();
+}
+
+uint64_t MemoryBudget::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+uint64_t MemoryBudget::read_ahead() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_ahead_;
+}
+
+void MemoryBudget::EvictFor(std::unique_lock<std::mutex>& lock, uint64_t bytes) {
+  while (fixed_ + decoding_ + bytes > limit_) {
+    // The newest armed hold (furthest ahead in its stream).
+    auto victim = holds_.end();
+    for (auto it = holds_.rbegin(); it != holds_.rend(); ++it) {
+      if (it->second.evict) {
+        victim = std::prev(it.base());
+        break;
+      }
+    }
+    if (victim == holds_.end()) return;
+    ReadAheadHold hold = std::move(victim->second);
+    holds_.erase(victim);
+    lock.unlock();
+    hold.evict();  // frees the bytes (or their holder is gone already)
+    hold.evict = nullptr;
+    lock.lock();
+    decoding_ -= hold.bytes;
+    read_ahead_ -= hold.bytes;
+    room_.notify_all();
+  }
 }
 
 void MemoryBudget::GiveFixed(uint64_t bytes) {

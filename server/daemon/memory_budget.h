@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <functional>
+#include <map>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -54,6 +56,14 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   // pipeline::DecodeMemory: a decode's draw, waiting while the budget is short.
   absl::Status Acquire(uint64_t bytes) override;
   void Release(uint64_t bytes) override;
+  // Read-ahead bytes: only while no decode waits, and at most half the limit in all (the rest
+  // of a decode's room comes from evicting them).
+  uint64_t TryAcquireReadAhead(uint64_t bytes) override;
+  void ArmEviction(uint64_t id, std::function<void()> evict) override;
+  bool Pin(uint64_t id) override;
+  void ReleaseReadAhead(uint64_t id) override;
+  uint64_t read_ahead() const;  // read-ahead bytes held, now
+  uint64_t waiting() const;     // Acquire and Reserve calls waiting for room, now
 
   uint64_t limit() const { return limit_; }
   uint64_t reserved() const;       // fixed + decoding, now
@@ -66,6 +76,9 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                    std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveFixed(uint64_t bytes);
+  // Evicts read-ahead holds, newest first, until `bytes` fit or none is left. May unlock.
+  void EvictFor(std::unique_lock<std::mutex>& lock, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t limit_;
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
@@ -76,6 +89,13 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // tickets of waiters, in arrival order
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t read_ahead_ ABSL_GUARDED_BY(mu_) = 0;  // of decoding_: granted by TryAcquire
+  struct ReadAheadHold {
+    uint64_t bytes;
+    std::function<void()> evict;  // empty until armed: not evictable yet
+  };
+  std::map<uint64_t, ReadAheadHold> holds_ ABSL_GUARDED_BY(mu_);  // by id, newest last
+  uint64_t next_hold_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace ringloader::server

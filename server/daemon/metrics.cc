@@ -49,10 +49,9 @@ MetricFamily Single(std::string_view name, std::string_view help, MetricType typ
   return f;
 }
 
-MetricFamily DecodeLatency(const LatencySnapshot& latency) {
-  MetricFamily f = Family("decode_duration_seconds",
-                          "Time from a sample's committed read to its decoded pixels in the slot",
-                          MetricType::Histogram);
+MetricFamily Histogram(std::string_view name, std::string_view help,
+                       const LatencySnapshot& latency) {
+  MetricFamily f = Family(name, help, MetricType::Histogram);
   ClientMetric m;
   uint64_t cumulative = 0;
   for (size_t i = 0; i < kDecodeLatencyBounds.size(); ++i) {
@@ -138,7 +137,15 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                        kGauge, static_cast<double>(s.memory_decoding_bytes())));
   out.push_back(Single("resident_memory_bytes", "Resident set size of the daemon", kGauge,
                        static_cast<double>(s.rss_bytes())));
-  if (sources.progress != nullptr) out.push_back(DecodeLatency(sources.progress->latency()));
+  if (sources.progress != nullptr) {
+    out.push_back(Histogram("decode_duration_seconds",
+                            "Time from a sample's committed read to its decoded pixels in the slot",
+                            sources.progress->latency()));
+    out.push_back(Histogram("read_seconds",
+                            "Time a decode thread waited for a sample's read (its file opened and "
+                            "read): near 0 while the read-ahead (server.io_depth) keeps up",
+                            sources.progress->read_wait()));
+  }
   return out;
 }
 

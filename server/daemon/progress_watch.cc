@@ -26,7 +26,11 @@ void ProgressWatch::End(uint32_t worker_id) {
   const int64_t started = w.started_ns.load(std::memory_order_relaxed);
   if (started == 0) return;
   w.started_ns.store(0, std::memory_order_release);
-  const int64_t elapsed_ns = std::max<int64_t>(0, base::SteadyNowNs() - started);
+  latency_.Record(std::chrono::nanoseconds(std::max<int64_t>(0, base::SteadyNowNs() - started)));
+}
+
+void LatencyHistogram::Record(std::chrono::nanoseconds elapsed) {
+  const int64_t elapsed_ns = std::max<int64_t>(0, elapsed.count());
   const double seconds = static_cast<double>(elapsed_ns) * 1e-9;
   const size_t bucket =
       std::lower_bound(kDecodeLatencyBounds.begin(), kDecodeLatencyBounds.end(), seconds) -
@@ -56,7 +60,7 @@ std::optional<StuckSample> ProgressWatch::Stuck(std::chrono::steady_clock::time_
   return worst;
 }
 
-LatencySnapshot ProgressWatch::latency() const {
+LatencySnapshot LatencyHistogram::Snapshot() const {
   LatencySnapshot s;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     s.counts[i] = buckets_[i].load(std::memory_order_relaxed);

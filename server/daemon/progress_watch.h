@@ -6,7 +6,7 @@
 // stuck the daemon stops its watchdog pings (systemd's WATCHDOG=1, the supervisor's), so it is
 // killed with SIGABRT and restarted, and the crash journal strikes the sample (host_notify.h).
 //
-// Also keeps the decode-latency histogram the metrics endpoint serves (metrics.h).
+// Also keeps the decode-latency and read-wait histograms the metrics endpoint serves (metrics.h).
 //
 // Thread-safety: Begin/End for worker w only from the thread that runs worker id w; Stuck(),
 // latency() from any thread. Lock-free: one atomic store per call on the decode path.
@@ -32,6 +32,17 @@ struct LatencySnapshot {
   double sum_seconds = 0;
 };
 
+// A latency histogram of kDecodeLatencyBounds' buckets. Lock-free; Record from any thread.
+class LatencyHistogram {
+ public:
+  void Record(std::chrono::nanoseconds elapsed);
+  LatencySnapshot Snapshot() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kDecodeLatencyBounds.size() + 1> buckets_{};
+  std::atomic<uint64_t> sum_ns_{0};
+};
+
 struct StuckSample {
   std::string dataset;
   uint64_t sample_index = 0;
@@ -51,7 +62,11 @@ class ProgressWatch {
   // The longest-running stuck sample at `now`, if any.
   std::optional<StuckSample> Stuck(std::chrono::steady_clock::time_point now) const;
   std::chrono::milliseconds stuck_after() const { return stuck_after_; }
-  LatencySnapshot latency() const;
+  LatencySnapshot latency() const { return latency_.Snapshot(); }
+  // How long decode threads waited for samples' reads (their files' opens and bytes): near 0
+  // while the read-ahead keeps up (pipeline::SampleObserver::AfterRead). From any thread.
+  void RecordReadWait(std::chrono::nanoseconds waited) { read_wait_.Record(waited); }
+  LatencySnapshot read_wait() const { return read_wait_.Snapshot(); }
 
  private:
   struct alignas(64) Worker {
@@ -62,8 +77,8 @@ class ProgressWatch {
   const std::chrono::milliseconds stuck_after_;
   std::unique_ptr<Worker[]> workers_;
   const uint32_t worker_count_;
-  std::array<std::atomic<uint64_t>, kDecodeLatencyBounds.size() + 1> buckets_{};
-  std::atomic<uint64_t> sum_ns_{0};
+  LatencyHistogram latency_;
+  LatencyHistogram read_wait_;
 };
 
 }  // namespace ringloader::server

@@ -18,6 +18,11 @@ bool MemorySampleCache::Contains(const std::string& key, uint64_t sample_index) 
   return found;
 }
 
+bool MemorySampleCache::Holds(const std::string& key, uint64_t sample_index) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return entries_.count({key, sample_index}) > 0;
+}
+
 bool MemorySampleCache::Lookup(const std::string& key, uint64_t sample_index,
                                std::span<uint8_t> out) {
   std::shared_lock<std::shared_mutex> lock(mu_);

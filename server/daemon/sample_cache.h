@@ -37,6 +37,7 @@ class MemorySampleCache final : public pipeline::SampleCache {
       : budget_(budget), cap_bytes_(cap_bytes) {}
 
   bool Contains(const std::string& key, uint64_t sample_index) override;
+  bool Holds(const std::string& key, uint64_t sample_index) const override;
   bool Lookup(const std::string& key, uint64_t sample_index, std::span<uint8_t> out) override;
   void Insert(const std::string& key, uint64_t sample_index,
               std::span<const uint8_t> image) override;

@@ -200,6 +200,10 @@ absl::Status SampleGate::BeforeDecode(const pipeline::Dataset& dataset, uint64_t
   return absl::OkStatus();
 }
 
+void SampleGate::AfterRead(const pipeline::Dataset&, uint64_t, std::chrono::nanoseconds waited) {
+  progress_.RecordReadWait(waited);
+}
+
 void SampleGate::AfterDecode(const pipeline::Dataset& dataset, uint64_t sample_index,
                              uint32_t worker_id) {
   progress_.End(worker_id);

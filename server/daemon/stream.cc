@@ -28,6 +28,12 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
       ring_(std::move(ring)),
       reservation_(std::move(reservation)),
       deps_(deps),
+      read_ahead_(deps.read_pool == nullptr
+                      ? nullptr
+                      // Twice the reads in flight: the next ones queue while those finish.
+                      : std::make_unique<pipeline::ReadAhead>(
+                            *deps.read_pool, uint64_t{2} * deps.read_pool->depth(), deps.memory,
+                            deps.observer, deps.io_retry)),
       schedule_(setup_.id, *ring_, setup_.start),
       last_activity_ns_(base::SteadyNowNs()) {}
 
@@ -94,6 +100,7 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
   request.limits = setup_.limits;
   request.seed = spec.seed();
   request.epoch = f.pos.epoch();
+  request.read_ahead = read_ahead_.get();
   if (!setup_.cache_key.empty()) {
     request.cache = deps_.cache;
     request.cache_key = setup_.cache_key;

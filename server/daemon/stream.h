@@ -45,6 +45,7 @@
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/epoch_progress.h"
+#include "server/pipeline/read_ahead.h"
 #include "shm/ring.h"
 
 namespace ringloader::server {
@@ -77,6 +78,11 @@ struct StreamDeps {
   DaemonStats* stats;
   const Failpoints* failpoints;
   pipeline::SampleCache* cache = nullptr;  // used when setup.cache_key is set
+  // Reads ahead of the decodes (server.io_depth); null = none. With it, what read-ahead bytes
+  // are drawn from, and how long a read's transient errors are retried.
+  pipeline::ReadPool* read_pool = nullptr;
+  pipeline::DecodeMemory* memory = nullptr;
+  std::chrono::milliseconds io_retry{30'000};
 };
 
 class Stream {
@@ -154,6 +160,8 @@ class Stream {
   const std::unique_ptr<shm::ProducerRing> ring_;
   const Reservation reservation_;
   const StreamDeps deps_;
+  // This stream's reads ahead (null without a read pool); used by the producer's fills only.
+  const std::unique_ptr<pipeline::ReadAhead> read_ahead_;
   BatchSchedule schedule_;  // the producer's state and the hand-over to NextBatch
   std::thread producer_;
   std::atomic<int64_t> last_activity_ns_;

@@ -359,6 +359,9 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints,
                          deps_.cache};
+  stream_deps.read_pool = deps_.read_pool;
+  stream_deps.memory = deps_.budget;
+  stream_deps.io_retry = std::chrono::milliseconds(deps_.config->server.io_retry_ms);
   stream = std::make_shared<Stream>(std::move(setup), std::move(*ring), std::move(*reservation),
                                     stream_deps);
   response->set_stream_id(id);
@@ -378,6 +381,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_dataset_fingerprint(dataset.fingerprint());
   response->set_no_decoded_images(!dataset.has_images());
   ToProto(stream->setup().start_progress, response->mutable_start_progress());
+  response->set_start_progress_applied(true);
   stream->Start();  // added to streams_ by `opened` on return
   SPDLOG_INFO(
       "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{}{} "
@@ -592,6 +596,17 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_memory_decoding_bytes(deps_.budget->decoding());
   response->set_rss_peak_bytes(PeakRssBytes());
   if (deps_.pool != nullptr) response->set_decode_threads_abandoned(deps_.pool->abandoned());
+  if (deps_.progress != nullptr) {
+    const LatencySnapshot read_wait = deps_.progress->read_wait();
+    const LatencySnapshot decode = deps_.progress->latency();
+    response->set_read_wait_seconds(read_wait.sum_seconds);
+    response->set_samples_read(read_wait.count);
+    response->set_decode_seconds(decode.sum_seconds);
+    response->set_samples_decoded(decode.count);
+  }
+  response->set_io_depth(deps_.config->server.io_depth);
+  response->set_read_ahead_bytes(deps_.budget->read_ahead());
+  if (deps_.read_pool != nullptr) response->set_reads_in_flight(deps_.read_pool->running());
   response->set_requests_rejected(stats.requests_rejected.load());
   response->set_batches_copied_out(stats.batches_copied_out.load());
   response->set_bytes_served(stats.bytes_served.load());

@@ -37,6 +37,7 @@
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/dataset_registry.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/progress_watch.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/sample_cache.h"
 #include "server/daemon/stream.h"
@@ -56,6 +57,8 @@ struct StreamManagerDeps {
   std::chrono::steady_clock::time_point started;
   const pipeline::WorkerPool* pool = nullptr;  // for stats; may be null
   MemorySampleCache* cache = nullptr;           // eval cache; null = none
+  pipeline::ReadPool* read_pool = nullptr;      // server.io_depth's reads; null = none
+  const ProgressWatch* progress = nullptr;      // read-wait and decode times; may be null
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host

@@ -103,6 +103,7 @@ struct BatchFiller::Assembly {
   // The current round: samples shard[pos + i] for i < k, decoded into slots first_slot + i.
   uint64_t first_slot = 0, pos = 0, k = 0;
   std::vector<absl::Status> statuses;
+  std::vector<std::shared_ptr<PrefetchedSample>> prefetched;  // ReadAhead's, or null
   std::vector<int64_t> labels;
   std::vector<uint64_t> rows;  // [i * extras.size() + t]
 };
@@ -130,6 +131,11 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
   Assembly batch(request, layout, dest);
   FilledBatch filled;
   batch.pos = request.cursor;
+  if (request.read_ahead != nullptr) {
+    const image::DecodeLimits& limits = request.limits ? *request.limits : default_limits_;
+    request.read_ahead->Advance(dataset, shard, request.epoch, request.cursor,
+                                limits.max_file_bytes, request.cache, request.cache_key);
+  }
   // Rounds: read exactly the number of slots still empty, from the next shard positions, each
   // straight into its slot; then compact the good ones down in shard order. All good: one round.
   while (filled.count < request.batch_size && batch.pos < shard.size()) {
@@ -163,6 +169,12 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
   batch.statuses.assign(batch.k, absl::OkStatus());
   batch.labels.assign(batch.k, -1);
   batch.rows.assign(batch.k * tensors, 0);
+  batch.prefetched.assign(batch.k, nullptr);
+  if (request.read_ahead != nullptr) {
+    for (uint64_t i = 0; i < batch.k; ++i) {
+      batch.prefetched[i] = request.read_ahead->Take(request.epoch, batch.pos + i);
+    }
+  }
   // Each sample is a SampleTask: everything it reads with is copied into its SampleJob before
   // it may be abandoned; it writes into the batch (SampleOutput) only once it has committed.
   pool_.ParallelForWithDeadline(
@@ -179,6 +191,7 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
         job.observer = observer;
         job.io_retry = options_.io_retry;
         job.decode_deadline = options_.deadline;
+        job.prefetched = batch.prefetched[i];
         if (batch.dataset.has_images() && request.cache != nullptr) {
           job.cache = request.cache;
           job.cache_key = request.cache_key;
@@ -198,6 +211,7 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
       },
       [&](uint64_t i, uint64_t drawn, WorkerPool::Abandoned why) {
         if (drawn > 0) options_.memory->Release(drawn);
+        if (batch.prefetched[i] != nullptr) request.read_ahead->WriteOff(*batch.prefetched[i]);
         // Only a sample stuck past its own deadline is suspect; a shutdown abandons bystanders.
         if (observer != nullptr && why == WorkerPool::Abandoned::kPastDeadline) {
           observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
@@ -209,6 +223,7 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
                 " ms (server.decode_deadline_ms); abandoned")),
             "deadline_exceeded");
       });
+  batch.prefetched.clear();  // the bytes read ahead go back as their samples are done
 }
 
 absl::Status BatchFiller::CompactRound(Assembly& batch, FilledBatch& filled) {

@@ -17,8 +17,8 @@
 // Only the first `count` entries of each are meaningful; the rest are zero.
 
 #include <chrono>
-#include <cstdint>
 #include <functional>
+#include <cstdint>
 #include <optional>
 #include <memory>
 #include <span>
@@ -90,6 +90,14 @@ class SampleObserver {
     (void)sample_index;
     return absl::OkStatus();
   }
+  // The sample's reading is done (its file open, its image in memory): `waited` is how long its
+  // decode thread spent on it, waiting for I/O (near 0 when the read-ahead kept up).
+  virtual void AfterRead(const Dataset& dataset, uint64_t sample_index,
+                         std::chrono::nanoseconds waited) {
+    (void)dataset;
+    (void)sample_index;
+    (void)waited;
+  }
   // After the image is read (the task committed), before its label, extra tensors and decode.
   // A non-OK status skips the sample with that error (e.g. quarantined).
   virtual absl::Status BeforeDecode(const Dataset& dataset, uint64_t sample_index,
@@ -111,6 +119,26 @@ class DecodeMemory {
   // Blocks until `bytes` are granted; ResourceExhausted (naming the sizes) when they never can be.
   virtual absl::Status Acquire(uint64_t bytes) = 0;
   virtual void Release(uint64_t bytes) = 0;
+  // Bytes read ahead (ReadAhead), outside the decodes' queue: a hold granted at once or not
+  // at all (id 0), and only while no Acquire waits. Default: never (the rest is then unused).
+  virtual uint64_t TryAcquireReadAhead(uint64_t bytes) {
+    (void)bytes;
+    return 0;
+  }
+  // From now on an Acquire that would otherwise wait may take hold `id` back, calling `evict`
+  // (on its own thread, no lock held) to free its bytes: read-ahead never keeps a decode waiting.
+  virtual void ArmEviction(uint64_t id, std::function<void()> evict) {
+    (void)id;
+    (void)evict;
+  }
+  // Hold `id` can no longer be evicted (a decode uses its bytes); false when it was already
+  // (its `evict` runs or ran).
+  virtual bool Pin(uint64_t id) {
+    (void)id;
+    return false;
+  }
+  // Gives hold `id` back, unless it was evicted.
+  virtual void ReleaseReadAhead(uint64_t id) { (void)id; }
 };
 
 // Outputs of deterministic transforms (eval: resize + center crop) kept across epochs and
@@ -121,13 +149,18 @@ class DecodeMemory {
 class SampleCache {
  public:
   virtual ~SampleCache() = default;
+  // Whether the sample is cached, counted as the sample's hit or miss.
   virtual bool Contains(const std::string& key, uint64_t sample_index) = 0;
+  // The same, not counted (the read-ahead's look ahead of the sample's turn).
+  virtual bool Holds(const std::string& key, uint64_t sample_index) const = 0;
   // Copies the cached image bytes into `out`; false when not cached (or of another size).
   virtual bool Lookup(const std::string& key, uint64_t sample_index, std::span<uint8_t> out) = 0;
   // Offers a freshly decoded sample; kept if it fits the cache's share of memory_limit.
   virtual void Insert(const std::string& key, uint64_t sample_index,
                       std::span<const uint8_t> image) = 0;
 };
+
+class ReadAhead;
 
 struct FillRequest {
   const Dataset* dataset = nullptr;
@@ -145,6 +178,8 @@ struct FillRequest {
   // dataset with cache = "memory". `cache_key` names the dataset and every transform setting.
   SampleCache* cache = nullptr;
   std::string cache_key;
+  // The stream's reads ahead (read_ahead.h); null = each sample is read by its decode thread.
+  ReadAhead* read_ahead = nullptr;
 };
 
 // How a BatchFiller reads and decodes, beyond the per-dataset limits.

@@ -6,26 +6,35 @@
 namespace ringloader::pipeline {
 namespace {
 
-// The positions of [0, n) that `progress` has not consumed, in order.
-std::vector<uint64_t> Rest(uint64_t n, const EpochProgress& progress) {
-  std::vector<uint64_t> rest;
-  if (progress.prefix >= n) return rest;
-  rest.reserve(n - progress.prefix - std::min<uint64_t>(progress.beyond.size(), n));
-  auto skip = progress.beyond.begin();
-  for (uint64_t p = progress.prefix; p < n; ++p) {
-    while (skip != progress.beyond.end() && *skip < p) ++skip;
-    if (skip != progress.beyond.end() && *skip == p) continue;
-    rest.push_back(p);
+// The positions of [0, n) that a progress has not consumed ("the rest"), walked in order and
+// never stored: memory stays O(beyond), whatever the dataset's size.
+class RestWalk {
+ public:
+  explicit RestWalk(const EpochProgress& progress) : progress_(progress) {}
+  // The position of rest index `i`. REQUIRES: calls with non-decreasing `i`, i < rest size.
+  uint64_t PositionOf(uint64_t i) {
+    uint64_t p = progress_.prefix + i + skipped_;
+    while (skipped_ < progress_.beyond.size() && progress_.beyond[skipped_] <= p) {
+      ++skipped_;
+      ++p;
+    }
+    return p;
   }
-  return rest;
+
+ private:
+  const EpochProgress& progress_;
+  uint64_t skipped_ = 0;  // beyond entries below the last position returned
+};
+
+uint64_t RestSize(uint64_t n, const EpochProgress& progress) {
+  return n - std::min(progress.consumed(), n);
 }
 
 }  // namespace
 
 uint64_t ResumedShardSize(uint64_t dataset_size, const EpochProgress& progress,
                           uint32_t world_size, bool drop_last) {
-  const uint64_t consumed = std::min(progress.consumed(), dataset_size);
-  return EpochShard::ShardSize(dataset_size - consumed, world_size, drop_last);
+  return EpochShard::ShardSize(RestSize(dataset_size, progress), world_size, drop_last);
 }
 
 EpochShard ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
@@ -34,15 +43,25 @@ EpochShard ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
       spec.rank >= spec.world_size) {
     std::abort();  // the caller validates requests first
   }
-  const std::vector<uint64_t> rest = Rest(dataset_size, progress);
-  const uint64_t shard_size =
-      EpochShard::ShardSize(rest.size(), spec.world_size, spec.drop_last);
+  const uint64_t rest = RestSize(dataset_size, progress);
+  const uint64_t shard_size = EpochShard::ShardSize(rest, spec.world_size, spec.drop_last);
   if (shard_size == 0) return EpochShard(spec, {});
   const std::vector<uint32_t> order = EpochShard::Order(dataset_size, spec);
-  // DistributedSampler over the rest: pad by wrapping (or truncate), rank r every W-th.
+  // DistributedSampler over the rest: rank r takes rest indices r, r + W, ...; past the rest's
+  // end the indices wrap (padding), to the first fewer-than-W of it.
   std::vector<uint32_t> indices(shard_size);
+  std::vector<uint32_t> head;  // the rest's first min(W, rest) samples, for the padding
+  RestWalk walk(progress);
+  for (uint64_t i = 0; i < rest; ++i) {
+    const uint32_t sample = order[walk.PositionOf(i)];
+    if (i < spec.world_size) head.push_back(sample);
+    if (i % spec.world_size == spec.rank && i / spec.world_size < shard_size) {
+      indices[i / spec.world_size] = sample;
+    }
+  }
   for (uint64_t k = 0; k < shard_size; ++k) {
-    indices[k] = order[rest[(spec.rank + k * spec.world_size) % rest.size()]];
+    const uint64_t i = spec.rank + k * spec.world_size;
+    if (i >= rest) indices[k] = head[(i % rest) % head.size()];
   }
   return EpochShard(spec, std::move(indices));
 }
@@ -50,28 +69,36 @@ EpochShard ResumedShard(uint64_t dataset_size, const ShardSpec& spec,
 EpochProgress EpochProgress::Advance(uint64_t dataset_size, bool drop_last,
                                      std::span<const uint64_t> cursors) const {
   const uint64_t world = cursors.size();
-  const std::vector<uint64_t> rest = Rest(dataset_size, *this);
-  if (world == 0 || rest.empty()) return *this;
-  const uint64_t shard_size = EpochShard::ShardSize(rest.size(), static_cast<uint32_t>(world),
-                                                    drop_last);
-  std::vector<uint64_t> consumed(beyond);
+  const uint64_t rest = RestSize(dataset_size, *this);
+  if (world == 0 || rest == 0) return *this;
+  const uint64_t shard_size =
+      EpochShard::ShardSize(rest, static_cast<uint32_t>(world), drop_last);
+  // Rest index i was consumed iff i / W < cursors[i % W] (and i < rest: beyond it, padding).
+  // The first one not consumed, `first`, becomes the new prefix; the consumed ones past it (a
+  // rank ahead of the others: O(their lead), never O(dataset)) join `beyond`.
+  uint64_t first = rest;
   for (uint64_t r = 0; r < world; ++r) {
     if (cursors[r] > shard_size) std::abort();  // REQUIRES
-    for (uint64_t k = 0; k < cursors[r]; ++k) {
-      const uint64_t i = r + k * world;
-      if (i < rest.size()) consumed.push_back(rest[i]);  // past it: padding, a repeat
+    first = std::min(first, r + cursors[r] * world);
+  }
+  std::vector<uint64_t> ahead;  // rest indices > first that were consumed
+  for (uint64_t r = 0; r < world; ++r) {
+    for (uint64_t k = first < r ? 0 : (first - r) / world + 1; k < cursors[r]; ++k) {
+      if (r + k * world < rest) ahead.push_back(r + k * world);
     }
   }
-  std::sort(consumed.begin(), consumed.end());
-  consumed.erase(std::unique(consumed.begin(), consumed.end()), consumed.end());
+  std::sort(ahead.begin(), ahead.end());
   EpochProgress next;
-  next.prefix = prefix;
-  size_t i = 0;
-  while (i < consumed.size() && consumed[i] == next.prefix) {
-    ++next.prefix;
-    ++i;
+  RestWalk walk(*this);
+  next.prefix = first < rest ? walk.PositionOf(first) : dataset_size;
+  std::vector<uint64_t> consumed;
+  consumed.reserve(ahead.size());
+  for (uint64_t i : ahead) consumed.push_back(walk.PositionOf(i));
+  for (uint64_t p : beyond) {
+    if (p > next.prefix) consumed.push_back(p);
   }
-  next.beyond.assign(consumed.begin() + static_cast<ptrdiff_t>(i), consumed.end());
+  std::sort(consumed.begin(), consumed.end());
+  next.beyond = std::move(consumed);
   return next;
 }
 

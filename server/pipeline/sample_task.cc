@@ -1,5 +1,6 @@
 #include "server/pipeline/sample_task.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -53,7 +54,11 @@ SampleTask::SampleTask(SampleJob job, TaskGate& gate)
 }
 
 SampleTask::State SampleTask::Run(const SampleOutput& out, const Worker& worker) {
-  if (Open() && DrawMemory()) ReadImage();
+  started_ = std::chrono::steady_clock::now();
+  if (Open() && DrawMemory() && ReadImage() && job_.observer != nullptr) {
+    job_.observer->AfterRead(*job_.dataset, job_.index,
+                             std::chrono::steady_clock::now() - started_);
+  }
   if (state_ == State::kAbandoned || !Commit()) return state_;
   Complete(out, worker);
   return state_;
@@ -74,6 +79,19 @@ bool SampleTask::Fail(absl::Status status) {
 
 bool SampleTask::Open() {
   Expect(state_ == State::kReading && !reader_);
+  if (job_.prefetched != nullptr) {
+    const bool done = job_.prefetched->WaitDone([&] { return gate_.Abandoned(); });
+    if (!CheckNotAbandoned()) return false;
+    if (done) {
+      if (!job_.prefetched->status().ok()) return Fail(job_.prefetched->status());
+      std::optional<SampleReader> reader = job_.prefetched->TakeReader();
+      if (!reader) return Fail(absl::InternalError("read ahead: no reader"));  // taken twice: a bug
+      reader_.emplace(*std::move(reader));
+      image_ = job_.prefetched->TakeImage();  // none when memory was short: read below
+      return true;
+    }
+    // Never started (the read-ahead moved on without it): read it here.
+  }
   if (job_.observer != nullptr) {
     if (absl::Status refused = job_.observer->BeforeRead(*job_.dataset, job_.index);
         !refused.ok()) {
@@ -93,20 +111,28 @@ bool SampleTask::DrawMemory() {
   Expect(state_ == State::kReading && reader_);
   if (!job_.dataset->has_images() || job_.memory == nullptr || job_.cached) return true;
   bool whole = false;
-  absl::StatusOr<std::vector<uint8_t>> head = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
-  if (!CheckNotAbandoned()) return false;
-  if (!head.ok()) return Fail(head.status());
+  std::span<const uint8_t> head;
+  absl::StatusOr<std::vector<uint8_t>> peeked;
+  if (image_) {  // read ahead: its bytes are held by the read already
+    head = image_->image().first(std::min<uint64_t>(kHeaderPeekBytes, image_->size));
+    whole = head.size() == image_->size;
+  } else {
+    peeked = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
+    if (!CheckNotAbandoned()) return false;
+    if (!peeked.ok()) return Fail(peeked.status());
+    head = *peeked;
+  }
   absl::StatusOr<image::DecodePlan> plan =
-      head->empty()
+      head.empty()
           ? image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform)
-          : image::SampleDecoder::PlanFromHeader(*head, where_, job_.limits, job_.transform);
+          : image::SampleDecoder::PlanFromHeader(head, where_, job_.limits, job_.transform);
   if (!plan.ok()) {
     // Only a header cut off by the end of the peek (huge metadata) earns the benefit of the
     // doubt: assume the worst it may hold. Any other header error is final.
     if (whole || image::ErrorReason(plan.status()) != "truncated") return Fail(plan.status());
     plan = image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform);
   }
-  const uint64_t need = reader_->read_bytes() + plan->bytes();
+  const uint64_t need = (image_ ? 0 : reader_->read_bytes()) + plan->bytes();
   if (!gate_.BeginWait()) {
     state_ = State::kAbandoned;
     return false;
@@ -124,7 +150,7 @@ bool SampleTask::DrawMemory() {
 
 bool SampleTask::ReadImage() {
   Expect(state_ == State::kReading && reader_);
-  if (job_.dataset->has_images() && !job_.cached) {
+  if (job_.dataset->has_images() && !job_.cached && !image_) {
     absl::StatusOr<ImageBytes> image = reader_->ReadImage();
     // Abandoned while reading: the draw is the abandoner's to give back, so it is forgotten.
     if (gate_.Abandoned()) {

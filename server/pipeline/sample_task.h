@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,6 +33,7 @@
 #include "server/image/transform.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/pipeline/sample_reader.h"
 #include "server/pipeline/worker_pool.h"
 
@@ -52,6 +54,8 @@ struct SampleJob {
   SampleCache* cache = nullptr;  // set when the image may come from (and go to) the eval cache
   std::string cache_key;
   bool cached = false;  // the cache holds this sample: it is neither read nor decoded
+  // The stream's read of this sample, started ahead (ReadAhead::Take); null = read it here.
+  std::shared_ptr<PrefetchedSample> prefetched;
 };
 
 // Where a committed task writes: the caller's memory, valid until its Fill call returns, so
@@ -81,8 +85,9 @@ class SampleTask {
   State Run(const SampleOutput& out, const Worker& worker);
 
   // ---- the steps (Run calls them; tests call them one at a time) ----
-  // kReading: the observer's BeforeRead, then the sample's file (or record) opened. False when
-  // it ended the reading (kFailed or kAbandoned).
+  // kReading: the observer's BeforeRead, then the sample's file (or record) opened; or, with a
+  // read started ahead (job.prefetched), its result taken once done (its wait is abandonable
+  // like the read). False when it ended the reading (kFailed or kAbandoned).
   bool Open();
   // kReading: peeks at the image's header and draws what its decode needs from job.memory,
   // waiting for it with the deadline paused. Nothing to do without images, accounting or for a
@@ -117,6 +122,7 @@ class SampleTask {
   std::optional<ImageBytes> image_;
   uint64_t drawn_ = 0;        // bytes of job.memory this task holds
   uint64_t libjpeg_cap_ = 0;  // of the plan: given to the decoder once committed
+  std::chrono::steady_clock::time_point started_;  // for the observer's AfterRead
 };
 
 std::string_view SampleTaskStateName(SampleTask::State state);

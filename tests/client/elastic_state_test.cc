@@ -58,7 +58,8 @@ TEST_CASE("Elastic state: a v2 state an earlier release wrote still loads", "[cl
   three.world_size = 3;
   const Continuation other = ContinueState(s, three);
   CHECK(other.options.saved_world.world_size == 2);
-  CHECK(other.options.saved_world.cursors == std::vector<uint64_t>{448, 450});
+  // Every rank counted at sequence * batch_size: the same whichever rank's state is loaded.
+  CHECK(other.options.saved_world.cursors == std::vector<uint64_t>{448, 448});
   CHECK(other.options.start == Position{1, 0, 0});
 }
 
@@ -117,13 +118,17 @@ TEST_CASE("Elastic state: another world, rank or batch size sends the saved worl
     CHECK(c.options.batch_size == mine.batch_size);
     CHECK(c.warning.empty());
   }
-  // Rank 1 of 3 skipped 2 bad samples: its own cursor is exact, the others' are lower bounds,
-  // and the caller is told what that may cost.
+  // Rank 1 of 3 skipped 2 bad samples: every rank counts at the lower bound (the same progress
+  // whichever rank's state each new rank loads), and the caller is told what that may cost.
   const ResumeState skipped = ParseState(RankState(1, 3, Position{0, 5, 42}));
   const Continuation c = ContinueState(skipped, JobOptions(0, 2));
-  CHECK(c.options.saved_world.cursors == std::vector<uint64_t>{40, 42, 40});
+  CHECK(c.options.saved_world.cursors == std::vector<uint64_t>{40, 40, 40});
   CHECK_THAT(c.warning, Catch::Contains("skipped 2 bad sample(s)") &&
-                            Catch::Contains("about 4") && Catch::Contains("CombineStates"));
+                            Catch::Contains("about 6") && Catch::Contains("CombineStates"));
+  // Also at world 1 with another batch size: the skipped positions are read again.
+  const ResumeState alone = ParseState(RankState(0, 1, Position{0, 5, 41}));
+  CHECK_THAT(ContinueState(alone, JobOptions(0, 1, 16)).warning,
+             Catch::Contains("skipped 1 bad sample(s)"));
 }
 
 TEST_CASE("Elastic state: options that change the samples' order or bytes are refused by name",

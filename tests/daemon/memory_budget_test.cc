@@ -152,3 +152,47 @@ TEST_CASE("MemoryBudget: decode draws wait for room, first come first served, an
 }
 
 }  // namespace ringloader::server
+
+namespace ringloader::server {
+
+TEST_CASE("MemoryBudget: read-ahead holds take only spare memory and are evicted for a decode",
+          "[daemon][memory][read_ahead]") {
+  MemoryBudget budget(100ull << 20);
+  // At most half of the limit is read ahead.
+  const uint64_t a = budget.TryAcquireReadAhead(30ull << 20);
+  REQUIRE(a != 0);
+  CHECK(budget.TryAcquireReadAhead(30ull << 20) == 0);
+  const uint64_t b = budget.TryAcquireReadAhead(20ull << 20);
+  REQUIRE(b != 0);
+  CHECK(budget.read_ahead() == 50ull << 20);
+  int evicted_a = 0, evicted_b = 0;
+  budget.ArmEviction(a, [&] { ++evicted_a; });
+  budget.ArmEviction(b, [&] { ++evicted_b; });
+  // A decode that needs 60 MiB of the 50 free takes the newest hold back, and no more.
+  REQUIRE(budget.Acquire(60ull << 20).ok());
+  CHECK(evicted_b == 1);
+  CHECK(evicted_a == 0);
+  CHECK(budget.read_ahead() == 30ull << 20);
+  CHECK(budget.decoding() == 90ull << 20);
+  budget.ReleaseReadAhead(b);  // its holder lets go later: nothing is given back twice
+  CHECK(budget.decoding() == 90ull << 20);
+  // A pinned hold (a decode uses its bytes) is never evicted: the next decode waits for room.
+  REQUIRE(budget.Pin(a));
+  std::atomic<bool> granted{false};
+  std::thread waiter([&] {
+    granted = budget.Acquire(20ull << 20).ok();
+  });
+  // No read-ahead while a decode waits.
+  while (budget.waiting() == 0) std::this_thread::yield();
+  CHECK(budget.TryAcquireReadAhead(1) == 0);
+  budget.ReleaseReadAhead(a);
+  waiter.join();
+  CHECK(granted);
+  CHECK(evicted_a == 0);
+  budget.Release(60ull << 20);
+  budget.Release(20ull << 20);
+  CHECK(budget.decoding() == 0);
+  CHECK(budget.read_ahead() == 0);
+}
+
+}  // namespace ringloader::server

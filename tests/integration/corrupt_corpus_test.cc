@@ -32,11 +32,16 @@ constexpr uint32_t kClasses = 4;
 constexpr uint32_t kBatch = 8;
 constexpr uint64_t kSeed = 5;
 
+constexpr uint32_t kIoDepth = 4;
+
 DaemonFixtureOptions CorpusOptions(const std::string& on_error) {
   DaemonFixtureOptions o;
   o.images = kGoodImages;
   o.classes = kClasses;
   o.on_error = on_error;
+  // Reads run at most 2 x io_depth files ahead of the decodes: a file deleted mid-epoch must lie
+  // beyond that to fail in the epoch it vanished in (a file read before it vanished is served).
+  o.server_extra = "io_depth = " + std::to_string(kIoDepth);
   return o;
 }
 
@@ -157,8 +162,8 @@ TEST_CASE("corrupt corpus, on_error=skip: 2 epochs deliver every good sample exa
   REQUIRE(ds->size() == kGoodImages + AllBadImages().size());
 
   // Two good files that will vanish mid-epoch 0: the last good ones in epoch 0's shard order,
-  // far beyond what the producer can have decoded after one batch (4 ring slots x 8 samples,
-  // plus the bad files it may have skipped).
+  // far beyond what the producer can have decoded or read ahead after one batch (4 ring slots x
+  // 8 samples, plus the bad files it may have skipped, plus 2 x io_depth read ahead).
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = kSeed;
   pipeline::EpochShard shard(ds->size(), shard_spec);
@@ -172,7 +177,7 @@ TEST_CASE("corrupt corpus, on_error=skip: 2 epochs deliver every good sample exa
     }
   }
   REQUIRE(victims.size() == 2);
-  REQUIRE(victims_from > 4 * kBatch + bad.size());
+  REQUIRE(victims_from > 4 * kBatch + bad.size() + 2 * kIoDepth);
 
   std::set<std::string> good;
   for (uint64_t i = 0; i < ds->size(); ++i) {

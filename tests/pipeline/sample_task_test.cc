@@ -72,6 +72,7 @@ struct RecordingObserver : SampleObserver {
 
 struct FakeCache : SampleCache {
   bool Contains(const std::string&, uint64_t) override { return true; }
+  bool Holds(const std::string&, uint64_t) const override { return true; }
   bool Lookup(const std::string&, uint64_t, std::span<uint8_t> out) override {
     std::fill(out.begin(), out.end(), uint8_t{77});
     return true;

@@ -1,0 +1,174 @@
+#include "server/pipeline/read_ahead.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace ringloader::pipeline {
+
+PrefetchedSample::~PrefetchedSample() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    image_.reset();
+  }
+  if (hold_ != 0) memory_->ReleaseReadAhead(hold_);
+}
+
+std::optional<ImageBytes> PrefetchedSample::TakeImage() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!image_ || !memory_->Pin(hold_)) return std::nullopt;  // evicted, or being evicted
+  std::optional<ImageBytes> image = std::move(image_);
+  image_.reset();
+  return image;
+}
+
+void PrefetchedSample::Evict() {
+  std::lock_guard<std::mutex> lock(mu_);
+  image_.reset();
+}
+
+bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!done_ && !cancelled_) {
+    if (give_up()) return false;
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  return done_;
+}
+
+bool PrefetchedSample::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void PrefetchedSample::Cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    cancelled_ = true;
+  }
+  cv_.notify_all();
+}
+
+void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
+                            std::chrono::milliseconds io_retry, bool read_image) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return;
+  }
+  absl::Status status;
+  if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
+  if (status.ok()) {
+    absl::StatusOr<SampleReader> reader =
+        SampleReader::Open(dataset_, index_, max_file_bytes, io_retry);
+    if (reader.ok()) {
+      reader_.emplace(*std::move(reader));
+    } else {
+      status = reader.status();
+    }
+  }
+  // The bytes only with memory to spare (never what a decode waits for, and evicted when one
+  // would wait); otherwise the open file alone is what the task saves.
+  if (status.ok() && read_image && memory_ != nullptr &&
+      (hold_ = memory_->TryAcquireReadAhead(reader_->read_bytes())) != 0) {
+    absl::StatusOr<ImageBytes> image = reader_->ReadImage();
+    if (image.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        image_.emplace(*std::move(image));
+      }
+      memory_->ArmEviction(hold_, [weak = weak_from_this()] {
+        if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
+      });
+    } else {
+      status = image.status();
+      reader_.reset();
+    }
+  }
+  status_ = std::move(status);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+ReadAhead::ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory,
+                     SampleObserver* observer, std::chrono::milliseconds io_retry)
+    : pool_(pool), window_(window), memory_(memory), observer_(observer), io_retry_(io_retry) {}
+
+ReadAhead::~ReadAhead() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropAll();
+}
+
+void ReadAhead::DropAll() {
+  for (auto& [pos, read] : reads_) read->Cancel();
+  reads_.clear();
+}
+
+void ReadAhead::Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch,
+                        uint64_t cursor, uint64_t max_file_bytes, SampleCache* cache,
+                        const std::string& cache_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Another epoch, or a jump past what was started: begin again at `cursor`.
+  if (dataset_ != &dataset || epoch_ != epoch || shard_ == nullptr || cursor > next_) {
+    DropAll();
+    next_ = cursor;
+  }
+  dataset_ = &dataset;
+  shard_ = &shard;
+  epoch_ = epoch;
+  max_file_bytes_ = max_file_bytes;
+  cache_ = cache;
+  cache_key_ = cache_key;
+  // Reads of positions the stream has gone past (it skipped them, or reopened elsewhere).
+  while (!reads_.empty() && reads_.begin()->first < cursor) {
+    reads_.begin()->second->Cancel();
+    reads_.erase(reads_.begin());
+  }
+  StartUpTo(cursor + window_);
+}
+
+std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch != epoch_) return nullptr;
+  auto it = reads_.find(pos);
+  std::shared_ptr<PrefetchedSample> read;
+  if (it != reads_.end()) {
+    read = std::move(it->second);
+    reads_.erase(it);
+  }
+  if (shard_ != nullptr) StartUpTo(pos + 1 + window_);
+  return read;
+}
+
+void ReadAhead::WriteOff(const PrefetchedSample& sample) {
+  if (!sample.done()) pool_.WriteOff();
+}
+
+uint64_t ReadAhead::started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+void ReadAhead::StartUpTo(uint64_t end) {
+  end = std::min<uint64_t>(end, shard_->size());
+  const bool images = dataset_->has_images();
+  for (; next_ < end; ++next_) {
+    const uint64_t index = shard_->at(next_);
+    if (index >= dataset_->size()) continue;  // Fill refuses the batch itself
+    // A sample the eval cache holds is neither read nor decoded.
+    if (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) continue;
+    auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_);
+    // The pool thread holds the read alive; the task may have taken and dropped it already.
+    const bool submitted = pool_.Submit(
+        [read, observer = observer_, max = max_file_bytes_, io_retry = io_retry_, images] {
+          read->Read(observer, max, io_retry, images);
+        });
+    if (!submitted) return;
+    reads_.emplace(next_, std::move(read));
+    ++started_;
+  }
+}
+
+}  // namespace ringloader::pipeline

@@ -1,0 +1,135 @@
+#pragma once
+// ReadAhead: one stream's reads, started ahead of its decodes (issue 29: data on a network mount).
+//
+// A stream's future order is known (its shard is a pure function of seed and epoch), so while its
+// samples are decoded, the next ones are opened and read on the ReadPool: up to `window` shard
+// positions past the one the stream last took. A sample's SampleTask then finds its file open and
+// (memory permitting) its bytes in memory (Take), instead of paying the mount's latency on a
+// decode thread.
+//
+// Memory: the bytes a read holds are drawn from DecodeMemory::TryAcquire, which grants them only
+// while no decode waits and some of memory_limit stays free for decodes; refused, the read keeps
+// just the open file and the task reads the bytes itself. So read-ahead shrinks under memory
+// pressure and never takes memory a decode needs. The bytes go back when the sample is done.
+//
+// Guarantees are the task's: what a sample reads, when it fails and why is decided exactly as
+// without read-ahead (the same SampleReader calls, the observer's BeforeRead first); a task
+// waiting on a read stuck on a dead mount is abandoned at its own deadline (and WriteOff() gives
+// the pool another thread). Nothing here decides which samples a batch has.
+//
+// Thread-safety: Advance from the stream's producer; Take from decode threads; both locked.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "server/image/sample_decoder.h"
+#include "server/pipeline/batch_filler.h"
+#include "server/pipeline/dataset.h"
+#include "server/pipeline/read_pool.h"
+#include "server/pipeline/sample_reader.h"
+#include "server/pipeline/sampler.h"
+
+namespace ringloader::pipeline {
+
+// One sample read ahead. Written once by a ReadPool thread, then read by the one task that took
+// it. Gives its memory back when the last reference goes.
+class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
+ public:
+  PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory)
+      : dataset_(dataset), index_(index), memory_(memory) {}
+  ~PrefetchedSample();
+  PrefetchedSample(const PrefetchedSample&) = delete;
+  PrefetchedSample& operator=(const PrefetchedSample&) = delete;
+
+  const Dataset& dataset() const { return dataset_; }
+  uint64_t index() const { return index_; }
+
+  // Waits until the read is done, `give_up()` (polled every few ms) says stop (false), or the
+  // read was never started (cancelled: false).
+  bool WaitDone(const std::function<bool()>& give_up);
+  // After WaitDone: the read's result. OK with `reader` set (and `image` when the bytes were
+  // read), or the error the sample fails with.
+  const absl::Status& status() const { return status_; }
+  std::optional<SampleReader> TakeReader() { return std::move(reader_); }
+  // The image's bytes, if they were read and not evicted since (memory a decode needed): from
+  // then on they stay until this read is destroyed. Empty: the caller reads them.
+  std::optional<ImageBytes> TakeImage();
+
+  // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes.
+  void Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
+            bool read_image);
+  // Never started: WaitDone returns false at once.
+  void Cancel();
+  bool done() const;
+
+ private:
+  void Evict();  // DecodeMemory's eviction: drops the image (its bytes are the budget's again)
+
+  const Dataset& dataset_;
+  const uint64_t index_;
+  DecodeMemory* const memory_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Written by the reading thread before done_; read by the taker after it.
+  absl::Status status_;
+  std::optional<SampleReader> reader_;
+  std::optional<ImageBytes> image_ ABSL_GUARDED_BY(mu_);  // also cleared by Evict
+  uint64_t hold_ = 0;  // memory_'s read-ahead hold for image_; 0 = none
+};
+
+class ReadAhead {
+ public:
+  // `window`: shard positions read ahead of the last one taken. `memory` may be null
+  // (unaccounted: the bytes are never read ahead, only the files opened).
+  ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory, SampleObserver* observer,
+            std::chrono::milliseconds io_retry);
+  ~ReadAhead();  // queued reads are cancelled; reads in flight finish on their own
+
+  // The stream fills from shard position `cursor` of `shard` (epoch `epoch`) now: reads are
+  // started up to `cursor + window`; those of other epochs and before `cursor` are dropped.
+  // `cache`/`cache_key`: samples the eval cache holds are not read. `shard` must stay alive until
+  // the next Advance or the ReadAhead's end.
+  void Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch, uint64_t cursor,
+               uint64_t max_file_bytes, SampleCache* cache, const std::string& cache_key);
+  // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
+  // and the window moves on past `pos`); nullptr otherwise.
+  std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
+  // The taker gave up on `sample` (its deadline): its read may be stuck.
+  void WriteOff(const PrefetchedSample& sample);
+
+  uint64_t started() const;  // reads started so far
+
+ private:
+  void StartUpTo(uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ReadPool& pool_;
+  const uint64_t window_;
+  DecodeMemory* const memory_;
+  SampleObserver* const observer_;
+  const std::chrono::milliseconds io_retry_;
+  mutable std::mutex mu_;
+  const Dataset* dataset_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t max_file_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  SampleCache* cache_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string cache_key_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the next shard position to start
+  std::map<uint64_t, std::shared_ptr<PrefetchedSample>> reads_ ABSL_GUARDED_BY(mu_);  // by pos
+  uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ringloader::pipeline

@@ -1,0 +1,107 @@
+#include "server/pipeline/read_pool.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+
+namespace ringloader::pipeline {
+
+// Shared by the pool and its threads (detached: each holds the Impl alive while it runs).
+struct ReadPool::Impl {
+  explicit Impl(uint32_t d) : depth(d) {}
+  const uint32_t depth;
+  // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
+  mutable std::mutex mu;
+  std::condition_variable work;
+  std::deque<std::function<void()>> queue ABSL_GUARDED_BY(mu);
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  uint32_t threads ABSL_GUARDED_BY(mu) = 0;  // alive (idle, running or stuck)
+  uint32_t idle ABSL_GUARDED_BY(mu) = 0;
+  uint32_t running ABSL_GUARDED_BY(mu) = 0;
+  uint64_t written_off ABSL_GUARDED_BY(mu) = 0;
+
+  // Threads allowed: depth, plus one for each written-off (maybe stuck) read.
+  uint64_t Allowed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return depth + written_off; }
+
+  // Starts a thread if work waits, no thread is idle and the pool may have one more.
+  void Grow(const std::shared_ptr<Impl>& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (stop || queue.size() <= idle || threads >= Allowed()) return;
+    ++threads;
+    std::thread([self] { self->Loop(); }).detach();
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      ++idle;
+      work.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stop || !queue.empty(); });
+      --idle;
+      if (stop) break;
+      std::function<void()> read = std::move(queue.front());
+      queue.pop_front();
+      ++running;
+      lock.unlock();
+      read();
+      read = nullptr;  // its captures go before the lock is taken again
+      lock.lock();
+      --running;
+    }
+    --threads;
+  }
+};
+
+ReadPool::ReadPool(uint32_t depth) : impl_(std::make_shared<Impl>(std::max<uint32_t>(depth, 1))) {}
+
+ReadPool::~ReadPool() { Shutdown(); }
+
+uint32_t ReadPool::depth() const { return impl_->depth; }
+
+bool ReadPool::Submit(std::function<void()> read) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->stop) return false;
+  impl_->queue.push_back(std::move(read));
+  impl_->Grow(impl_);
+  impl_->work.notify_one();
+  return true;
+}
+
+void ReadPool::WriteOff() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->written_off >= kMaxWrittenOff) return;
+  ++impl_->written_off;
+  impl_->Grow(impl_);
+}
+
+uint64_t ReadPool::written_off() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->written_off;
+}
+
+uint64_t ReadPool::running() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->running;
+}
+
+uint64_t ReadPool::queued() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->queue.size();
+}
+
+void ReadPool::Shutdown() {
+  std::deque<std::function<void()>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+    dropped.swap(impl_->queue);
+  }
+  impl_->work.notify_all();
+  // `dropped` goes here, outside the lock: its captures may release memory.
+}
+
+}  // namespace ringloader::pipeline

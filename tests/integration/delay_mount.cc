@@ -1,0 +1,76 @@
+#include "tests/integration/delay_mount.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace ringloader::testing {
+namespace {
+
+constexpr long kFuseSuperMagic = 0x65735546;
+
+bool IsFuseMount(const std::string& path) {
+  struct statfs fs {};
+  return statfs(path.c_str(), &fs) == 0 && fs.f_type == kFuseSuperMagic;
+}
+
+std::string DelayFsPath() { return BuiltBinary("delayfs"); }
+
+}  // namespace
+
+std::string DelayMount::Unavailable() {
+  static const std::string reason = [] {
+    if (access("/dev/fuse", R_OK | W_OK) != 0) return std::string("no usable /dev/fuse");
+    if (access(DelayFsPath().c_str(), X_OK) != 0) {
+      return std::string("delayfs was not built (libfuse3-dev missing: scripts/setup installs it)");
+    }
+    TempDir dir;
+    std::filesystem::create_directories(dir.Join("src"));
+    std::filesystem::create_directories(dir.Join("mnt"));
+    Subprocess fs({DelayFsPath(), dir.Join("src"), dir.Join("mnt")}, {},
+                  dir.Join("delayfs.log"));
+    const bool mounted = WaitFor([&] { return IsFuseMount(dir.Join("mnt")) || !fs.Running(); },
+                                 std::chrono::seconds(10)) &&
+                         IsFuseMount(dir.Join("mnt"));
+    const std::string log = ReadFile(dir.Join("delayfs.log"));
+    fs.Kill(SIGTERM);
+    fs.Wait(std::chrono::seconds(10));
+    if (!mounted) return "a FUSE mount cannot be made here: " + log;
+    return std::string();
+  }();
+  return reason;
+}
+
+DelayMount::DelayMount(const std::string& source, const std::string& parent,
+                       std::chrono::milliseconds open_delay, const std::string& hang_glob) {
+  if (!Unavailable().empty()) std::abort();
+  mountpoint_ = parent + "/" + UniqueName("delay-mount");
+  std::filesystem::create_directories(mountpoint_);
+  std::vector<std::string> argv = {DelayFsPath(), source, mountpoint_, "--open-delay-ms",
+                                   std::to_string(open_delay.count())};
+  if (!hang_glob.empty()) argv.insert(argv.end(), {"--hang", hang_glob});
+  delayfs_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{},
+                                          mountpoint_ + ".log");
+  if (!WaitFor([&] { return IsFuseMount(mountpoint_); }, std::chrono::seconds(10))) {
+    std::fprintf(stderr, "delayfs did not mount %s: %s\n", mountpoint_.c_str(),
+                 ReadFile(mountpoint_ + ".log").c_str());
+    std::abort();
+  }
+}
+
+DelayMount::~DelayMount() {
+  delayfs_->Kill(SIGTERM);
+  if (delayfs_->Wait(std::chrono::seconds(10)) == -1) delayfs_->Kill(SIGKILL);
+  // A delayfs killed without unmounting leaves a dead mount: detach it.
+  if (IsFuseMount(mountpoint_)) RunCommand({"umount", "-l", mountpoint_});
+  std::error_code ec;
+  std::filesystem::remove(mountpoint_, ec);
+}
+
+}  // namespace ringloader::testing

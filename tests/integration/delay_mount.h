@@ -1,0 +1,33 @@
+#pragma once
+// A FUSE delay mount for tests: delayfs (tests/support/delayfs.cc) passing a directory through
+// with a delay on every file open, as a network mount costs per file. Unmounted (and delayfs
+// stopped) when destroyed.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "tests/support/test_support.h"
+
+namespace ringloader::testing {
+
+class DelayMount {
+ public:
+  // Why a delay mount cannot be made here (no /dev/fuse, no delayfs built, mount refused), or
+  // "" when it can. Tests skip visibly with this reason.
+  static std::string Unavailable();
+
+  // Mounts `source` at a new directory under `parent` (see path()). `hang_glob`: opening a
+  // matching file (relative path) never answers until the mount goes. REQUIRES: Unavailable()
+  // is "" (aborts the test otherwise).
+  DelayMount(const std::string& source, const std::string& parent,
+             std::chrono::milliseconds open_delay, const std::string& hang_glob = "");
+  ~DelayMount();
+  const std::string& path() const { return mountpoint_; }
+
+ private:
+  std::string mountpoint_;
+  std::unique_ptr<Subprocess> delayfs_;
+};
+
+}  // namespace ringloader::testing

@@ -1,0 +1,163 @@
+// delayfs: a read-only FUSE passthrough of a directory that adds a delay to every file open, as
+// a network mount (NFS, Lustre, s3fs, gcsfuse) costs per file. For the storage tests and
+// bench/storage_bench. Not part of the daemon.
+//
+//   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N]
+//
+// --hang GLOB: opening a file whose path (relative to SOURCE, fnmatch) matches never answers,
+// like a dead mount, until the caller is killed (EINTR: as NFS's killable waits) or delayfs
+// exits (ENOTCONN). Runs in the
+// foreground; SIGTERM or SIGINT unmounts and exits. Multithreaded (--threads, default 256), so
+// concurrent opens wait their delays side by side, as on a real mount.
+#define FUSE_USE_VERSION 314
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <fuse.h>
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Settings {
+  std::string source;
+  std::chrono::milliseconds open_delay{0};
+  std::string hang_glob;
+};
+Settings settings;
+
+std::string Source(const char* path) { return settings.source + path; }
+
+bool Exiting() {
+  fuse_context* context = fuse_get_context();
+  return context == nullptr || fuse_session_exited(fuse_get_session(context->fuse)) != 0;
+}
+
+int GetAttr(const char* path, struct stat* st, fuse_file_info*) {
+  return lstat(Source(path).c_str(), st) == 0 ? 0 : -errno;
+}
+
+int ReadDir(const char* path, void* buf, fuse_fill_dir_t fill, off_t, fuse_file_info*,
+            fuse_readdir_flags) {
+  DIR* dir = opendir(Source(path).c_str());
+  if (dir == nullptr) return -errno;
+  while (dirent* e = readdir(dir)) {
+    struct stat st {};
+    st.st_ino = e->d_ino;
+    st.st_mode = static_cast<mode_t>(DTTOIF(e->d_type));
+    if (fill(buf, e->d_name, &st, 0, static_cast<fuse_fill_dir_flags>(0)) != 0) break;
+  }
+  closedir(dir);
+  return 0;
+}
+
+int Open(const char* path, fuse_file_info* fi) {
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) return -EROFS;
+  if (!settings.hang_glob.empty() && fnmatch(settings.hang_glob.c_str(), path + 1, 0) == 0) {
+    // Until the caller is killed (the kernel then sends an interrupt, which a network
+    // filesystem's killable waits honour too) or delayfs exits.
+    while (!Exiting() && fuse_interrupted() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return fuse_interrupted() != 0 ? -EINTR : -ENOTCONN;
+  }
+  std::this_thread::sleep_for(settings.open_delay);
+  const int fd = open(Source(path).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  fi->fh = static_cast<uint64_t>(fd);
+  return 0;
+}
+
+int Read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+  const ssize_t n = pread(static_cast<int>(fi->fh), buf, size, offset);
+  return n < 0 ? -errno : static_cast<int>(n);
+}
+
+int Release(const char*, fuse_file_info* fi) {
+  close(static_cast<int>(fi->fh));
+  return 0;
+}
+
+int StatFs(const char* path, struct statvfs* st) {
+  return statvfs(Source(path).c_str(), st) == 0 ? 0 : -errno;
+}
+
+[[noreturn]] void Usage(const char* why) {
+  std::fprintf(stderr,
+               "delayfs: %s\nusage: delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] "
+               "[--threads N]\n",
+               why);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> positional;
+  unsigned threads = 256;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) Usage(("missing value of " + arg).c_str());
+      return argv[++i];
+    };
+    if (arg == "--open-delay-ms") {
+      settings.open_delay = std::chrono::milliseconds(std::stoul(value()));
+    } else if (arg == "--hang") {
+      settings.hang_glob = value();
+    } else if (arg == "--threads") {
+      threads = static_cast<unsigned>(std::stoul(value()));
+    } else if (!arg.empty() && arg[0] == '-') {
+      Usage(("unknown flag " + arg).c_str());
+    } else {
+      positional.push_back(arg);
+    }
+  }
+  if (positional.size() != 2) Usage("needs SOURCE and MOUNTPOINT");
+  char* source = realpath(positional[0].c_str(), nullptr);
+  if (source == nullptr) Usage(("cannot resolve SOURCE: " + std::string(strerror(errno))).c_str());
+  settings.source = source;
+  std::free(source);
+
+  fuse_operations ops{};
+  ops.getattr = GetAttr;
+  ops.readdir = ReadDir;
+  ops.open = Open;
+  ops.read = Read;
+  ops.release = Release;
+  ops.statfs = StatFs;
+  // Root may let every user read it (a daemon tested as another user).
+  std::vector<std::string> args = {"delayfs", "-o", "ro,default_permissions,fsname=delayfs"};
+  if (geteuid() == 0) args.back() += ",allow_other";
+  std::vector<char*> argv_fuse;
+  for (std::string& a : args) argv_fuse.push_back(a.data());
+  fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv_fuse.size()), argv_fuse.data());
+  fuse* fs = fuse_new(&fargs, &ops, sizeof(ops), nullptr);
+  if (fs == nullptr) return 1;
+  if (fuse_mount(fs, positional[1].c_str()) != 0) {
+    fuse_destroy(fs);
+    return 1;
+  }
+  fuse_session* session = fuse_get_session(fs);
+  if (fuse_set_signal_handlers(session) != 0) return 1;
+  fuse_loop_config* config = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(config, threads);
+  fuse_loop_cfg_set_idle_threads(config, 16);
+  const int rc = fuse_loop_mt(fs, config);
+  fuse_loop_cfg_destroy(config);
+  fuse_remove_signal_handlers(session);
+  fuse_unmount(fs);
+  fuse_destroy(fs);
+  return rc == 0 ? 0 : 1;
+}
