@@ -148,6 +148,10 @@ int Main(int argc, char** argv) {
                            "arrays: the NAME.npy whose rows are the labels (config's `label`)");
   validate_cmd->add_option("--jobs", validate.jobs, "decode threads (0 = one per CPU)")
       ->capture_default_str();
+  validate_cmd->add_option("--io-depth", validate.io_depth,
+                           "files opened ahead of the decodes, at once (a network mount's "
+                           "latency per file); 0 = none")
+      ->capture_default_str();
   uint64_t max_pixels = 0;
   CLI::Option* max_pixels_opt = validate_cmd->add_option(
       "--max-pixels", max_pixels,

@@ -111,6 +111,7 @@ struct ValidateOptions {
   std::string label;  // arrays: the NAME.npy whose rows are the labels (the config's `label`)
   uint32_t jobs = 0;  // 0 = one per CPU
   std::optional<uint64_t> max_pixels;  // unset: the config's or the default
+  uint32_t io_depth = 64;  // files opened ahead of the decodes (a network mount); 0 = none
 };
 // Decodes every sample; prints "BAD <relative_path>: <reason>: <message>" per bad file in index
 // order (paths escaped as proto/wire_text.h says), then "checked N files: G good, B bad"

@@ -166,16 +166,19 @@ std::optional<uint64_t> OpenFilesLimitOf(const std::string& pid) {
 }
 
 Check OpenFiles(const server::ServerConfig& s, const LimitsOf& of) {
-  // Per stream: its segment, the client's connection and session; per decode thread: a file
-  // being read; plus logs, caches, the journal and gRPC's own.
-  const uint64_t need = 256 + 4ull * s.max_streams + 2ull * DecodeThreads(s);
+  // Per stream: its segment, the client's connection and session, and io_depth files read
+  // ahead; per decode thread: a file being read; plus logs, caches, the journal and gRPC's own.
+  // (The daemon raises its soft limit to the hard one itself: the hard one is what counts.)
+  const uint64_t need =
+      256 + (4ull + s.io_depth) * s.max_streams + 2ull * DecodeThreads(s);
   uint64_t soft = UINT64_MAX;
   if (std::optional<uint64_t> limit = OpenFilesLimitOf(of.pid)) {
     soft = *limit;
   } else {
+    // The daemon started from here raises its soft limit to the hard one.
     rlimit rl{};
     getrlimit(RLIMIT_NOFILE, &rl);
-    soft = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+    soft = rl.rlim_max == RLIM_INFINITY ? UINT64_MAX : rl.rlim_max;
   }
   const std::string what =
       absl::StrCat("open files: limit ", soft == UINT64_MAX ? std::string("unlimited")

@@ -3,6 +3,7 @@
 #include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -742,6 +743,12 @@ int RunDaemon(const DaemonOptions& options) {
   // Under --supervise the child is exec'ed as /proc/self/exe: name the process for ps and pgrep.
   prctl(PR_SET_NAME, "ringloaderd");
   signal(SIGPIPE, SIG_IGN);
+  // Each read in flight (server.io_depth per stream) holds a file open: the soft limit on open
+  // files (often 1024) goes up to the hard one, as the host allows.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   InitLogging(nullptr);
   DaemonState d;

@@ -96,6 +96,7 @@ uint64_t MemoryBudget::TryAcquireReadAhead(uint64_t bytes) {
   decoding_ += bytes;
   read_ahead_ += bytes;
   peak_ = std::max(peak_, fixed_ + decoding_);
+  peak_read_ahead_ = std::max(peak_read_ahead_, read_ahead_);
   const uint64_t id = next_hold_++;
   holds_.emplace(id, ReadAheadHold{bytes, nullptr});
   return id;
@@ -130,6 +131,11 @@ void MemoryBudget::ReleaseReadAhead(uint64_t id) {
 uint64_t MemoryBudget::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.size();
+}
+
+uint64_t MemoryBudget::peak_read_ahead() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_read_ahead_;
 }
 
 uint64_t MemoryBudget::read_ahead() const {

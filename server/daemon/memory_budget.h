@@ -62,7 +62,8 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   void ArmEviction(uint64_t id, std::function<void()> evict) override;
   bool Pin(uint64_t id) override;
   void ReleaseReadAhead(uint64_t id) override;
-  uint64_t read_ahead() const;  // read-ahead bytes held, now
+  uint64_t read_ahead() const;       // read-ahead bytes held, now
+  uint64_t peak_read_ahead() const;  // the most read_ahead() has been
   uint64_t waiting() const;     // Acquire and Reserve calls waiting for room, now
 
   uint64_t limit() const { return limit_; }
@@ -90,6 +91,7 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // tickets of waiters, in arrival order
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_ahead_ ABSL_GUARDED_BY(mu_) = 0;  // of decoding_: granted by TryAcquire
+  uint64_t peak_read_ahead_ ABSL_GUARDED_BY(mu_) = 0;
   struct ReadAheadHold {
     uint64_t bytes;
     std::function<void()> evict;  // empty until armed: not evictable yet

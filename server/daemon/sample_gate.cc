@@ -156,10 +156,15 @@ absl::Status Quarantined(const pipeline::Dataset& dataset, uint64_t sample_index
 
 }  // namespace
 
-absl::Status SampleGate::BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) {
+absl::Status SampleGate::Refused(const pipeline::Dataset& dataset, uint64_t sample_index) {
   if (quarantine_.IsQuarantined(dataset.name(), sample_index)) {
     return Quarantined(dataset, sample_index);
   }
+  return absl::OkStatus();
+}
+
+absl::Status SampleGate::BeforeRead(const pipeline::Dataset& dataset, uint64_t sample_index) {
+  if (absl::Status refused = Refused(dataset, sample_index); !refused.ok()) return refused;
   if (failpoints_.enabled()) failpoints_.OnRead(std::string(dataset.relative_path(sample_index)));
   return absl::OkStatus();
 }

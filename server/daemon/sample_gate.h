@@ -70,6 +70,7 @@ class SampleGate : public pipeline::SampleObserver {
   // A sample the deadline abandoned is struck as a crash is: quarantined after its strikes, a
   // read that hangs every epoch costs two deadlines, not one per epoch, and no more threads.
   void OnAbandoned(const pipeline::Dataset& dataset, uint64_t sample_index) override;
+  absl::Status Refused(const pipeline::Dataset& dataset, uint64_t sample_index) override;
   void AfterRead(const pipeline::Dataset& dataset, uint64_t sample_index,
                  std::chrono::nanoseconds waited) override;
 

@@ -1,5 +1,7 @@
 #include "server/daemon/stream.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -30,16 +32,21 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
       deps_(deps),
       read_ahead_(deps.read_pool == nullptr
                       ? nullptr
-                      // Twice the reads in flight: the next ones queue while those finish.
+                      // As many outstanding as the pool runs at once: each holds an open file.
                       : std::make_unique<pipeline::ReadAhead>(
-                            *deps.read_pool, uint64_t{2} * deps.read_pool->depth(), deps.memory,
+                            *deps.read_pool, deps.read_pool->depth(), deps.memory,
                             deps.observer, deps.io_retry)),
       schedule_(setup_.id, *ring_, setup_.start),
       last_activity_ns_(base::SteadyNowNs()) {}
 
 Stream::~Stream() { Stop(); }
 
-void Stream::Start() { producer_ = std::thread([this] { ProducerLoop(); }); }
+void Stream::Start() {
+  producer_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rl-producer");  // else the gRPC thread's name
+    ProducerLoop();
+  });
+}
 
 void Stream::Stop() {
   schedule_.Stop();
@@ -101,6 +108,7 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
   request.seed = spec.seed();
   request.epoch = f.pos.epoch();
   request.read_ahead = read_ahead_.get();
+  request.end_epoch = spec.end_epoch();
   if (!setup_.cache_key.empty()) {
     request.cache = deps_.cache;
     request.cache_key = setup_.cache_key;

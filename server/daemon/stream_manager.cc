@@ -606,6 +606,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   }
   response->set_io_depth(deps_.config->server.io_depth);
   response->set_read_ahead_bytes(deps_.budget->read_ahead());
+  response->set_read_ahead_peak_bytes(deps_.budget->peak_read_ahead());
   if (deps_.read_pool != nullptr) response->set_reads_in_flight(deps_.read_pool->running());
   response->set_requests_rejected(stats.requests_rejected.load());
   response->set_batches_copied_out(stats.batches_copied_out.load());

@@ -133,7 +133,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
   batch.pos = request.cursor;
   if (request.read_ahead != nullptr) {
     const image::DecodeLimits& limits = request.limits ? *request.limits : default_limits_;
-    request.read_ahead->Advance(dataset, shard, request.epoch, request.cursor,
+    request.read_ahead->Advance(dataset, shard, request.epoch, request.cursor, request.end_epoch,
                                 limits.max_file_bytes, request.cache, request.cache_key);
   }
   // Rounds: read exactly the number of slots still empty, from the next shard positions, each
@@ -211,7 +211,10 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
       },
       [&](uint64_t i, uint64_t drawn, WorkerPool::Abandoned why) {
         if (drawn > 0) options_.memory->Release(drawn);
-        if (batch.prefetched[i] != nullptr) request.read_ahead->WriteOff(*batch.prefetched[i]);
+        if (batch.prefetched[i] != nullptr) {
+          request.read_ahead->WriteOff(*batch.prefetched[i]);
+          batch.prefetched[i] = nullptr;  // written off once
+        }
         // Only a sample stuck past its own deadline is suspect; a shutdown abandons bystanders.
         if (observer != nullptr && why == WorkerPool::Abandoned::kPastDeadline) {
           observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
@@ -223,6 +226,11 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
                 " ms (server.decode_deadline_ms); abandoned")),
             "deadline_exceeded");
       });
+  // A read its task did not wait for (the sample was refused meanwhile) and that has not
+  // finished may be stuck: another reader takes its place.
+  for (const std::shared_ptr<PrefetchedSample>& read : batch.prefetched) {
+    if (read != nullptr) request.read_ahead->WriteOff(*read);
+  }
   batch.prefetched.clear();  // the bytes read ahead go back as their samples are done
 }
 

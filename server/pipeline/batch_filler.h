@@ -90,6 +90,14 @@ class SampleObserver {
     (void)sample_index;
     return absl::OkStatus();
   }
+  // Whether the sample is refused now (quarantined), without reading or blocking: a task whose
+  // read was started ahead asks again at its turn (the quarantine may have grown meanwhile).
+  // Default: never.
+  virtual absl::Status Refused(const Dataset& dataset, uint64_t sample_index) {
+    (void)dataset;
+    (void)sample_index;
+    return absl::OkStatus();
+  }
   // The sample's reading is done (its file open, its image in memory): `waited` is how long its
   // decode thread spent on it, waiting for I/O (near 0 when the read-ahead kept up).
   virtual void AfterRead(const Dataset& dataset, uint64_t sample_index,
@@ -180,6 +188,7 @@ struct FillRequest {
   std::string cache_key;
   // The stream's reads ahead (read_ahead.h); null = each sample is read by its decode thread.
   ReadAhead* read_ahead = nullptr;
+  uint64_t end_epoch = 0;  // the stream's: reads ahead stop before it (0 = never ends)
 };
 
 // How a BatchFiller reads and decodes, beyond the per-dataset limits.

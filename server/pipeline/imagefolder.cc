@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -126,47 +127,65 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
   const IndexMemoryHold no_hold;
   const IndexMemoryHold& hold = spec != nullptr ? spec->hold_memory : no_hold;
   std::vector<std::string> empty_classes;
-  std::vector<FolderFiles> folders;
-  std::vector<DirId> ancestors;
+  struct stat root_st;
+  const bool have_root = ::stat(root_str.c_str(), &root_st) == 0;
+  // Class folders are listed kWalkers at a time (a network mount costs a round trip per
+  // directory: a 1,000-class tree must not cost 1,000 in a row), a window of them at once so
+  // that what is held is bounded; then added in label order, as one walk would.
+  constexpr size_t kWalkers = 32;
   int64_t last_report = base::SteadyNowNs();
-  for (size_t label = 0; label < classes->size(); ++label) {
+  for (size_t first = 0; first < classes->size(); first += kWalkers) {
     if (spec != nullptr && spec->cancelled && spec->cancelled()) {
       return absl::CancelledError(absl::StrCat("indexing ", root_str, " was cancelled"));
     }
     if (spec != nullptr && spec->progress && base::SteadyNowNs() - last_report > 2'000'000'000) {
       last_report = base::SteadyNowNs();
-      spec->progress(absl::StrCat("dataset '", spec->name, "': indexed ", label, "/",
+      spec->progress(absl::StrCat("dataset '", spec->name, "': indexed ", first, "/",
                                   classes->size(), " class folders, ", list.size(), " samples"));
     }
-    const std::string& cls = (*classes)[label];
-    const std::string class_dir = absl::StrCat(root_str, "/", cls);
-    folders.clear();
-    ancestors.clear();
-    struct stat st;
-    if (::stat(root_str.c_str(), &st) == 0) ancestors.push_back(DirId{st.st_dev, st.st_ino});
-    if (::stat(class_dir.c_str(), &st) == 0) ancestors.push_back(DirId{st.st_dev, st.st_ino});
-    if (absl::Status s = WalkClassFolder(class_dir, absl::StrCat(cls, "/"), ancestors, folders);
-        !s.ok()) {
-      return s;
+    const size_t count = std::min(kWalkers, classes->size() - first);
+    std::vector<std::vector<FolderFiles>> walked(count);
+    std::vector<absl::Status> statuses(count);
+    const auto walk = [&](size_t k) {
+      const std::string& cls = (*classes)[first + k];
+      const std::string class_dir = absl::StrCat(root_str, "/", cls);
+      std::vector<DirId> ancestors;
+      if (have_root) ancestors.push_back(DirId{root_st.st_dev, root_st.st_ino});
+      struct stat st;
+      if (::stat(class_dir.c_str(), &st) == 0) ancestors.push_back(DirId{st.st_dev, st.st_ino});
+      statuses[k] = WalkClassFolder(class_dir, absl::StrCat(cls, "/"), ancestors, walked[k]);
+    };
+    if (count == 1) {
+      walk(0);
+    } else {
+      std::vector<std::thread> walkers;
+      walkers.reserve(count);
+      for (size_t k = 0; k < count; ++k) walkers.emplace_back(walk, k);
+      for (std::thread& t : walkers) t.join();
     }
-    std::sort(folders.begin(), folders.end(),
-              [](const FolderFiles& a, const FolderFiles& b) { return a.path < b.path; });
-    const uint64_t before = list.size();
-    for (FolderFiles& folder : folders) {
-      std::sort(folder.files.begin(), folder.files.end());
-      for (const std::string& f : folder.files) {
-        list.Add(absl::StrCat(folder.relative, f), static_cast<int64_t>(label));
-        if (absl::Status held = list.CheckMemory(hold); !held.ok()) return held;
-      }
-      std::sort(folder.ignored.begin(), folder.ignored.end());
-      for (const std::string& f : folder.ignored) {
-        if (list.ignored_examples.size() < SampleList::kIgnoredExamples) {
-          list.ignored_examples.push_back(absl::StrCat(folder.relative, f));
+    for (size_t k = 0; k < count; ++k) {
+      if (!statuses[k].ok()) return statuses[k];
+      const size_t label = first + k;
+      std::vector<FolderFiles>& folders = walked[k];
+      std::sort(folders.begin(), folders.end(),
+                [](const FolderFiles& a, const FolderFiles& b) { return a.path < b.path; });
+      const uint64_t before = list.size();
+      for (FolderFiles& folder : folders) {
+        std::sort(folder.files.begin(), folder.files.end());
+        for (const std::string& f : folder.files) {
+          list.Add(absl::StrCat(folder.relative, f), static_cast<int64_t>(label));
+          if (absl::Status held = list.CheckMemory(hold); !held.ok()) return held;
         }
-        ++list.ignored_count;
+        std::sort(folder.ignored.begin(), folder.ignored.end());
+        for (const std::string& f : folder.ignored) {
+          if (list.ignored_examples.size() < SampleList::kIgnoredExamples) {
+            list.ignored_examples.push_back(absl::StrCat(folder.relative, f));
+          }
+          ++list.ignored_count;
+        }
       }
+      if (list.size() == before) empty_classes.push_back((*classes)[label]);
     }
-    if (list.size() == before) empty_classes.push_back(cls);
   }
   if (!empty_classes.empty()) {
     // As torchvision's ImageFolder: a class without samples is a mistake, not a label to keep.

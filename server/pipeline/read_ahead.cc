@@ -1,6 +1,7 @@
 #include "server/pipeline/read_ahead.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace ringloader::pipeline {
@@ -94,51 +95,59 @@ void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
 
 ReadAhead::ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory,
                      SampleObserver* observer, std::chrono::milliseconds io_retry)
-    : pool_(pool), window_(window), memory_(memory), observer_(observer), io_retry_(io_retry) {}
+    : pool_(pool),
+      window_(std::max<uint64_t>(window, 1)),
+      memory_(memory),
+      observer_(observer),
+      io_retry_(io_retry) {}
 
 ReadAhead::~ReadAhead() {
   std::lock_guard<std::mutex> lock(mu_);
-  DropAll();
-}
-
-void ReadAhead::DropAll() {
-  for (auto& [pos, read] : reads_) read->Cancel();
+  for (auto& [key, read] : reads_) read->Cancel();
   reads_.clear();
 }
 
-void ReadAhead::Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch,
-                        uint64_t cursor, uint64_t max_file_bytes, SampleCache* cache,
-                        const std::string& cache_key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // Another epoch, or a jump past what was started: begin again at `cursor`.
-  if (dataset_ != &dataset || epoch_ != epoch || shard_ == nullptr || cursor > next_) {
-    DropAll();
-    next_ = cursor;
-  }
-  dataset_ = &dataset;
-  shard_ = &shard;
-  epoch_ = epoch;
-  max_file_bytes_ = max_file_bytes;
-  cache_ = cache;
-  cache_key_ = cache_key;
-  // Reads of positions the stream has gone past (it skipped them, or reopened elsewhere).
-  while (!reads_.empty() && reads_.begin()->first < cursor) {
+void ReadAhead::DropBefore(Key key) {
+  while (!reads_.empty() && reads_.begin()->first < key) {
     reads_.begin()->second->Cancel();
     reads_.erase(reads_.begin());
   }
-  StartUpTo(cursor + window_);
+}
+
+void ReadAhead::Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch,
+                        uint64_t cursor, uint64_t end_epoch, uint64_t max_file_bytes,
+                        SampleCache* cache, const std::string& cache_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dataset_ != &dataset) {  // (a stream reads one dataset: only the first call)
+    for (auto& [key, read] : reads_) read->Cancel();
+    reads_.clear();
+    next_ = {epoch, cursor};
+  }
+  dataset_ = &dataset;
+  if (epoch != epoch_ || shard_ == nullptr) {
+    // The stream's own shard of `epoch` from now on; one built here for it already gave the
+    // same order (the reads started from it stand).
+    if (next_shard_ != nullptr && next_shard_->spec().epoch <= epoch) next_shard_.reset();
+  }
+  shard_ = &shard;
+  epoch_ = epoch;
+  end_epoch_ = end_epoch;
+  max_file_bytes_ = max_file_bytes;
+  cache_ = cache;
+  cache_key_ = cache_key;
+  const Key at{epoch, cursor};
+  DropBefore(at);  // positions the stream went past (skipped, or it reopened elsewhere)
+  if (next_ < at) next_ = at;
+  StartMore();
 }
 
 std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (epoch != epoch_) return nullptr;
-  auto it = reads_.find(pos);
-  std::shared_ptr<PrefetchedSample> read;
-  if (it != reads_.end()) {
-    read = std::move(it->second);
-    reads_.erase(it);
-  }
-  if (shard_ != nullptr) StartUpTo(pos + 1 + window_);
+  auto it = reads_.find({epoch, pos});
+  if (it == reads_.end()) return nullptr;
+  std::shared_ptr<PrefetchedSample> read = std::move(it->second);
+  reads_.erase(it);
+  if (shard_ != nullptr) StartMore();
   return read;
 }
 
@@ -151,13 +160,31 @@ uint64_t ReadAhead::started() const {
   return started_;
 }
 
-void ReadAhead::StartUpTo(uint64_t end) {
-  end = std::min<uint64_t>(end, shard_->size());
+const EpochShard* ReadAhead::ShardOf(uint64_t epoch) {
+  if (epoch == epoch_) return shard_;
+  if (epoch != epoch_ + 1 || (end_epoch_ != 0 && epoch >= end_epoch_)) return nullptr;
+  if (next_shard_ == nullptr) {
+    ShardSpec spec = shard_->spec();
+    spec.epoch = epoch;
+    next_shard_ = std::make_unique<EpochShard>(dataset_->size(), spec);
+  }
+  return next_shard_.get();
+}
+
+void ReadAhead::StartMore() {
   const bool images = dataset_->has_images();
-  for (; next_ < end; ++next_) {
-    const uint64_t index = shard_->at(next_);
+  // Positions looked at per call, read or not (cached samples are skipped): bounded work.
+  for (uint64_t looked = 0; reads_.size() < window_ && looked < 4 * window_; ++looked) {
+    const EpochShard* shard = ShardOf(next_.first);
+    if (shard == nullptr) return;  // the stream's end, or more than an epoch ahead
+    if (next_.second >= shard->size()) {
+      next_ = {next_.first + 1, 0};
+      continue;
+    }
+    const Key key = next_;
+    ++next_.second;
+    const uint64_t index = shard->at(key.second);
     if (index >= dataset_->size()) continue;  // Fill refuses the batch itself
-    // A sample the eval cache holds is neither read nor decoded.
     if (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) continue;
     auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_);
     // The pool thread holds the read alive; the task may have taken and dropped it already.
@@ -166,7 +193,7 @@ void ReadAhead::StartUpTo(uint64_t end) {
           read->Read(observer, max, io_retry, images);
         });
     if (!submitted) return;
-    reads_.emplace(next_, std::move(read));
+    reads_.emplace(key, std::move(read));
     ++started_;
   }
 }

@@ -2,8 +2,8 @@
 // ReadAhead: one stream's reads, started ahead of its decodes (issue 29: data on a network mount).
 //
 // A stream's future order is known (its shard is a pure function of seed and epoch), so while its
-// samples are decoded, the next ones are opened and read on the ReadPool: up to `window` shard
-// positions past the one the stream last took. A sample's SampleTask then finds its file open and
+// samples are decoded, the next ones are opened and read on the ReadPool, in that order and on
+// across epoch boundaries: up to `window` reads outstanding (started, not yet taken). A sample's SampleTask then finds its file open and
 // (memory permitting) its bytes in memory (Take), instead of paying the mount's latency on a
 // decode thread.
 //
@@ -68,7 +68,8 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes.
   void Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
             bool read_image);
-  // Never started: WaitDone returns false at once.
+  // Not started yet: it never will, and WaitDone returns false at once. (One running goes on:
+  // the dataset, observer and memory it uses outlive it, as the daemon's do its streams.)
   void Cancel();
   bool done() const;
 
@@ -91,20 +92,24 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
 
 class ReadAhead {
  public:
-  // `window`: shard positions read ahead of the last one taken. `memory` may be null
-  // (unaccounted: the bytes are never read ahead, only the files opened).
+  // `window`: reads started and not yet taken, at most (each holds an open file). `memory` may
+  // be null (unaccounted: the bytes are never read ahead, only the files opened).
   ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory, SampleObserver* observer,
             std::chrono::milliseconds io_retry);
-  ~ReadAhead();  // queued reads are cancelled; reads in flight finish on their own
+  // Queued reads are cancelled; reads in flight finish on their own, never waited for (one may
+  // be stuck on a dead mount). REQUIRES: the dataset, observer and memory outlive them.
+  ~ReadAhead();
 
-  // The stream fills from shard position `cursor` of `shard` (epoch `epoch`) now: reads are
-  // started up to `cursor + window`; those of other epochs and before `cursor` are dropped.
-  // `cache`/`cache_key`: samples the eval cache holds are not read. `shard` must stay alive until
-  // the next Advance or the ReadAhead's end.
+  // The stream fills from shard position `cursor` of `shard` (epoch `epoch`) now: reads before
+  // it are dropped, and reads are started in order from there, on into the following epochs'
+  // shards (built here from `shard`'s spec, as the stream builds them) but not to `end_epoch`
+  // (0 = never). `cache`/`cache_key`: samples the eval cache holds are not read. `shard` must
+  // stay alive until the next Advance or the ReadAhead's end.
   void Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch, uint64_t cursor,
-               uint64_t max_file_bytes, SampleCache* cache, const std::string& cache_key);
+               uint64_t end_epoch, uint64_t max_file_bytes, SampleCache* cache,
+               const std::string& cache_key);
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
-  // and the window moves on past `pos`); nullptr otherwise.
+  // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
   // The taker gave up on `sample` (its deadline): its read may be stuck.
   void WriteOff(const PrefetchedSample& sample);
@@ -112,8 +117,12 @@ class ReadAhead {
   uint64_t started() const;  // reads started so far
 
  private:
-  void StartUpTo(uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using Key = std::pair<uint64_t, uint64_t>;  // (epoch, shard position)
+  // Starts reads while fewer than `window_` are outstanding.
+  void StartMore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard of epoch `epoch` (the stream's, or the next one built here); null past the end.
+  const EpochShard* ShardOf(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ReadPool& pool_;
   const uint64_t window_;
@@ -122,13 +131,15 @@ class ReadAhead {
   const std::chrono::milliseconds io_retry_;
   mutable std::mutex mu_;
   const Dataset* dataset_ ABSL_GUARDED_BY(mu_) = nullptr;
-  const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream's, of epoch_
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<EpochShard> next_shard_ ABSL_GUARDED_BY(mu_);  // of epoch_ + 1, built here
+  uint64_t end_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_file_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SampleCache* cache_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string cache_key_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the next shard position to start
-  std::map<uint64_t, std::shared_ptr<PrefetchedSample>> reads_ ABSL_GUARDED_BY(mu_);  // by pos
+  Key next_ ABSL_GUARDED_BY(mu_){0, 0};  // the next position to start
+  std::map<Key, std::shared_ptr<PrefetchedSample>> reads_ ABSL_GUARDED_BY(mu_);
   uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

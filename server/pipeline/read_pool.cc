@@ -1,5 +1,7 @@
 #include "server/pipeline/read_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -37,6 +39,7 @@ struct ReadPool::Impl {
   }
 
   void Loop() {
+    pthread_setname_np(pthread_self(), "rl-read");  // for top, perf and gdb
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       ++idle;

@@ -80,6 +80,14 @@ bool SampleTask::Fail(absl::Status status) {
 bool SampleTask::Open() {
   Expect(state_ == State::kReading && !reader_);
   if (job_.prefetched != nullptr) {
+    // Read ahead maybe before the sample was quarantined: asked again at its turn, so a
+    // quarantined sample whose read hangs is not waited for again.
+    if (job_.observer != nullptr) {
+      if (absl::Status refused = job_.observer->Refused(*job_.dataset, job_.index);
+          !refused.ok()) {
+        return Fail(std::move(refused));
+      }
+    }
     const bool done = job_.prefetched->WaitDone([&] { return gate_.Abandoned(); });
     if (!CheckNotAbandoned()) return false;
     if (done) {

@@ -165,6 +165,7 @@ TEST_CASE("MemoryBudget: read-ahead holds take only spare memory and are evicted
   const uint64_t b = budget.TryAcquireReadAhead(20ull << 20);
   REQUIRE(b != 0);
   CHECK(budget.read_ahead() == 50ull << 20);
+  CHECK(budget.peak_read_ahead() == 50ull << 20);
   int evicted_a = 0, evicted_b = 0;
   budget.ArmEviction(a, [&] { ++evicted_a; });
   budget.ArmEviction(b, [&] { ++evicted_b; });

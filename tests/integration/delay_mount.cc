@@ -52,8 +52,9 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
   if (!Unavailable().empty()) std::abort();
   mountpoint_ = parent + "/" + UniqueName("delay-mount");
   std::filesystem::create_directories(mountpoint_);
-  std::vector<std::string> argv = {DelayFsPath(), source, mountpoint_, "--open-delay-ms",
-                                   std::to_string(open_delay.count())};
+  std::vector<std::string> argv = {DelayFsPath(), source,          mountpoint_,
+                                   "--open-delay-ms", std::to_string(open_delay.count()),
+                                   "--stats",         mountpoint_ + ".stats"};
   if (!hang_glob.empty()) argv.insert(argv.end(), {"--hang", hang_glob});
   delayfs_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{},
                                           mountpoint_ + ".log");
@@ -64,9 +65,17 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
   }
 }
 
-DelayMount::~DelayMount() {
+DelayMount::Peaks DelayMount::Unmount() {
   delayfs_->Kill(SIGTERM);
   if (delayfs_->Wait(std::chrono::seconds(10)) == -1) delayfs_->Kill(SIGKILL);
+  Peaks peaks;
+  std::sscanf(ReadFile(mountpoint_ + ".stats").c_str(), "files %d dirs %d", &peaks.files,
+              &peaks.dirs);
+  return peaks;
+}
+
+DelayMount::~DelayMount() {
+  Unmount();
   // A delayfs killed without unmounting leaves a dead mount: detach it.
   if (IsFuseMount(mountpoint_)) RunCommand({"umount", "-l", mountpoint_});
   std::error_code ec;

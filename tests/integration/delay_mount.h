@@ -24,6 +24,12 @@ class DelayMount {
              std::chrono::milliseconds open_delay, const std::string& hang_glob = "");
   ~DelayMount();
   const std::string& path() const { return mountpoint_; }
+  // Unmounts, and says how many opens of files and of directories waited at once at most.
+  struct Peaks {
+    int files = 0;
+    int dirs = 0;
+  };
+  Peaks Unmount();
 
  private:
   std::string mountpoint_;

@@ -2,8 +2,11 @@
 // a network mount (NFS, Lustre, s3fs, gcsfuse) costs per file. For the storage tests and
 // bench/storage_bench. Not part of the daemon.
 //
-//   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N]
+//   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N] [--stats FILE]
 //
+// The delay applies to every open of a file or a directory (a listing costs a round trip too).
+// --stats FILE: written at exit: "files N dirs M", the most opens of files (of directories) that
+// waited at once: 1 means the reader opened one after another.
 // --hang GLOB: opening a file whose path (relative to SOURCE, fnmatch) matches never answers,
 // like a dead mount, until the caller is killed (EINTR: as NFS's killable waits) or delayfs
 // exits (ENOTCONN). Runs in the
@@ -19,6 +22,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -34,8 +38,24 @@ struct Settings {
   std::string source;
   std::chrono::milliseconds open_delay{0};
   std::string hang_glob;
+  std::string stats_path;
 };
 Settings settings;
+struct Concurrency {
+  std::atomic<int> now{0};
+  std::atomic<int> peak{0};
+};
+Concurrency files, dirs;
+
+// The delay, counted among the opens (of `kind`) waiting at once.
+void Delay(Concurrency& kind) {
+  const int now = ++kind.now;
+  int peak = kind.peak.load();
+  while (now > peak && !kind.peak.compare_exchange_weak(peak, now)) {
+  }
+  std::this_thread::sleep_for(settings.open_delay);
+  --kind.now;
+}
 
 std::string Source(const char* path) { return settings.source + path; }
 
@@ -46,6 +66,12 @@ bool Exiting() {
 
 int GetAttr(const char* path, struct stat* st, fuse_file_info*) {
   return lstat(Source(path).c_str(), st) == 0 ? 0 : -errno;
+}
+
+int OpenDir(const char* path, fuse_file_info*) {
+  Delay(dirs);
+  struct stat st {};
+  return lstat(Source(path).c_str(), &st) == 0 ? 0 : -errno;
 }
 
 int ReadDir(const char* path, void* buf, fuse_fill_dir_t fill, off_t, fuse_file_info*,
@@ -72,10 +98,13 @@ int Open(const char* path, fuse_file_info* fi) {
     }
     return fuse_interrupted() != 0 ? -EINTR : -ENOTCONN;
   }
-  std::this_thread::sleep_for(settings.open_delay);
+  Delay(files);
   const int fd = open(Source(path).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
   fi->fh = static_cast<uint64_t>(fd);
+  // The kernel keeps the file's pages across opens, as an NFS client does: an open still pays
+  // the delay, a read of pages seen before does not cross into this process.
+  fi->keep_cache = 1;
   return 0;
 }
 
@@ -96,7 +125,7 @@ int StatFs(const char* path, struct statvfs* st) {
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "delayfs: %s\nusage: delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] "
-               "[--threads N]\n",
+               "[--threads N] [--stats FILE]\n",
                why);
   std::exit(2);
 }
@@ -116,6 +145,8 @@ int main(int argc, char** argv) {
       settings.open_delay = std::chrono::milliseconds(std::stoul(value()));
     } else if (arg == "--hang") {
       settings.hang_glob = value();
+    } else if (arg == "--stats") {
+      settings.stats_path = value();
     } else if (arg == "--threads") {
       threads = static_cast<unsigned>(std::stoul(value()));
     } else if (!arg.empty() && arg[0] == '-') {
@@ -132,13 +163,17 @@ int main(int argc, char** argv) {
 
   fuse_operations ops{};
   ops.getattr = GetAttr;
+  ops.opendir = OpenDir;
   ops.readdir = ReadDir;
   ops.open = Open;
   ops.read = Read;
   ops.release = Release;
   ops.statfs = StatFs;
-  // Root may let every user read it (a daemon tested as another user).
-  std::vector<std::string> args = {"delayfs", "-o", "ro,default_permissions,fsname=delayfs"};
+  // Root may let every user read it (a daemon tested as another user). Names and attributes are
+  // cached for a minute, as NFS clients cache them (acregmax): only opens pay the delay.
+  std::vector<std::string> args = {
+      "delayfs", "-o",
+      "ro,default_permissions,fsname=delayfs,entry_timeout=60,attr_timeout=60"};
   if (geteuid() == 0) args.back() += ",allow_other";
   std::vector<char*> argv_fuse;
   for (std::string& a : args) argv_fuse.push_back(a.data());
@@ -153,11 +188,17 @@ int main(int argc, char** argv) {
   if (fuse_set_signal_handlers(session) != 0) return 1;
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, threads);
-  fuse_loop_cfg_set_idle_threads(config, 16);
+  fuse_loop_cfg_set_idle_threads(config, threads);  // threads kept, not made anew per burst
   const int rc = fuse_loop_mt(fs, config);
   fuse_loop_cfg_destroy(config);
   fuse_remove_signal_handlers(session);
   fuse_unmount(fs);
   fuse_destroy(fs);
+  if (!settings.stats_path.empty()) {
+    if (FILE* f = std::fopen(settings.stats_path.c_str(), "w")) {
+      std::fprintf(f, "files %d dirs %d\n", files.peak.load(), dirs.peak.load());
+      std::fclose(f);
+    }
+  }
   return rc == 0 ? 0 : 1;
 }
