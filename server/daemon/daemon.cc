@@ -818,6 +818,14 @@ int RunDaemon(const DaemonOptions& options) {
   }
   SPDLOG_INFO("{} received: shutting down", strsignal(sig));
   ShutDown(d);
+  // Reads still in flight use the datasets and the memory budget `d` is about to free: waited
+  // for briefly; one stuck on a dead mount is left behind by ending the process here.
+  if (d.read_pool && !d.read_pool->WaitIdle(std::chrono::seconds(2))) {
+    SPDLOG_WARN("ringloaderd stopped; {} reads still in flight (a stuck mount?) are abandoned",
+                d.read_pool->running());
+    spdlog::shutdown();
+    std::_Exit(0);
+  }
   SPDLOG_INFO("ringloaderd stopped cleanly");
   return 0;
 }

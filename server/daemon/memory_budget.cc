@@ -31,10 +31,24 @@ bool MemoryBudget::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t byte
   queue_.push_back(ticket);
   // Also ends the wait when `bytes` can no longer fit at all (rings reserved meanwhile), so the
   // head of the queue never blocks everyone behind it for good.
-  const bool granted = room_.wait_until(lock, deadline, [&] {
+  const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queue_.front() == ticket &&
            (fixed_ + decoding_ + bytes <= limit_ || fixed_ + bytes > limit_);
-  });
+  };
+  bool granted = false;
+  while (true) {
+    if (ready()) {
+      granted = true;
+      break;
+    }
+    // At the head of the queue and short: read-ahead bytes go back first (none is granted while
+    // anyone waits, so what is evicted stays free for this wait).
+    if (queue_.front() == ticket && EvictOne(lock)) continue;
+    if (room_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      granted = ready();
+      break;
+    }
+  }
   queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
   room_.notify_all();  // the next in line may fit now (or be at the front now)
   return granted;
@@ -48,7 +62,6 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
         what, " needs ", base::FormatBytes(bytes), "; memory_limit ", base::FormatBytes(limit_), " has ",
         base::FormatBytes(limit_ - fixed_), " free (", base::FormatBytes(fixed_), " reserved)"));
   }
-  EvictFor(lock, bytes);
   if (!WaitForRoom(lock, bytes, std::chrono::steady_clock::now() + wait) ||
       fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -69,7 +82,6 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes) {
         "than memory_limit ", base::FormatBytes(limit_), " leaves beside rings and indexes (",
         base::FormatBytes(fixed_), ")"));
   }
-  EvictFor(lock, bytes);
   WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
   if (fixed_ + bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -105,7 +117,9 @@ uint64_t MemoryBudget::TryAcquireReadAhead(uint64_t bytes) {
 void MemoryBudget::ArmEviction(uint64_t id, std::function<void()> evict) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = holds_.find(id);
-  if (it != holds_.end()) it->second.evict = std::move(evict);
+  if (it == holds_.end()) return;
+  it->second.evict = std::move(evict);
+  room_.notify_all();  // a decode waiting at the head of the queue may take it back now
 }
 
 bool MemoryBudget::Pin(uint64_t id) {
@@ -143,27 +157,26 @@ uint64_t MemoryBudget::read_ahead() const {
   return read_ahead_;
 }
 
-void MemoryBudget::EvictFor(std::unique_lock<std::mutex>& lock, uint64_t bytes) {
-  while (fixed_ + decoding_ + bytes > limit_) {
-    // The newest armed hold (furthest ahead in its stream).
-    auto victim = holds_.end();
-    for (auto it = holds_.rbegin(); it != holds_.rend(); ++it) {
-      if (it->second.evict) {
-        victim = std::prev(it.base());
-        break;
-      }
+bool MemoryBudget::EvictOne(std::unique_lock<std::mutex>& lock) {
+  // The newest armed hold (furthest ahead in its stream).
+  auto victim = holds_.end();
+  for (auto it = holds_.rbegin(); it != holds_.rend(); ++it) {
+    if (it->second.evict) {
+      victim = std::prev(it.base());
+      break;
     }
-    if (victim == holds_.end()) return;
-    ReadAheadHold hold = std::move(victim->second);
-    holds_.erase(victim);
-    lock.unlock();
-    hold.evict();  // frees the bytes (or their holder is gone already)
-    hold.evict = nullptr;
-    lock.lock();
-    decoding_ -= hold.bytes;
-    read_ahead_ -= hold.bytes;
-    room_.notify_all();
   }
+  if (victim == holds_.end()) return false;
+  ReadAheadHold hold = std::move(victim->second);
+  holds_.erase(victim);
+  lock.unlock();
+  hold.evict();  // frees the bytes (or their holder is gone already)
+  hold.evict = nullptr;
+  lock.lock();
+  decoding_ -= hold.bytes;
+  read_ahead_ -= hold.bytes;
+  room_.notify_all();
+  return true;
 }
 
 void MemoryBudget::GiveFixed(uint64_t bytes) {

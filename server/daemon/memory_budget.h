@@ -77,9 +77,8 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                    std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveFixed(uint64_t bytes);
-  // Evicts read-ahead holds, newest first, until `bytes` fit or none is left. May unlock.
-  void EvictFor(std::unique_lock<std::mutex>& lock, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the newest armed read-ahead hold; false when there is none. Unlocks meanwhile.
+  bool EvictOne(std::unique_lock<std::mutex>& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t limit_;
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.

@@ -160,7 +160,12 @@ absl::StatusOr<SampleList> ListImageFolder(const std::string& root_str, const Da
     } else {
       std::vector<std::thread> walkers;
       walkers.reserve(count);
-      for (size_t k = 0; k < count; ++k) walkers.emplace_back(walk, k);
+      size_t k = 0;
+      try {
+        for (; k < count; ++k) walkers.emplace_back(walk, k);
+      } catch (const std::system_error&) {
+        for (; k < count; ++k) walk(k);  // no thread to be had (a pids limit): walked here
+      }
       for (std::thread& t : walkers) t.join();
     }
     for (size_t k = 0; k < count; ++k) {

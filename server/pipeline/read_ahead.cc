@@ -7,54 +7,60 @@
 namespace ringloader::pipeline {
 
 PrefetchedSample::~PrefetchedSample() {
+  uint64_t hold = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     image_.reset();
+    hold = hold_;
   }
-  if (hold_ != 0) memory_->ReleaseReadAhead(hold_);
+  if (hold != 0) memory_->ReleaseReadAhead(hold);
 }
 
-std::optional<ImageBytes> PrefetchedSample::TakeImage() {
+PrefetchedSample::State PrefetchedSample::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::optional<PrefetchedSample::Image> PrefetchedSample::TakeImage() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!image_ || !memory_->Pin(hold_)) return std::nullopt;  // evicted, or being evicted
-  std::optional<ImageBytes> image = std::move(image_);
+  Image image{*std::move(image_), hold_};
   image_.reset();
+  hold_ = 0;
   return image;
 }
 
 void PrefetchedSample::Evict() {
   std::lock_guard<std::mutex> lock(mu_);
   image_.reset();
+  hold_ = 0;  // the evictor gives the bytes back
+}
+
+bool PrefetchedSample::TryCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kQueued) return state_ == State::kCancelled;
+    state_ = State::kCancelled;
+  }
+  cv_.notify_all();
+  return true;
 }
 
 bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!done_ && !cancelled_) {
+  while (state_ == State::kQueued || state_ == State::kRunning) {
     if (give_up()) return false;
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
-  return done_;
-}
-
-bool PrefetchedSample::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-void PrefetchedSample::Cancel() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
-    cancelled_ = true;
-  }
-  cv_.notify_all();
+  return state_ == State::kDone;
 }
 
 void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
                             std::chrono::milliseconds io_retry, bool read_image) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_) return;
+    if (state_ != State::kQueued) return;  // cancelled
+    state_ = State::kRunning;
   }
   absl::Status status;
   if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
@@ -69,18 +75,21 @@ void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   }
   // The bytes only with memory to spare (never what a decode waits for, and evicted when one
   // would wait); otherwise the open file alone is what the task saves.
+  uint64_t hold = 0;
   if (status.ok() && read_image && memory_ != nullptr &&
-      (hold_ = memory_->TryAcquireReadAhead(reader_->read_bytes())) != 0) {
+      (hold = memory_->TryAcquireReadAhead(reader_->read_bytes())) != 0) {
     absl::StatusOr<ImageBytes> image = reader_->ReadImage();
     if (image.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         image_.emplace(*std::move(image));
+        hold_ = hold;
       }
-      memory_->ArmEviction(hold_, [weak = weak_from_this()] {
+      memory_->ArmEviction(hold, [weak = weak_from_this()] {
         if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
       });
     } else {
+      memory_->ReleaseReadAhead(hold);  // the task reads (and fails) again with its own memory
       status = image.status();
       reader_.reset();
     }
@@ -88,7 +97,7 @@ void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   status_ = std::move(status);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
+    state_ = State::kDone;
   }
   cv_.notify_all();
 }
@@ -152,7 +161,7 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) 
 }
 
 void ReadAhead::WriteOff(const PrefetchedSample& sample) {
-  if (!sample.done()) pool_.WriteOff();
+  if (sample.running()) pool_.WriteOff();
 }
 
 uint64_t ReadAhead::started() const {

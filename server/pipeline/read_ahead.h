@@ -43,8 +43,13 @@ namespace ringloader::pipeline {
 
 // One sample read ahead. Written once by a ReadPool thread, then read by the one task that took
 // it. Gives its memory back when the last reference goes.
+//
+//   kQueued ─Read starts─► kRunning ─its read ends─► kDone
+//   kQueued ─TryCancel / Cancel─► kCancelled   (never runs; WaitDone returns false)
 class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
  public:
+  enum class State { kQueued, kRunning, kDone, kCancelled };
+
   PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory)
       : dataset_(dataset), index_(index), memory_(memory) {}
   ~PrefetchedSample();
@@ -53,25 +58,38 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
 
   const Dataset& dataset() const { return dataset_; }
   uint64_t index() const { return index_; }
+  State state() const;
 
-  // Waits until the read is done, `give_up()` (polled every few ms) says stop (false), or the
-  // read was never started (cancelled: false).
+  // kQueued -> kCancelled: true when it had not started (it never will). A task does this
+  // rather than wait for a read still queued behind other streams' reads: its deadline is for
+  // reading, not for queueing.
+  bool TryCancel();
+  // The same, for a read nobody will take (the stream moved past it); one running goes on.
+  void Cancel() { TryCancel(); }
+  // Waits until the read is done (true), `give_up()` (polled every few ms) says stop, or it was
+  // cancelled (false).
   bool WaitDone(const std::function<bool()>& give_up);
-  // After WaitDone: the read's result. OK with `reader` set (and `image` when the bytes were
-  // read), or the error the sample fails with.
+  bool done() const { return state() == State::kDone; }
+  // Started and not finished: its thread may be stuck (see ReadAhead::WriteOff).
+  bool running() const { return state() == State::kRunning; }
+
+  // After WaitDone: the read's result. OK with TakeReader() set (and the image when the bytes
+  // were read), or the error the sample fails with.
   const absl::Status& status() const { return status_; }
   std::optional<SampleReader> TakeReader() { return std::move(reader_); }
-  // The image's bytes, if they were read and not evicted since (memory a decode needed): from
-  // then on they stay until this read is destroyed. Empty: the caller reads them.
-  std::optional<ImageBytes> TakeImage();
+  // The image's bytes, if they were read and not evicted since (memory a decode needed), with
+  // the memory hold that counts them: the caller's from then on, given back with
+  // DecodeMemory::ReleaseReadAhead(hold) when it lets go of the bytes. Empty: the caller reads
+  // them itself.
+  struct Image {
+    ImageBytes bytes;
+    uint64_t hold = 0;
+  };
+  std::optional<Image> TakeImage();
 
   // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes.
   void Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
             bool read_image);
-  // Not started yet: it never will, and WaitDone returns false at once. (One running goes on:
-  // the dataset, observer and memory it uses outlive it, as the daemon's do its streams.)
-  void Cancel();
-  bool done() const;
 
  private:
   void Evict();  // DecodeMemory's eviction: drops the image (its bytes are the budget's again)
@@ -81,13 +99,12 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   DecodeMemory* const memory_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  // Written by the reading thread before done_; read by the taker after it.
+  State state_ ABSL_GUARDED_BY(mu_) = State::kQueued;
+  // Written by the reading thread before kDone; read by the taker after it.
   absl::Status status_;
   std::optional<SampleReader> reader_;
   std::optional<ImageBytes> image_ ABSL_GUARDED_BY(mu_);  // also cleared by Evict
-  uint64_t hold_ = 0;  // memory_'s read-ahead hold for image_; 0 = none
+  uint64_t hold_ ABSL_GUARDED_BY(mu_) = 0;  // memory_'s read-ahead hold for image_; 0 = none
 };
 
 class ReadAhead {
@@ -111,7 +128,8 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
-  // The taker gave up on `sample` (its deadline): its read may be stuck.
+  // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
+  // still running may be stuck, and another thread takes its place.
   void WriteOff(const PrefetchedSample& sample);
 
   uint64_t started() const;  // reads started so far

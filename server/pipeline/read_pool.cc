@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -21,6 +22,7 @@ struct ReadPool::Impl {
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
   mutable std::mutex mu;
   std::condition_variable work;
+  std::condition_variable idle_cv;  // notified when a read ends
   std::deque<std::function<void()>> queue ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   uint32_t threads ABSL_GUARDED_BY(mu) = 0;  // alive (idle, running or stuck)
@@ -34,8 +36,13 @@ struct ReadPool::Impl {
   // Starts a thread if work waits, no thread is idle and the pool may have one more.
   void Grow(const std::shared_ptr<Impl>& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (stop || queue.size() <= idle || threads >= Allowed()) return;
-    ++threads;
-    std::thread([self] { self->Loop(); }).detach();
+    try {
+      std::thread([self] { self->Loop(); }).detach();
+      ++threads;
+    } catch (const std::system_error&) {
+      // No thread to be had (a pids limit): the threads there are run the queue; a task never
+      // waits for a read that has not started (it reads itself).
+    }
   }
 
   void Loop() {
@@ -54,6 +61,7 @@ struct ReadPool::Impl {
       read = nullptr;  // its captures go before the lock is taken again
       lock.lock();
       --running;
+      idle_cv.notify_all();
     }
     --threads;
   }
@@ -94,6 +102,13 @@ uint64_t ReadPool::running() const {
 uint64_t ReadPool::queued() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->queue.size();
+}
+
+bool ReadPool::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  return impl_->idle_cv.wait_for(lock, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->running == 0;
+  });
 }
 
 void ReadPool::Shutdown() {

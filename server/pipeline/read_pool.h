@@ -11,6 +11,7 @@
 //
 // Thread-safety: every method may be called from any thread.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,6 +40,8 @@ class ReadPool {
   uint64_t queued() const;
   // Drops queued reads; threads exit as they finish. Irreversible.
   void Shutdown();
+  // Waits up to `timeout` until no read runs; false when some still do (stuck, or slow).
+  bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
   struct Impl;

@@ -53,11 +53,22 @@ SampleTask::SampleTask(SampleJob job, TaskGate& gate)
   gate_.Checkpoint();  // from here on only our copies are touched until the commit
 }
 
+SampleTask::~SampleTask() { GiveBackReadAhead(); }
+
 SampleTask::State SampleTask::Run(const SampleOutput& out, const Worker& worker) {
-  started_ = std::chrono::steady_clock::now();
-  if (Open() && DrawMemory() && ReadImage() && job_.observer != nullptr) {
-    job_.observer->AfterRead(*job_.dataset, job_.index,
-                             std::chrono::steady_clock::now() - started_);
+  // What the decode thread waited for I/O: the open (or the read ahead) and the image's bytes,
+  // not the memory wait between them (doctor must not blame the storage for memory_limit).
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  if (Open()) {
+    std::chrono::nanoseconds waited = Clock::now() - started;
+    if (DrawMemory()) {
+      const auto reading = Clock::now();
+      if (ReadImage() && job_.observer != nullptr) {
+        waited += Clock::now() - reading;
+        job_.observer->AfterRead(*job_.dataset, job_.index, waited);
+      }
+    }
   }
   if (state_ == State::kAbandoned || !Commit()) return state_;
   Complete(out, worker);
@@ -88,17 +99,26 @@ bool SampleTask::Open() {
         return Fail(std::move(refused));
       }
     }
-    const bool done = job_.prefetched->WaitDone([&] { return gate_.Abandoned(); });
-    if (!CheckNotAbandoned()) return false;
-    if (done) {
-      if (!job_.prefetched->status().ok()) return Fail(job_.prefetched->status());
-      std::optional<SampleReader> reader = job_.prefetched->TakeReader();
-      if (!reader) return Fail(absl::InternalError("read ahead: no reader"));  // taken twice: a bug
-      reader_.emplace(*std::move(reader));
-      image_ = job_.prefetched->TakeImage();  // none when memory was short: read below
-      return true;
+    // A read still queued (behind other streams' reads) is not waited for: the deadline is for
+    // reading. One that has started is: a read stuck on a dead mount is this sample's deadline.
+    PrefetchedSample& read = *job_.prefetched;
+    if (read.index() == job_.index && !read.TryCancel()) {
+      const bool done = read.WaitDone([&] { return gate_.Abandoned(); });
+      if (!CheckNotAbandoned()) return false;
+      if (done) {
+        if (!read.status().ok()) return Fail(read.status());
+        std::optional<SampleReader> reader = read.TakeReader();
+        if (!reader) return Fail(absl::InternalError("read ahead: taken twice"));  // a bug
+        reader_.emplace(*std::move(reader));
+        // The bytes, unless memory was short or a decode took them back: read below then.
+        if (std::optional<PrefetchedSample::Image> image = read.TakeImage()) {
+          image_.emplace(std::move(image->bytes));
+          read_ahead_hold_ = image->hold;
+        }
+        return true;
+      }
     }
-    // Never started (the read-ahead moved on without it): read it here.
+    // Never started: read it here.
   }
   if (job_.observer != nullptr) {
     if (absl::Status refused = job_.observer->BeforeRead(*job_.dataset, job_.index);
@@ -121,9 +141,16 @@ bool SampleTask::DrawMemory() {
   bool whole = false;
   std::span<const uint8_t> head;
   absl::StatusOr<std::vector<uint8_t>> peeked;
-  if (image_) {  // read ahead: its bytes are held by the read already
-    head = image_->image().first(std::min<uint64_t>(kHeaderPeekBytes, image_->size));
-    whole = head.size() == image_->size;
+  if (image_) {
+    // Read ahead (its bytes are held already): the very peek ReadImageHead would have made, the
+    // image's part of its record's first kHeaderPeekBytes, so that the plan (and whether the
+    // sample is too large) never depends on whether memory allowed the read-ahead.
+    const uint64_t offset = image_->offset;
+    const uint64_t size = image_->size;
+    head = offset >= kHeaderPeekBytes
+               ? std::span<const uint8_t>()
+               : image_->image().first(std::min<uint64_t>(size, kHeaderPeekBytes - offset));
+    whole = offset + size <= kHeaderPeekBytes;
   } else {
     peeked = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
     if (!CheckNotAbandoned()) return false;
@@ -193,6 +220,7 @@ void SampleTask::Complete(const SampleOutput& out, const Worker& worker) {
   absl::Status status = status_;
   if (status.ok()) status = Decode(out, worker);
   image_.reset();  // the file's bytes go before the draw
+  GiveBackReadAhead();
   GiveBackMemory();
   if (!status.ok()) *out.status = NamingPath(status, where_);
   status_ = std::move(status);
@@ -235,6 +263,11 @@ absl::Status SampleTask::Decode(const SampleOutput& out, const Worker& worker) {
   }
   if (observed) job_.observer->AfterDecode(dataset, job_.index, worker.id);
   return status;
+}
+
+void SampleTask::GiveBackReadAhead() {
+  if (read_ahead_hold_ != 0) job_.memory->ReleaseReadAhead(read_ahead_hold_);
+  read_ahead_hold_ = 0;
 }
 
 void SampleTask::GiveBackMemory() {

@@ -80,6 +80,7 @@ class SampleTask {
 
   // Takes its copies and tells the gate (Checkpoint) that it may be abandoned from now on.
   SampleTask(SampleJob job, TaskGate& gate);
+  ~SampleTask();  // gives back bytes it took from a read ahead (also when abandoned)
 
   // Every step in order; returns kDone or kAbandoned.
   State Run(const SampleOutput& out, const Worker& worker);
@@ -111,6 +112,7 @@ class SampleTask {
   bool Fail(absl::Status status);
   bool CheckNotAbandoned();
   void GiveBackMemory();
+  void GiveBackReadAhead();
   absl::Status Decode(const SampleOutput& out, const Worker& worker);
 
   const SampleJob job_;
@@ -122,7 +124,8 @@ class SampleTask {
   std::optional<ImageBytes> image_;
   uint64_t drawn_ = 0;        // bytes of job.memory this task holds
   uint64_t libjpeg_cap_ = 0;  // of the plan: given to the decoder once committed
-  std::chrono::steady_clock::time_point started_;  // for the observer's AfterRead
+  // job.memory's read-ahead hold for image_, when its bytes came from a read ahead; 0 = none.
+  uint64_t read_ahead_hold_ = 0;
 };
 
 std::string_view SampleTaskStateName(SampleTask::State state);

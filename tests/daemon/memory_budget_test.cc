@@ -196,4 +196,26 @@ TEST_CASE("MemoryBudget: read-ahead holds take only spare memory and are evicted
   CHECK(budget.read_ahead() == 0);
 }
 
+TEST_CASE("MemoryBudget: a decode waiting for memory takes back read-ahead armed after it began "
+          "waiting",
+          "[daemon][memory][read_ahead]") {
+  MemoryBudget budget(100ull << 20);
+  const uint64_t reading = budget.TryAcquireReadAhead(50ull << 20);  // its read in progress
+  REQUIRE(reading != 0);
+  REQUIRE(budget.Acquire(40ull << 20).ok());
+  std::atomic<bool> granted{false};
+  std::thread decode([&] { granted = budget.Acquire(30ull << 20).ok(); });  // 10 MiB free
+  while (budget.waiting() == 0) std::this_thread::yield();
+  CHECK(budget.TryAcquireReadAhead(1) == 0);  // nothing new is read ahead meanwhile
+  int evicted = 0;
+  budget.ArmEviction(reading, [&] { ++evicted; });  // the read ends: now it can go
+  decode.join();
+  CHECK(granted);
+  CHECK(evicted == 1);
+  CHECK(budget.read_ahead() == 0);
+  budget.ReleaseReadAhead(reading);  // its holder lets go later: nothing given back twice
+  CHECK(budget.decoding() == 70ull << 20);
+  budget.Release(70ull << 20);
+}
+
 }  // namespace ringloader::server

@@ -312,6 +312,30 @@ TEST_CASE("ReadAhead: a task waiting on a read stuck on a dead mount is abandone
   CHECK(read->WaitDone([] { return false; }));
 }
 
+TEST_CASE("ReadAhead: a task never waits for a read still queued: it cancels it and reads itself",
+          "[pipeline][read_ahead]") {
+  Fixture f;
+  ReadPool pool(1);
+  WaitIdle idle{pool};
+  const EpochShard shard(f.dataset->size(), ShardSpec{});
+  f.observer.stuck_index = shard.at(0);  // the pool's one thread is held by position 0's read
+  ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+  ahead.Advance(*f.dataset, shard, 0, 0, 0, 1 << 30, nullptr, "");
+  f.observer.stuck.AwaitWaiting(1);
+  std::shared_ptr<PrefetchedSample> queued = ahead.Take(0, 1);
+  REQUIRE(queued != nullptr);
+  CHECK(queued->state() == PrefetchedSample::State::kQueued);
+  Gate plain, gate;
+  const std::vector<uint8_t> reference = f.Run(f.Job(shard.at(1)), plain);
+  SampleJob job = f.Job(shard.at(1));
+  job.prefetched = queued;
+  CHECK(f.Run(std::move(job), gate) == reference);  // read here, at once
+  CHECK(queued->state() == PrefetchedSample::State::kCancelled);
+  ahead.WriteOff(*queued);
+  CHECK(pool.written_off() == 0);  // a read that never ran is no stuck thread
+  f.observer.stuck.Open();
+}
+
 TEST_CASE("ReadAhead: reads run on into the next epoch but not past the stream's end, skip "
           "what the cache holds, and follow a jump",
           "[pipeline][read_ahead]") {
