@@ -30,6 +30,25 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+absl::StatusOr<std::shared_ptr<const File>> OpenFiles::Open(const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+      if (it->first == path) {
+        recent_.splice(recent_.begin(), recent_, it);
+        return recent_.front().second;
+      }
+    }
+  }
+  absl::StatusOr<File> opened = File::Open(path);  // outside the lock: it may be slow
+  if (!opened.ok()) return opened.status();
+  auto file = std::make_shared<const File>(*std::move(opened));
+  std::lock_guard<std::mutex> lock(mu_);
+  recent_.emplace_front(path, file);
+  while (recent_.size() > capacity_) recent_.pop_back();
+  return file;
+}
+
 int64_t ReadAt(int fd, void* buf, uint64_t n, uint64_t offset) {
   auto* out = static_cast<char*>(buf);
   uint64_t got = 0;

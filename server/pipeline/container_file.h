@@ -3,7 +3,11 @@
 // that name the file, the offset and a reason (image::ErrorReason). Internal to the pipeline.
 
 #include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -26,6 +30,22 @@ class File {
   File(int fd, uint64_t size) : fd_(fd), size_(size) {}
   int fd_ = -1;
   uint64_t size_ = 0;
+};
+
+// Container files kept open for the samples read from them: a shard holds hundreds of samples,
+// and on a network mount every open is a round trip. At most `capacity` stay open, the least
+// recently used closed first (a file in use stays open until its last user lets go). The cached
+// file is the one indexed: offsets come from the index of that very file. Thread-safe.
+class OpenFiles {
+ public:
+  explicit OpenFiles(size_t capacity) : capacity_(capacity) {}
+  // The open file at `path`, opened now (File::Open's errors; not cached) or shared.
+  absl::StatusOr<std::shared_ptr<const File>> Open(const std::string& path);
+
+ private:
+  const size_t capacity_;
+  std::mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const File>>> recent_;  // newest first
 };
 
 // pread until `n` bytes or the end of the file: the bytes read, or -errno.

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/pipeline/container_file.h"
 #include "server/pipeline/npy.h"
 #include "server/pipeline/sample_list.h"
 #include "server/pipeline/tensor_schema.h"
@@ -147,6 +148,8 @@ class Dataset {
   const std::vector<std::string>& ignored_examples() const { return ignored_examples_; }
   // "ignored 3 files, e.g. dattel/README.txt" (escaped for a log line); "" when none.
   std::string IgnoredText() const;
+  // The container files (shards, record files) its samples are read from, kept open and shared.
+  container::OpenFiles& open_files() const { return open_files_; }
 
  private:
   Dataset() = default;
@@ -164,6 +167,7 @@ class Dataset {
   bool loaded_from_cache_ = false;
   std::string cache_warning_;
   uint64_t fingerprint_ = 0;
+  mutable container::OpenFiles open_files_{64};
 };
 
 }  // namespace ringloader::pipeline

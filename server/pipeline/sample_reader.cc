@@ -139,9 +139,10 @@ absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint
       }
       if (image.size == 0) return r.Damaged("empty", tar ? "image member is empty" : "empty record");
       r.container_path_ = dataset.SampleFilePath(index);
-      absl::StatusOr<container::File> file = container::File::Open(r.container_path_);
+      absl::StatusOr<std::shared_ptr<const container::File>> file =
+          dataset.open_files().Open(r.container_path_);
       if (!file.ok()) return file.status();
-      r.container_.emplace(*std::move(file));
+      r.container_ = *std::move(file);
       r.read_bytes_ = image.size;
       return r;
     }

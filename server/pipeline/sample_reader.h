@@ -84,7 +84,7 @@ class SampleReader {
   std::string where_;
   uint64_t read_bytes_ = 0;
   std::optional<image::SampleFile> file_;     // imagefolder, manifest
-  std::optional<container::File> container_;  // webdataset, tfrecord
+  std::shared_ptr<const container::File> container_;  // webdataset, tfrecord (shared)
   std::string container_path_;
   std::optional<int64_t> record_label_;  // tfrecord, after ReadImage
 };
