@@ -89,8 +89,8 @@ void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
         if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
       });
     } else {
-      memory_->ReleaseReadAhead(hold);  // the task reads (and fails) again with its own memory
-      status = image.status();
+      memory_->ReleaseReadAhead(hold);
+      status = image.status();  // the sample's error, as the task's own read would have given
       reader_.reset();
     }
   }
@@ -127,17 +127,10 @@ void ReadAhead::Advance(const Dataset& dataset, const EpochShard& shard, uint64_
                         uint64_t cursor, uint64_t end_epoch, uint64_t max_file_bytes,
                         SampleCache* cache, const std::string& cache_key) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (dataset_ != &dataset) {  // (a stream reads one dataset: only the first call)
-    for (auto& [key, read] : reads_) read->Cancel();
-    reads_.clear();
-    next_ = {epoch, cursor};
-  }
-  dataset_ = &dataset;
-  if (epoch != epoch_ || shard_ == nullptr) {
-    // The stream's own shard of `epoch` from now on; one built here for it already gave the
-    // same order (the reads started from it stand).
-    if (next_shard_ != nullptr && next_shard_->spec().epoch <= epoch) next_shard_.reset();
-  }
+  dataset_ = &dataset;  // (a stream reads one dataset)
+  // The stream's own shard of `epoch` from now on; one built here for it already gave the same
+  // order (the reads started from it stand).
+  if (next_shard_ != nullptr && next_shard_->spec().epoch <= epoch) next_shard_.reset();
   shard_ = &shard;
   epoch_ = epoch;
   end_epoch_ = end_epoch;
