@@ -83,6 +83,10 @@
 #include <utility>
 #include <vector>
 
+// libringloader-client.so exports what this header declares and nothing else: the library is
+// built with hidden visibility, and its gRPC, protobuf and abseil code cannot clash with a
+// trainer's own (client/exports.map fences off what those headers mark visible).
+#pragma GCC visibility push(default)
 namespace ringloader::client {
 
 enum class ErrorCode {
@@ -406,6 +410,7 @@ Continuation ContinueState(const ResumeState& state, const StreamOptions& option
 std::string CombineStates(const std::vector<std::string>& states);
 
 }  // namespace ringloader::client
+#pragma GCC visibility pop
 
 namespace ringloader {
 using client::Batch;

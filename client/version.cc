@@ -1,5 +1,6 @@
 // The SDK's version (client.h: Version()), fixed when the shared library is built.
 #include "client/client.h"
+#include "ringloader_version.h"
 
 namespace ringloader::client {
 

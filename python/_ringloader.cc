@@ -19,6 +19,7 @@
 #include "client/internal.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "ringloader_version.h"
 
 namespace py = pybind11;
 
@@ -496,6 +497,7 @@ PYBIND11_MODULE(_ringloader, m) {
   using namespace ringloader::python;
   namespace client = ringloader::client;
   m.doc() = "ringloader's C++ client (use the ringloader package, not this module)";
+  m.attr("__version__") = RINGLOADER_VERSION;
   py::register_exception_translator(TranslateErrors);
 
   py::class_<PyBatch>(m, "Batch")

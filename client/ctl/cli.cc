@@ -9,6 +9,7 @@
 
 #include "client/client.h"
 #include "client/ctl/ctl.h"
+#include "ringloader_version.h"
 
 namespace ringloader::ctl {
 namespace {
@@ -38,6 +39,7 @@ void AddStreamFlags(CLI::App* cmd, ConsumeOptions& o, bool& no_shuffle) {
 int Main(int argc, char** argv) {
   CLI::App app{"ringloaderctl: control and exercise a ringloaderd"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "ringloaderctl " RINGLOADER_VERSION);
   std::string endpoint = client::DefaultEndpoint();
   app.add_option("--endpoint", endpoint,
                  "unix:/path, unix:///path or host:port (default $RINGLOADER_ENDPOINT, else "

@@ -46,7 +46,7 @@ def __getattr__(name: str):  # ringloader.torch is imported on first use (torch 
     raise AttributeError(f"module 'ringloader' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+__version__ = _ringloader.__version__  # the build's version (CMakeLists.txt project())
 __all__ = ["Loader", "Batch", "Daemon", "combine_states", "ResumeWarning", "health", "daemon_stats", "find_binary", "Error", "Unavailable",
            "NotFound", "InvalidArgument", "ResourceExhausted", "DataLoss", "FailedPrecondition",
            "Internal", "DeadlineExceeded"]

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "ringloader_version.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/supervisor.h"
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
   app.add_flag("--check-config", check_config,
                "load and validate the config (every key and rule), print \"ok\" or the error, "
                "and exit 0 or 1 without starting");
-  app.set_version_flag("--version", "ringloaderd 0.1.0");
+  app.set_version_flag("--version", "ringloaderd " RINGLOADER_VERSION);
   CLI11_PARSE(app, argc, argv);
   if (check_config) {
     const absl::StatusOr<ringloader::server::DaemonConfig> config =

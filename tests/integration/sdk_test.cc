@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "ringloader_version.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace ringloader::testing {
@@ -70,7 +71,7 @@ TEST_CASE("15.2: a trainer built out of tree against the installed SDK reads an 
                                          {{"LD_LIBRARY_PATH", libdir}});
     INFO(ran.output);
     CHECK(ran.exit_code == 0);
-    CHECK_THAT(ran.output, Catch::Contains("sdk 0.1.0 read 40 samples"));
+    CHECK_THAT(ran.output, Catch::Contains("sdk " RINGLOADER_VERSION " read 40 samples"));
   }
 }
 
