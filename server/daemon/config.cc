@@ -620,10 +620,8 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::
   }
   top.RejectUnknown();
   if (!error.ok()) return error;
-  if (config.datasets.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": datasets: at least one [[datasets]] entry is required"));
-  }
+  // No [[datasets]] is a daemon that serves nothing yet (a package's shipped config): new ones
+  // come with SIGHUP.
   return config;
 }
 

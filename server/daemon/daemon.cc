@@ -409,6 +409,10 @@ void FinishStartUp(DaemonState& d) {
               "memory_limit={}",
               d.config.server.listen, getpid(), d.incarnation, d.pool->size(),
               base::FormatBytes(d.config.server.memory_limit_bytes));
+  if (d.config.datasets.empty()) {
+    SPDLOG_WARN("no [[datasets]] in the config: clients can open nothing until some are added "
+                "(then SIGHUP, or systemctl reload ringloaderd)");
+  }
   if (d.reload_pending.exchange(false)) ::kill(::getpid(), SIGHUP);  // the main thread reloads
 }
 

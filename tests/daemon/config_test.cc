@@ -201,7 +201,6 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
               "t.toml: datasets[0].manifest: is required when format = \"manifest\"");
   ExpectError(std::string(kDataset) + kDataset,
               "t.toml: datasets[1].name: \"train\" is already used by another dataset");
-  ExpectError("[server]\n", "t.toml: datasets: at least one [[datasets]] entry is required");
   ExpectError("datasets = 1\n", "t.toml: datasets: must be an array of tables [[datasets]]");
 
   ExpectError(std::string(kDataset) + "[failpoints]\naction = \"explode\"\n",

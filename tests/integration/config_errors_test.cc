@@ -1,6 +1,9 @@
 // Issue 4: a bad config fails at start with the file, the key path and what is wrong.
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "tests/integration/daemon_fixture.h"
 
@@ -64,8 +67,8 @@ TEST_CASE("ringloaderd: a missing config file is named", "[integration][config]"
   CHECK_THAT(r.output, Catch::Contains("/nonexistent/ringloaderd.toml: cannot open config file"));
 }
 
-TEST_CASE("the shipped config/ringloaderd.toml starts a daemon that serves its dataset",
-          "[integration][config]") {
+TEST_CASE("the shipped config/ringloaderd.toml starts a daemon that serves, and its example "
+          "dataset once uncommented and reloaded", "[integration][config]") {
   TempDir dir;
   std::string shipped = ReadFile(std::string(RINGLOADER_SOURCE_DIR) + "/config/ringloaderd.toml");
   REQUIRE(!shipped.empty());
@@ -84,6 +87,7 @@ TEST_CASE("the shipped config/ringloaderd.toml starts a daemon that serves its d
                                    "--count", "40", "--classes", "2"});
   INFO(made.output);
   REQUIRE(made.exit_code == 0);
+  // As shipped, no dataset: it serves, with nothing to open.
   WriteFile(dir.Join("shipped.toml"), shipped);
   Subprocess daemon({DaemonPath(), "--config", dir.Join("shipped.toml")}, {},
                     dir.Join("daemon.log"));
@@ -97,9 +101,36 @@ TEST_CASE("the shipped config/ringloaderd.toml starts a daemon that serves its d
   INFO(ReadFile(dir.Join("daemon.log")));
   REQUIRE(serving);
   REQUIRE(daemon.Running());
-  CommandResult consumed = RunCommand({CtlPath(), "--endpoint", endpoint, "consume", "--dataset",
-                                       "demo", "--batch-size", "8", "--image-size", "32",
-                                       "--max-batches", "3"});
+  const std::vector<std::string> consume = {CtlPath(), "--endpoint", endpoint, "consume",
+                                            "--dataset", "demo", "--batch-size", "8",
+                                            "--image-size", "32", "--max-batches", "3"};
+  CommandResult unknown = RunCommand(consume);
+  INFO(unknown.output);
+  CHECK(unknown.exit_code != 0);
+  CHECK_THAT(unknown.output, Catch::Contains("demo"));
+  CHECK_THAT(ReadFile(dir.Join("daemon.log")), Catch::Contains("no [[datasets]] in the config"));
+
+  // The example's keys are commented out with '#' right before them: without it, and SIGHUP.
+  std::string uncommented;
+  std::istringstream lines(shipped);
+  int example_keys = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() > 1 && line[0] == '#' && line[1] != ' ') {
+      line.erase(0, 1);
+      ++example_keys;
+    }
+    uncommented += line + "\n";
+  }
+  CHECK(example_keys >= 4);  // [[datasets]], name, format, path at least
+  WriteFile(dir.Join("shipped.toml"), uncommented);
+  daemon.Kill(SIGHUP);
+  CommandResult consumed;
+  WaitFor(
+      [&] {
+        consumed = RunCommand(consume);
+        return consumed.exit_code == 0;
+      },
+      std::chrono::seconds(30));
   INFO(consumed.output);
   CHECK(consumed.exit_code == 0);
   CHECK_THAT(consumed.output, Catch::Contains("consumed 24 samples in 3 batches"));
