@@ -18,11 +18,14 @@ TEST_CASE("15.2: a trainer built out of tree against the installed SDK reads an 
 #endif
   TempDir dir;
   const std::string prefix = dir.Join("prefix");
-  const CommandResult installed =
-      RunCommand({"/usr/bin/cmake", "--install", BuiltBinary(""), "--prefix", prefix,
-                  "--component", "sdk"});
-  INFO(installed.output);
-  REQUIRE(installed.exit_code == 0);
+  // The library (libringloader-client0's part) and the development files (-dev's).
+  for (const char* component : {"client", "sdk"}) {
+    const CommandResult installed =
+        RunCommand({"/usr/bin/cmake", "--install", BuiltBinary(""), "--prefix", prefix,
+                    "--component", component});
+    INFO(installed.output);
+    REQUIRE(installed.exit_code == 0);
+  }
 
   DaemonFixtureOptions options;
   options.images = 40;
