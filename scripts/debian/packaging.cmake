@@ -83,9 +83,10 @@ set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ringloader)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION misc)
-# systemd-sysusers and systemd-tmpfiles (postinst); deb-systemd-helper is essential.
+# systemd-sysusers and systemd-tmpfiles (postinst; deb-systemd-helper is essential), /bin/kill
+# (the unit's ExecReload).
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS
-    "systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles")
+    "systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles, procps")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "python3-ringloader, libringloader-client-dev")
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
 "data-loading daemon for machine-learning training hosts
