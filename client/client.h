@@ -84,8 +84,9 @@
 #include <vector>
 
 // libringloader-client.so exports what this header declares and nothing else: the library is
-// built with hidden visibility, and its gRPC, protobuf and abseil code cannot clash with a
-// trainer's own (client/exports.map fences off what those headers mark visible).
+// built with hidden visibility, so the code compiled into it (its protobuf messages, inline code
+// of the gRPC, protobuf and abseil headers) never binds to a trainer's own definitions
+// (client/exports.map also fences off what those headers mark visible).
 #pragma GCC visibility push(default)
 namespace ringloader::client {
 

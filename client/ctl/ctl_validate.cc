@@ -51,8 +51,10 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     if (dc == nullptr) {
       std::vector<std::string> names;
       for (const server::DatasetConfig& d : config->datasets) names.push_back(d.name);
-      return usage(absl::StrCat(options.config, ": no dataset \"", options.dataset,
-                                "\" (configured: ", absl::StrJoin(names, ", "), ")"));
+      return usage(absl::StrCat(options.config, ": no dataset \"", options.dataset, "\" (",
+                                names.empty() ? "none configured"
+                                              : "configured: " + absl::StrJoin(names, ", "),
+                                ")"));
     }
     spec = server::DatasetSpecOf(*dc, /*state_dir=*/"");
     limits = server::DecodeLimitsOf(*dc);

@@ -26,9 +26,8 @@ foreach(package component IN ZIP_LISTS RINGLOADER_DEB_PACKAGES RINGLOADER_DEB_CO
 endforeach()
 
 # Man pages, from the programs' own --help (help2man).
-option(RINGLOADER_MAN_PAGES "Build and install man pages with help2man (scripts/package)" OFF)
-if(RINGLOADER_MAN_PAGES)
-  find_program(HELP2MAN help2man REQUIRED)
+find_program(HELP2MAN help2man REQUIRED)
+block()
   function(ringloader_man_page program section name)
     set(page ${DEB_STAGING}/man/${program}.${section})
     add_custom_command(OUTPUT ${page}.gz
@@ -44,7 +43,7 @@ if(RINGLOADER_MAN_PAGES)
                       "data-loading daemon: decodes and batches images into shared memory")
   ringloader_man_page(ringloaderctl 1 "control, probe and exercise a ringloaderd")
   add_custom_target(ringloader_man_pages ALL DEPENDS ${pages})
-endif()
+endblock()
 
 # Maintainer scripts and control files, named as dpkg wants them.
 function(ringloader_deb_control package component)
@@ -61,7 +60,17 @@ ringloader_deb_control(ringloader runtime conffiles postinst prerm postrm)
 ringloader_deb_control(python3-ringloader python postinst prerm)
 # ldconfig runs from the trigger (CPack also adds postinst/postrm calling it: see
 # lintian-suppressed).
+# shlibs: what a trainer built against this version needs. Before 1.0 a minor version may change
+# client.h's structs without a new SONAME, so the next minor version does not satisfy it.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  math(EXPR next_minor "${PROJECT_VERSION_MINOR} + 1")
+  set(upper_bound ", libringloader-client0 (<< 0.${next_minor}~)")
+endif()
+file(WRITE ${DEB_STAGING}/libringloader-client0/shlibs
+     "libringloader-client 0 libringloader-client0 (>= ${RINGLOADER_VERSION})${upper_bound}\n")
 ringloader_deb_control(libringloader-client0 client triggers)
+set(CPACK_DEBIAN_CLIENT_PACKAGE_CONTROL_EXTRA
+    "${CPACK_DEBIAN_CLIENT_PACKAGE_CONTROL_EXTRA};${DEB_STAGING}/libringloader-client0/shlibs")
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ringloader)
@@ -74,8 +83,6 @@ set(CPACK_DEBIAN_PACKAGE_VERSION ${RINGLOADER_VERSION})
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
-set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_STRIP_FILES ON)
 # Absolute destinations (/etc, /lib/systemd/system) go into the package, not onto this host.
 set(CPACK_SET_DESTDIR ON)
@@ -117,9 +124,9 @@ set(CPACK_DEBIAN_CLIENT_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_CLIENT_DESCRIPTION
 "C++ client library of the ringloader data-loading daemon
 libringloader-client reads batches of a ringloaderd's shared-memory ring in
-place from a C++ trainer. It exports only its C++ API: the gRPC, protobuf
-and abseil code inside it is hidden, so it cannot clash with a trainer's own
-copies.")
+place from a C++ trainer. It exports only its C++ API: the code compiled into
+it (its protobuf messages, inline code of the gRPC, protobuf and abseil
+headers) is hidden and never binds to a trainer's own definitions.")
 
 set(CPACK_DEBIAN_SDK_PACKAGE_NAME libringloader-client-dev)
 set(CPACK_DEBIAN_SDK_PACKAGE_SECTION libdevel)

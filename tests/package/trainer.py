@@ -3,7 +3,8 @@
 Reads EPOCHS epochs of DATASET through the installed ringloader package and writes one line per
 batch to OUT: the epoch, the sample indices and a CRC-32 of the images' bytes. With --pause-after
 N it writes "paused" to --status after N batches and waits (holding no batch) until the --go file
-exists: the test upgrades the packages meanwhile, and the daemon restarts under it.
+exists: the test upgrades the packages meanwhile, and the daemon restarts under it; the trainer
+then says how many reconnects its stream made.
 """
 import argparse
 import os
@@ -25,6 +26,7 @@ def main():
     loader = rl.Loader(args.dataset, batch_size=8, image_size=32, seed=7, output="numpy",
                        reconnect_deadline=120.0)
     done = 0
+    reconnects_after_pause = None
     with open(args.out, "w") as out:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
@@ -35,12 +37,16 @@ def main():
                 out.flush()
                 del batch
                 done += 1
+                if done == args.pause_after + 1:  # the first batch after the pause
+                    reconnects_after_pause = loader.stats["reconnects"]
                 if done == args.pause_after:
                     with open(args.status, "w") as status:
                         status.write(f"paused {rl.__version__}\n")
                     while not os.path.exists(args.go):
                         time.sleep(0.05)
     print(f"trainer: {done} batches, ringloader {rl.__version__}")
+    if reconnects_after_pause is not None:
+        print(f"trainer: reconnects after the pause: {reconnects_after_pause}")
 
 
 if __name__ == "__main__":

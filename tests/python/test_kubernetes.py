@@ -40,6 +40,9 @@ def test_manifests_agree_with_the_config_and_each_other(tmp_path: Path) -> None:
     daemon_docs = load("ringloaderd.yaml")
     config_map = by_kind(daemon_docs, "ConfigMap")
     daemon_set = by_kind(daemon_docs, "DaemonSet")
+    # The image is tagged with the version (named once, in CMakeLists.txt's project()).
+    image = daemon_set["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"ringloader:{rl.__version__}", image
     trainer = by_kind(load("trainer-pod.yaml"), "Pod")
 
     toml_text = config_map["data"]["ringloaderd.toml"]
