@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A ringloaderd of a benchmark's own: a synthetic dataset named "bench" in a fresh /tmp
 // directory, a config for it, and the daemon started (under --supervise when asked) with its log

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // client_bench: what a trainer pays on its own path, through the real client and a real daemon.
 //
 //  1. Next() of a batch that is already in the ring (the handoff a trainer waits for: NextBatch

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # client_bench: the trainer's path (handoff, copy-on-write, copy-out, images/s) through the real
 # client and daemon (prints figures only).
 add_executable(client_bench ${CMAKE_CURRENT_LIST_DIR}/client_bench.cc)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // eval_cache_bench: validation epochs with cache = "memory" (issue 13 item 2).
 //
 // Starts a daemon over a synthetic dataset whose [[datasets]] table says cache = "memory" and

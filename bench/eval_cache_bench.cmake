@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # eval_cache_bench: eval epochs served from the cache, images/s per epoch.
 add_executable(eval_cache_bench ${CMAKE_CURRENT_LIST_DIR}/eval_cache_bench.cc)
 target_link_libraries(eval_cache_bench PRIVATE ringloader_client ringloader_image CLI11::CLI11)

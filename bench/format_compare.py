@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """PNG and WebP decode-to-224 through ringloader's pipeline against Pillow on the same files and
 cores (issue 18, item 4).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // memory_bench: does the daemon's RSS stay under memory_limit for a 10-epoch run, with 1,000
 // samples and with 50,000 samples alike? (issue 6)
 //

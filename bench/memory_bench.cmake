@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # memory_bench: ringloaderd's RSS against memory_limit over a 10-epoch run, 1,000 vs 50,000 samples.
 add_executable(memory_bench ${CMAKE_CURRENT_LIST_DIR}/memory_bench.cc)
 target_link_libraries(memory_bench PRIVATE ringloader_client ringloader_image ringloader_proto

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // multi_stream_bench: do trainers sharing one daemon get the daemon's throughput between them?
 //
 // Starts a daemon over a synthetic dataset and measures images/s into the training loop for one

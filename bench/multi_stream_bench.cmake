@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # multi_stream_bench: one trainer vs several on one daemon, images/s.
 add_executable(multi_stream_bench ${CMAKE_CURRENT_LIST_DIR}/multi_stream_bench.cc)
 target_link_libraries(multi_stream_bench PRIVATE ringloader_client ringloader_image CLI11::CLI11)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // pipeline_bench: images/s of (a) plain tjDecompress2 at full size and (b) the pipeline
 // (BatchFiller: decode with DCT scaling + crop-region decode + train augmentation + batching into
 // a buffer), each with 1 thread and with all cores, over the same files. Both read every file

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # pipeline_bench: plain tjDecompress2 vs. the pipeline (decode + train augmentation + batching).
 add_executable(pipeline_bench ${CMAKE_CURRENT_SOURCE_DIR}/pipeline_bench.cc)
 target_link_libraries(pipeline_bench PRIVATE ringloader_pipeline ringloader_ctl libjpeg-turbo::turbojpeg

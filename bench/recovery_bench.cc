@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // recovery_bench: how long a trainer waits when the daemon dies.
 //
 // Starts `ringloaderd --supervise` over a synthetic dataset, reads batches through the C++ client

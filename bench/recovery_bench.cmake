@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # recovery_bench: kill-to-next-batch latency of the client under `ringloaderd --supervise`.
 add_executable(recovery_bench ${CMAKE_CURRENT_LIST_DIR}/recovery_bench.cc)
 target_link_libraries(recovery_bench PRIVATE ringloader_client ringloader_image CLI11::CLI11)

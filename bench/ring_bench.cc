@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ring_bench: the daemon's side of the shared-memory batch ring (shm/): payload write bandwidth
 // into a ring slot vs. memcpy into private memory, for 1 MiB and for 38 MiB (one 256 x 224 x 224 x
 // 3 uint8 batch), and the cost of Publish (XXH3-64 checksum). The trainer's side (handoff,

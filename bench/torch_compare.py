@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ringloader against torch's own DataLoader on the same files, transforms and cores.
 
     /usr/bin/python3 bench/torch_compare.py [--data DIR] [--count 2000] [--batches 40]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Batch: views into a mapped ring slot, built from a handle that is checked field by field.
 #include <algorithm>
 #include <limits>

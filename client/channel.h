@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Endpoint strings and the gRPC channel every ringloader client uses (the library and
 // ringloaderctl alike). Internal to client/ (includes gRPC).

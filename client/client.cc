@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Client, Connection, errors and dtypes. The stream logic lives in stream.cc.
 #include "client/client.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ringloader's C++ client: connect to a ringloaderd, open a stream, read batches in place from
 // the daemon's shared-memory ring.
@@ -281,9 +282,11 @@ class Stream {
   std::optional<Batch> Next();
   // The same, waiting at most `timeout` for the batch: then throws kDeadlineExceeded and the
   // stream stays usable (the next call returns that batch). Also while reconnecting to a dead
-  // daemon: the call gives up after `timeout` (plus at most one connection attempt's wait) and
-  // the next call goes on reconnecting; kUnavailable still comes once the daemon has been gone
-  // for reconnect_deadline, counted from when it went missing, however the waits were sliced.
+  // daemon: the call gives up after `timeout` (plus at most a brief wait for the session) and
+  // the next call goes on reconnecting; an open already sent is not sent again but waited for
+  // (a daemon making a ring of gigabytes takes a second or more to answer, whatever slices the
+  // caller waits in); kUnavailable still comes once the daemon has been gone for
+  // reconnect_deadline, counted from when it went missing, however the waits were sliced.
   std::optional<Batch> Next(std::chrono::milliseconds timeout);
   // Position of the next batch Next() will return.
   Position position() const;
@@ -324,7 +327,8 @@ class Client {
   // kResourceExhausted, kUnavailable (daemon unreachable past the deadline), ...
   std::unique_ptr<Stream> Open(const StreamOptions& options);
   // The same, polling `interrupted` at least every 200 ms while it waits for the daemon (for a
-  // connection, or between attempts): once it returns true, Open stops and throws kCancelled.
+  // connection, between attempts, or for an open's answer): once it returns true, Open stops and
+  // throws kCancelled; an open in flight is cancelled and the daemon drops what it made for it.
   // For callers that must stay responsive while a daemon is absent (the Python package checks
   // for Ctrl-C in it). `interrupted` runs on the calling thread and only during this call.
   std::unique_ptr<Stream> Open(const StreamOptions& options,
@@ -355,6 +359,8 @@ const char* Version();
 
 // Checks options before anything is sent; throws Error(kInvalidArgument) naming the option and
 // the rule, e.g. "StreamOptions.rank: must be < world_size (got rank 4, world_size 4)".
+// world_size and saved_world.world_size are at most 65,536, start_progress.beyond holds at most
+// 65,536 positions (the daemon refuses more; proto/resume_limits.h says why).
 // Open() calls it; the daemon applies its own limits (max batch size, ...) on top.
 void ValidateOptions(const StreamOptions& options);
 
@@ -366,8 +372,10 @@ void ValidateOptions(const StreamOptions& options);
 //   [cursors=c0,c1,...] check=<16 hex digits> end
 // The check is XXH3-64 of the text before " check="; " end" terminates the line. A state cut
 // short anywhere, altered, or holding a value out of range (epoch >= 2^32, std < 1e-6, ...) is
-// refused naming the problem. States of format v2 (no progress or cursors) and v1 (no check
-// either) are still read.
+// refused naming the problem, and so is one past the limits a forged state could otherwise
+// make the reader allocate for: a text over 4 MiB, world_size over 65,536 (one cursor per
+// rank), more than 65,536 beyond positions. States of format v2 (no progress or cursors) and
+// v1 (no check either) are still read.
 // Fields may appear in any order; every field up to cursor is required; unknown or repeated
 // fields are errors. The position fields are where the stream resumes; progress and beyond are
 // the epoch's start_progress; cursors (a job's state, CombineStates: every rank's cursor, "end"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic restarts: continuing a state at another world size, rank or batch size
 // (ContinueState) and one state for a whole job (CombineStates). See client.h.
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "proto/resume_limits.h"
 
 namespace ringloader::client {
 namespace {
@@ -68,6 +70,16 @@ std::string ProgressText(const EpochProgress& p) {
 
 Continuation ContinueState(const ResumeState& state, const StreamOptions& options) {
   const StreamOptions& saved = state.options;
+  // ParseState bounds these; a ResumeState built by hand is held to the same bounds before a
+  // cursor is assigned per saved rank below.
+  if (saved.world_size == 0 || saved.world_size > wire::kMaxWorldSize) {
+    Refuse(absl::StrCat("the state's world_size must be in [1, ", wire::kMaxWorldSize, "] (got ",
+                        saved.world_size, ")"));
+  }
+  if (!state.world_cursors.empty() && state.world_cursors.size() != saved.world_size) {
+    Refuse(absl::StrCat("the state's cursors: one per rank of world_size ", saved.world_size,
+                        " (got ", state.world_cursors.size(), ")"));
+  }
   const std::string difference =
       FirstDifference(RunKeys(saved), RunKeys(options), "the state was saved with", "these options have");
   if (!difference.empty()) {

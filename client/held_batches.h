@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // How a Stream lends ring slots to the batches it delivers, and gets them back. Internal.
 //

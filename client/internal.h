@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internals shared by client.cc and stream.cc. Not installed; includes gRPC and shm.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which gRPC failures the client survives, and how long it waits between attempts.
 // Internal to ringloader_client (includes gRPC); tests include it directly.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream state text (FormatState / ParseState) and option validation. See client.h for the format.
 #include <algorithm>
 #include <charconv>
@@ -17,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "client/client.h"
+#include "proto/resume_limits.h"
 
 namespace ringloader::client {
 namespace {
@@ -138,11 +140,15 @@ std::string FormatFloats(const std::vector<float>& values) {
   return absl::StrJoin(parts, ",");
 }
 
-// "a,b,c" of unsigned integers (at least one); `end` (when not empty) reads as kWholeShard.
-std::vector<uint64_t> ParseU64s(absl::string_view field, absl::string_view value,
-                                absl::string_view end = "") {
+// "a,b,c" of unsigned integers (at least one, at most `max`, refused naming `why_max` before any
+// more is stored); `end` (when not empty) reads as kWholeShard.
+std::vector<uint64_t> ParseU64s(absl::string_view field, absl::string_view value, uint64_t max,
+                                absl::string_view why_max, absl::string_view end = "") {
   std::vector<uint64_t> out;
   for (absl::string_view part : absl::StrSplit(value, ',')) {
+    if (out.size() == max) {
+      BadField(field, absl::StrCat("more than ", max, " values (", why_max, ")"));
+    }
     out.push_back(!end.empty() && part == end ? SavedWorld::kWholeShard : ParseU64(field, part));
   }
   return out;
@@ -167,7 +173,10 @@ std::vector<float> ParseFloats(absl::string_view field, absl::string_view value)
 void ValidateOptions(const StreamOptions& o) {
   if (o.dataset.empty()) BadOption("dataset", "must not be empty");
   if (o.batch_size == 0) BadOption("batch_size", "must be > 0");
-  if (o.world_size == 0) BadOption("world_size", "must be > 0");
+  if (o.world_size == 0 || o.world_size > wire::kMaxWorldSize) {
+    BadOption("world_size", absl::StrCat("must be in [1, ", wire::kMaxWorldSize, "] (got ",
+                                         o.world_size, ")"));
+  }
   if (o.rank >= o.world_size) {
     BadOption("rank", absl::StrCat("must be < world_size (got rank ", o.rank, ", world_size ",
                                    o.world_size, ")"));
@@ -197,7 +206,16 @@ void ValidateOptions(const StreamOptions& o) {
               absl::StrCat("is past end_epoch (", o.start.epoch, " > ", o.end_epoch, ")"));
   }
   if (o.reconnect_deadline.count() < 0) BadOption("reconnect_deadline", "must be >= 0");
+  if (o.start_progress.beyond.size() > wire::kMaxBeyondPositions) {
+    BadOption("start_progress.beyond",
+              absl::StrCat("at most ", wire::kMaxBeyondPositions, " positions (got ",
+                           o.start_progress.beyond.size(), ")"));
+  }
   if (o.saved_world.world_size != 0) {
+    if (o.saved_world.world_size > wire::kMaxWorldSize) {
+      BadOption("saved_world.world_size", absl::StrCat("must be in [1, ", wire::kMaxWorldSize,
+                                                       "] (got ", o.saved_world.world_size, ")"));
+    }
     if (o.saved_world.cursors.size() != o.saved_world.world_size) {
       BadOption("saved_world.cursors",
                 absl::StrCat("one per rank of saved_world.world_size ", o.saved_world.world_size,
@@ -242,6 +260,11 @@ std::string FormatState(const StreamOptions& o, const Position& next,
 }
 
 ResumeState ParseState(const std::string& text) {
+  if (text.size() > wire::kMaxStateBytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("invalid ringloader state: ", text.size(), " bytes, more than the ",
+                             wire::kMaxStateBytes, " a state can be (not a state, or altered?)"));
+  }
   absl::string_view line = absl::StripAsciiWhitespace(text);
   if (!absl::StartsWith(line, kMagic)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -311,6 +334,11 @@ ResumeState ParseState(const std::string& text) {
   o.seed = ParseU64("seed", fields["seed"]);
   o.rank = ParseU32("rank", fields["rank"]);
   o.world_size = ParseU32("world_size", fields["world_size"]);
+  // Before anything is sized by it (a cursor per rank in ContinueState): an edited state loads.
+  if (o.world_size == 0 || o.world_size > wire::kMaxWorldSize) {
+    BadField("world_size", absl::StrCat("must be in [1, ", wire::kMaxWorldSize, "] (got ",
+                                        o.world_size, "): the daemon serves no larger world"));
+  }
   o.image_size = ParseU32("image_size", fields["image_size"]);
   const absl::string_view augment = fields["augment"];
   if (augment == "train") {
@@ -363,7 +391,11 @@ ResumeState ParseState(const std::string& text) {
 
   if (fields.count("progress")) {
     o.start_progress.prefix = ParseU64("progress", fields["progress"]);
-    if (fields.count("beyond")) o.start_progress.beyond = ParseU64s("beyond", fields["beyond"]);
+    if (fields.count("beyond")) {
+      o.start_progress.beyond =
+          ParseU64s("beyond", fields["beyond"], wire::kMaxBeyondPositions,
+                    "the most a resume carries: the ranks' lead over the slowest rank");
+    }
     uint64_t previous = o.start_progress.prefix;
     for (uint64_t p : o.start_progress.beyond) {
       if (p <= previous) BadField("beyond", "positions must ascend, each above progress");
@@ -374,7 +406,9 @@ ResumeState ParseState(const std::string& text) {
     BadField("beyond", "needs progress");
   }
   if (fields.count("cursors")) {
-    state.world_cursors = ParseU64s("cursors", fields["cursors"], "end");
+    state.world_cursors =
+        ParseU64s("cursors", fields["cursors"], o.world_size,
+                  absl::StrCat("one per rank of world_size ", o.world_size), "end");
     if (state.world_cursors.size() != o.world_size) {
       BadField("cursors", absl::StrCat("one per rank of world_size ", o.world_size, " (got ",
                                        state.world_cursors.size(), ")"));

@@ -1,10 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream: opening, pulling batches, and surviving the daemon's death (see client.h).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +18,7 @@
 #include "client/client.h"
 #include "client/channel.h"
 #include "client/internal.h"
+#include "client/reconnect.h"
 #include "client/retry.h"
 #include "grpcpp/client_context.h"
 
@@ -23,8 +30,6 @@ using Clock = std::chrono::steady_clock;
 // NextBatch long-polls this long; the call's deadline adds kCallMargin for a busy daemon.
 constexpr std::chrono::milliseconds kWait{1000};
 constexpr std::chrono::milliseconds kCallMargin{5000};
-// An OpenStream may make the daemon map a new ring and (first use) index a dataset.
-constexpr std::chrono::milliseconds kOpenTimeout{30'000};
 // Closing is best effort (the daemon reclaims abandoned streams after its lease timeout).
 constexpr std::chrono::milliseconds kCloseTimeout{500};
 // How often an Open with an `interrupted` hook polls it while it waits for the daemon.
@@ -40,6 +45,47 @@ std::string Seconds(std::chrono::milliseconds d) {
               status.error_message().empty() ? DescribeStatus(status) : status.error_message());
 }
 
+// An OpenStream call in flight. Shared with gRPC's completion callback, which may run after the
+// Stream is gone: the call is never left waiting on memory its caller freed.
+struct PendingOpen {
+  grpc::ClientContext context;
+  v1::OpenStreamRequest request;
+  v1::OpenStreamResponse response;
+  Clock::time_point deadline;  // the attempt's (Reconnect::Started)
+  bool sent = false;           // false while waiting for a connection to send it on
+  std::mutex mu;
+  std::condition_variable cv;  // notified when `done` is set
+  bool done = false;
+  grpc::Status status;
+
+  void Finish(grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  }
+  // True once the call has ended.
+  bool WaitUntil(Clock::time_point until) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_until(lock, until, [this] { return done; });
+  }
+};
+
+std::chrono::system_clock::time_point SystemTime(Clock::time_point t) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+std::string OpenId() {
+  std::random_device random;
+  std::string id(16, '\0');
+  for (size_t i = 0; i < id.size(); i += 4) {
+    const uint32_t r = random();
+    std::memcpy(&id[i], &r, 4);
+  }
+  return id;
+}
+
 }  // namespace
 
 struct Stream::Impl {
@@ -51,24 +97,81 @@ struct Stream::Impl {
         progress_epoch(o.start.epoch),
         saved_world(o.saved_world),
         fingerprint(o.dataset_fingerprint),
-        backoff(std::random_device{}()) {}
+        reconnect(o.reconnect_deadline, std::random_device{}()) {}
 
-  // One OpenStream at `position` plus mapping its segment. On success the stream is current.
-  // A vanished segment comes back as UNAVAILABLE (retried); other mapping failures throw.
-  // The call waits for the channel to become ready (up to `timeout`): a synchronous gRPC client
-  // only drives a connection's handshake while a call is active, so a fail-fast call followed by
-  // a sleep would leave reconnecting to gRPC's 5 s backup poller.
-  grpc::Status TryOpen(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::system_clock::now() + timeout;
+  // Gets the stream open (Reconnect decides each step; this makes the calls). Returns once it
+  // is; throws kDeadlineExceeded at `give_up` with the attempt in flight kept for the next call,
+  // kUnavailable past reconnect_deadline, or the error of an open that cannot succeed.
+  void EnsureOpen(Clock::time_point give_up) {
+    while (true) {
+      const auto now = Clock::now();
+      const Reconnect::Step step = reconnect.Next(now, give_up);
+      switch (step.kind) {
+        case Reconnect::Step::kReady:
+          if (counting_reconnect) reconnects.fetch_add(1, std::memory_order_relaxed);
+          counting_reconnect = false;
+          return;
+        case Reconnect::Step::kWait:
+          Sleep(step.until - now);
+          break;
+        case Reconnect::Step::kStartOpen:
+          StartOpen(now);
+          break;
+        case Reconnect::Step::kAwaitOpen:
+          if (!pending) {  // lost to an exception between its start and its end
+            reconnect.Ended(Reconnect::Outcome::kRetry,
+                            grpc::Status(grpc::StatusCode::UNAVAILABLE, "open attempt lost"),
+                            now);
+          } else if (AwaitOpen(step.until)) {
+            FinishOpen();
+          } else if (Clock::now() >= pending->deadline + Reconnect::kAttemptGrace) {
+            // gRPC never ended the call at its deadline: give it up, as a timeout.
+            AbandonOpen();
+            reconnect.Ended(Reconnect::Outcome::kRetry,
+                            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "the daemon did not answer the open in time"),
+                            Clock::now());
+          }
+          break;
+        case Reconnect::Step::kGiveUp:
+          throw Error(ErrorCode::kDeadlineExceeded,
+                      absl::StrCat("no batch in time: reconnecting to ringloaderd at ",
+                                   connection->endpoint(), " for ",
+                                   absl::StrFormat("%.1f s", std::chrono::duration<double>(
+                                                                 now - reconnect.since())
+                                                                 .count()),
+                                   " (the stream goes on: call Next() again)"));
+        case Reconnect::Step::kFail: {
+          reconnect.Expired();
+          const double waited = std::chrono::duration<double>(now - reconnect.since()).count();
+          throw Error(ErrorCode::kUnavailable,
+                      absl::StrCat("ringloaderd at ", connection->endpoint(), " unreachable for ",
+                                   absl::StrFormat("%.1f s", waited), " (reconnect_deadline ",
+                                   Seconds(options.reconnect_deadline),
+                                   "): ", DescribeStatus(reconnect.last())));
+        }
+        case Reconnect::Step::kFailed:
+          Throw(reconnect.last());
+      }
+    }
+  }
+
+  // Starts an attempt: the request at `position`, sent once there is a connection (AwaitOpen).
+  void StartOpen(Clock::time_point now) {
     if (!connection->connected()) {
       // A socket whose permissions keep us out: said at once, never waited on.
       grpc::Status refused = NoConnectionStatus(connection->endpoint());
-      if (refused.error_code() == grpc::StatusCode::PERMISSION_DENIED) return refused;
+      if (refused.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+        reconnect.Started(now);
+        reconnect.Ended(Reconnect::Outcome::kFatal, refused, now);
+        Throw(refused);
+      }
     }
-    if (!AwaitConnection(deadline)) {
-      return NoConnectionStatus(connection->endpoint());
-    }
-    v1::OpenStreamRequest request;
+    auto attempt = std::make_shared<PendingOpen>();
+    reconnect.Started(now);  // only once `pending` will be set: kOpening always has one
+    pending = std::move(attempt);
+    pending->deadline = reconnect.attempt_deadline();
+    v1::OpenStreamRequest& request = pending->request;
     FillSpec(options, *request.mutable_spec());
     request.mutable_start()->set_epoch(position.epoch);
     request.mutable_start()->set_sequence(position.sequence);
@@ -86,26 +189,75 @@ struct Stream::Impl {
     }
     request.set_client_name(options.client_name);
     request.set_expected_fingerprint(fingerprint);
-    // The session is attached in the background; waiting for it briefly is enough (without one
-    // the stream still works, closed only after the daemon's idle timeout).
-    const std::string session =
-        connection->SessionId(std::min(timeout, std::chrono::milliseconds(2000)));
-    request.set_session_id(session);
-    grpc::ClientContext context;
-    context.set_deadline(deadline);
-    context.set_wait_for_ready(true);
-    v1::OpenStreamResponse response;
-    grpc::Status status = connection->stub().OpenStream(&context, request, &response);
-    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connection->connected()) {
-      // Waiting for a connection that never came: say why, not "deadline exceeded".
-      return NoConnectionStatus(connection->endpoint());
+    request.set_open_id(OpenId());
+  }
+
+  // Sends the pending attempt once connected, then waits for its answer until `until`. True once
+  // the attempt has ended (its status is in `pending`).
+  // The call waits for the channel to become ready: a synchronous gRPC client only drives a
+  // connection's handshake while a call is active, so a fail-fast call followed by a sleep would
+  // leave reconnecting to gRPC's 5 s backup poller. Waiting for the connection first (in steps
+  // of kInterruptPoll with an `interrupted` hook) lets the hook be polled while nothing is sent.
+  bool AwaitOpen(Clock::time_point until) {
+    PendingOpen& p = *pending;
+    if (!p.sent) {
+      while (interrupted && !connection->connected()) {
+        CheckInterrupted();
+        const auto now = Clock::now();
+        if (now >= p.deadline) {
+          p.Finish(NoConnectionStatus(connection->endpoint()));
+          return true;
+        }
+        if (now >= until) return false;
+        connection->WaitForConnected(SystemTime(std::min({until, p.deadline, now + kInterruptPoll})));
+      }
+      // The session is attached in the background; waiting for it briefly is enough (without
+      // one the stream still works, closed only after the daemon's idle timeout).
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - Clock::now());
+      const std::string session = connection->SessionId(
+          std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(2000)));
+      p.request.set_session_id(session);
+      p.context.set_deadline(SystemTime(p.deadline));
+      p.context.set_wait_for_ready(true);
+      p.sent = true;
+      connection->stub().async()->OpenStream(
+          &p.context, &p.request, &p.response,
+          [call = pending](grpc::Status status) { call->Finish(std::move(status)); });
     }
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    while (true) {
+      const auto now = Clock::now();
+      const auto wait_until = interrupted ? std::min(until, now + kInterruptPoll) : until;
+      if (p.WaitUntil(wait_until)) return true;
+      CheckInterrupted();
+      if (Clock::now() >= until) return false;
+    }
+  }
+
+  // The attempt in flight has ended: its outcome goes to `reconnect`. Throws the error of an
+  // open that cannot succeed.
+  void FinishOpen() {
+    const std::shared_ptr<PendingOpen> p = std::move(pending);
+    grpc::Status status = p->status;
+    const auto now = Clock::now();
+    const grpc::StatusCode code = status.error_code();
+    if (p->sent && (code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                    code == grpc::StatusCode::CANCELLED)) {
+      // The daemon may have made the stream after we stopped listening: it goes at once.
+      CloseOpen(p->request.open_id());
+    }
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED && !connection->connected()) {
+      // Waiting for a connection that never came: say why, not "deadline exceeded".
+      status = NoConnectionStatus(connection->endpoint());
+    }
+    if (code == grpc::StatusCode::FAILED_PRECONDITION) {
       const std::string& message = status.error_message();
       if (absl::StartsWith(message, "session_id:")) {
         // Our session ended with the daemon's previous incarnation: attach again and retry.
-        connection->SessionRefused(session);
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, message);
+        connection->SessionRefused(p->request.session_id());
+        reconnect.Ended(Reconnect::Outcome::kRetry,
+                        grpc::Status(grpc::StatusCode::UNAVAILABLE, message), now);
+        return;
       }
       if (absl::StrContains(message, "changed since the position") &&
           options.restart_epoch_if_dataset_changed && fingerprint != 0) {
@@ -113,10 +265,37 @@ struct Stream::Impl {
         fingerprint = 0;
         progress = EpochProgress{};  // the saved epoch's progress means nothing in the new list
         saved_world = SavedWorld{};
-        return TryOpen(timeout);
+        reconnect.Ended(Reconnect::Outcome::kRestartEpoch, status, now);
+        return;
       }
     }
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
+          Recovery::kFail) {
+        reconnect.Ended(Reconnect::Outcome::kFatal, status, now);
+        Throw(status);
+      }
+      reconnect.Ended(Reconnect::Outcome::kRetry, std::move(status), now);
+      return;
+    }
+    try {
+      grpc::Status mapped = Opened(p->response);
+      reconnect.Ended(mapped.ok() ? Reconnect::Outcome::kOpened : Reconnect::Outcome::kRetry,
+                      mapped, now);
+    } catch (const Error& e) {
+      reconnect.Ended(Reconnect::Outcome::kFatal,
+                      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, e.what()), now);
+      throw;
+    } catch (...) {  // std::bad_alloc and the like: the attempt is over all the same
+      reconnect.Ended(Reconnect::Outcome::kFatal,
+                      grpc::Status(grpc::StatusCode::INTERNAL, "opening the stream failed"), now);
+      throw;
+    }
+  }
+
+  // The daemon opened the stream: takes its answer and maps the segment. UNAVAILABLE for a
+  // vanished segment (retried); other mapping failures throw.
+  grpc::Status Opened(const v1::OpenStreamResponse& response) {
     stream_id = response.stream_id();
     incarnation = response.incarnation();
     token = response.stream_token();
@@ -170,29 +349,43 @@ struct Stream::Impl {
     return grpc::Status::OK;
   }
 
-  // With an `interrupted` hook: waits for the channel to connect in steps of kInterruptPoll,
-  // polling the hook between them (the open call itself then only waits for the daemon's answer).
-  // False when `deadline` passed unconnected. Without a hook the call waits for the connection.
-  bool AwaitConnection(std::chrono::system_clock::time_point deadline) {
-    if (!interrupted) return true;
-    while (!connection->connected()) {
-      CheckInterrupted();
-      const auto now = std::chrono::system_clock::now();
-      if (now >= deadline) return false;
-      connection->WaitForConnected(std::min(deadline, now + kInterruptPoll));
+  // Gives up the attempt in flight, if any: its call is cancelled and the daemon told to close
+  // whatever stream it made for it.
+  void AbandonOpen() {
+    std::shared_ptr<PendingOpen> p = std::move(pending);
+    if (p && connection->InForkedChild()) {
+      // The call is the parent's: left alone, never freed here (freeing its context would
+      // touch gRPC's state in a child, as Connection's destructor explains).
+      static auto* const kept = new std::vector<std::shared_ptr<PendingOpen>>();
+      kept->push_back(std::move(p));
+      return;
     }
-    return true;
+    if (!p || !p->sent) return;
+    p->context.TryCancel();
+    CloseOpen(p->request.open_id());
+  }
+
+  // CloseStream(open_id): best effort, as CloseQuietly.
+  void CloseOpen(const std::string& open_id) {
+    if (connection->InForkedChild()) return;
+    v1::CloseStreamRequest request;
+    request.set_open_id(open_id);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kCloseTimeout);
+    v1::CloseStreamResponse response;
+    (void)connection->stub().CloseStream(&context, request, &response);
   }
 
   void CheckInterrupted() {
     if (interrupted && interrupted()) {
+      AbandonOpen();
       throw Error(ErrorCode::kCancelled,
                   absl::StrCat("interrupted while opening a stream at ", connection->endpoint()));
     }
   }
 
   // Sleeps `d`, polling the `interrupted` hook (if any) every kInterruptPoll.
-  void Sleep(std::chrono::microseconds d) {
+  void Sleep(Clock::duration d) {
     const auto until = Clock::now() + d;
     while (true) {
       CheckInterrupted();
@@ -205,71 +398,22 @@ struct Stream::Impl {
   }
 
   void OpenFirst() {
-    const auto started = Clock::now();
-    grpc::Status status = TryOpen(AttemptTimeout(started + options.reconnect_deadline));
-    if (status.ok()) return;
-    if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
-        Recovery::kFail) {
-      Throw(status);
-    }
-    Recover(status, started);
+    reconnect.Lost(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not opened yet"), Clock::now(),
+                   /*at_once=*/true);
+    EnsureOpen(Clock::time_point::max());
   }
 
-  // How long one attempt may take: what is left of `deadline` (at least a few ms, so that an
-  // attempt can succeed at all), at most kOpenTimeout.
-  static std::chrono::milliseconds AttemptTimeout(Clock::time_point deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return std::clamp(left, std::chrono::milliseconds(10), kOpenTimeout);
-  }
-
-  // Backs off and reopens at `position` until it works or options.reconnect_deadline has passed
-  // since `since` (when the daemon was first found missing): every wait and every attempt is cut
-  // to what is left, so the error comes within the deadline plus one backoff step.
-  // A caller's `give_up` (Next(timeout)) cuts it short with kDeadlineExceeded: the outage is
-  // remembered and the next Next() goes on recovering, its deadline still counted from `since`.
-  void Recover(grpc::Status last, Clock::time_point since,
-               Clock::time_point give_up = Clock::time_point::max()) {
+  // The stream was lost at `since`: reopen it at `position` (Next() goes on with it).
+  void Lose(grpc::Status why, Clock::time_point since) {
     CloseQuietly();
-    outage.reset();
-    const auto deadline = since + options.reconnect_deadline;
-    backoff.Reset();
-    while (true) {
-      const auto now = Clock::now();
-      if (now >= give_up && now < deadline) {
-        outage = Outage{since, std::move(last)};
-        throw Error(ErrorCode::kDeadlineExceeded,
-                    absl::StrCat("no batch in time: reconnecting to ringloaderd at ",
-                                 connection->endpoint(), " for ",
-                                 absl::StrFormat("%.1f s", std::chrono::duration<double>(
-                                                               now - since).count()),
-                                 " (the stream goes on: call Next() again)"));
-      }
-      if (now >= deadline) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since);
-        throw Error(ErrorCode::kUnavailable,
-                    absl::StrCat("ringloaderd at ", connection->endpoint(), " unreachable for ",
-                                 absl::StrFormat("%.1f s", static_cast<double>(waited.count()) / 1000),
-                                 " (reconnect_deadline ",
-                                 Seconds(options.reconnect_deadline),
-                                 "): ", DescribeStatus(last)));
-      }
-      const auto remaining =
-          std::chrono::duration_cast<std::chrono::microseconds>(std::min(deadline, give_up) - now);
-      Sleep(std::min(backoff.NextDelay(), remaining));
-      if (Clock::now() >= std::min(deadline, give_up)) continue;
-      grpc::Status status = TryOpen(std::min(AttemptTimeout(deadline), AttemptTimeout(give_up)));
-      if (status.ok()) return;
-      if (Classify(status.error_code(), status.error_message(), RpcKind::kOpenStream) ==
-          Recovery::kFail) {
-        Throw(status);
-      }
-      last = std::move(status);
-    }
+    counting_reconnect = true;
+    reconnect.Lost(std::move(why), since);
   }
 
   // Tells the daemon we are done with the current stream, if it still listens. In a forked child
   // it only forgets the stream: the stream is the parent's.
   void CloseQuietly() {
+    AbandonOpen();
     if (!open) return;
     open = false;
     ring.reset();  // our own mapping, in the child too
@@ -311,16 +455,17 @@ struct Stream::Impl {
         }
         wait = std::min(wait, left);
       }
-      if (outage || !open) {
-        // An earlier Next(timeout) gave up while reconnecting: go on with it. Or an earlier call
-        // failed and left the stream closed (kUnavailable past reconnect_deadline, a refused
-        // reopen): reconnect, with a new deadline, before anything touches the ring.
-        Outage o = outage ? *std::move(outage)
-                          : Outage{Clock::now(),
-                                   grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                "the stream was closed by an earlier error")};
-        Recover(std::move(o.last), o.since, give_up);
-        reconnects.fetch_add(1, std::memory_order_relaxed);
+      if (reconnect.state() != Reconnect::State::kOpen) {
+        // An earlier Next(timeout) gave up while reconnecting: go on with it (an open in flight
+        // is waited for, not sent again). Or an earlier call failed and left the stream closed
+        // (kUnavailable past reconnect_deadline, a refused reopen): reconnect, with a new
+        // deadline, before anything touches the ring.
+        if (reconnect.state() == Reconnect::State::kFailed) {
+          Lose(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "the stream was closed by an earlier error"),
+               Clock::now());
+        }
+        EnsureOpen(give_up);
         continue;
       }
       v1::NextBatchRequest request;
@@ -356,8 +501,8 @@ struct Stream::Impl {
         }
         // The outage began no later than this call: the deadline counts from its start (a call
         // that hung for seconds has used those seconds).
-        Recover(std::move(status), call_started, give_up);
-        reconnects.fetch_add(1, std::memory_order_relaxed);
+        Lose(std::move(status), call_started);
+        EnsureOpen(give_up);
         continue;
       }
       if (response.end_of_stream()) {
@@ -487,13 +632,9 @@ struct Stream::Impl {
   std::atomic<bool> in_next{false};
   // Client::Open's `interrupted` hook, set only while the stream is first opened.
   std::function<bool()> interrupted;
-  Backoff backoff;
-  // A reconnect that a Next(timeout) left unfinished: when the daemon went missing, and why.
-  struct Outage {
-    Clock::time_point since;
-    grpc::Status last;
-  };
-  std::optional<Outage> outage;
+  Reconnect reconnect;  // whether the stream is open, and how it gets back open
+  std::shared_ptr<PendingOpen> pending;  // the open attempt in flight (Reconnect::kOpening)
+  bool counting_reconnect = false;       // the open in progress replaces a lost stream
 };
 
 Stream::Stream(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Where a daemon serves its administrative calls (ClearQuarantine): a Unix socket of its own
 // beside the main one, created 0600 (the daemon's user) or 0660 for server.admin_group, so the

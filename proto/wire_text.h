@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // How byte strings from the wire or the filesystem are shown where text is needed (logs, stats,
 // ringloaderctl output, the samples-out file). Sample paths are any bytes a filesystem allows and

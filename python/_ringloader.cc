@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // _ringloader: the C++ client (client/client.h) as a Python extension. The `ringloader` package
 // wraps it; this layer only converts: dicts to StreamOptions, Batch views to numpy arrays whose
 // memory is the ring slot itself, client::Error to ringloader.errors classes. Reconnects, exact

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ConsumerRing: a trainer's read-only view of a ring segment.
 #include <atomic>
 #include <chrono>

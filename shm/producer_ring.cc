@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProducerRing: the daemon's read-write side of a ring segment.
 #include <sys/statvfs.h>
 #include <unistd.h>

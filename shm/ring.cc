@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Free functions of shm/ring.h: names, stale-segment cleanup, checksums.
 #include "shm/ring.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The shared-memory batch ring: one POSIX shm segment per stream, created by the daemon
 // (ProducerRing, read-write) and mapped read-only by trainers (ConsumerRing).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The binary layout of a ring segment, shared by the daemon and every trainer process.
 // Bump kRingLayoutVersion on ANY change below; tests/shm/ring_layout_test.cc pins it with literals.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internal to shm/: the file behind a ring segment and its mapping. Not part of the contract.
 //

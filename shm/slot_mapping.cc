@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "shm/slot_mapping.h"
 
 #include <sys/mman.h>

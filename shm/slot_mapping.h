@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A trainer's own mapping of one ring slot's payload, apart from the ring's mapping, so that a
 // batch can leave the ring without moving: CopyOut() puts private memory holding the same bytes

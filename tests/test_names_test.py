@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Every Catch2 TEST_CASE name can be one CTest test: catch_discover_tests splits a name at ';'
 (a CMake list separator) into bogus tests that run nothing and pass. Fails naming each such case."""
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl's command line: flags -> one Run* function (ctl.h).
 #include "absl/strings/str_cat.h"
 #include "server/image/sample_decoder.h"

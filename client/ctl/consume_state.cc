@@ -1,10 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "client/ctl/consume_state.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -24,6 +28,16 @@ absl::Status Compare(absl::string_view flag, const T& saved, const T& now) {
   if (saved == now) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(flag, " is ", now, " but the state file was saved with ", saved));
+}
+
+// What a file that is not a regular one is, for a message.
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "of another kind";
 }
 
 }  // namespace
@@ -73,15 +87,49 @@ absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text) {
   return state;
 }
 
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path,
+                                                            uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is refused below instead.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
     return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return std::optional<std::string>(ss.str());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a regular file (", KindOf(st.st_mode),
+                     "): a state file is one written by --state"));
+  }
+  const auto too_large = [&](uint64_t bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " has ", bytes, " bytes or more, more than the ", max_bytes,
+                     " a state file can have (not a state file?)"));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large(st.st_size);
+  // To the end, whatever fstat said (the file may change meanwhile), never past max_bytes + 1.
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got <= max_bytes) {
+    if (got == text.size()) text.resize(std::min<uint64_t>(got + (64 << 10), max_bytes + 1));
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > max_bytes) return too_large(got);
+  text.resize(got);
+  return std::optional<std::string>(std::move(text));
 }
 
 absl::Status CheckSameRun(const client::StreamOptions& saved, const client::StreamOptions& flags) {

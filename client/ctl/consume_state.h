@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The --state file of `ringloaderctl consume`. Two or three lines:
 //
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/client.h"
+#include "proto/resume_limits.h"
 
 namespace ringloader::ctl {
 
@@ -36,8 +38,17 @@ std::string FormatConsumeState(const std::string& stream_state, uint64_t samples
 // InvalidArgument naming the bad line or field.
 absl::StatusOr<ConsumeState> ParseConsumeState(absl::string_view text);
 
-// The file's contents, std::nullopt if it does not exist, an error if it cannot be read.
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path);
+// The longest --state file read: a state at its longest (wire::kMaxStateBytes) and the
+// samples_out lines (a path of up to PATH_MAX bytes, escaped: at most 4 x 4,096 bytes).
+inline constexpr uint64_t kMaxConsumeStateBytes = wire::kMaxStateBytes + (64 << 10);
+
+// The file's contents, std::nullopt if it does not exist, an error if it cannot be read. Checked
+// before it is read: FailedPrecondition for anything but a regular file (a FIFO, which would
+// block; a device such as /dev/zero, which never ends) and for a file over `max_bytes`, naming
+// the path, its kind or size, and the limit. Never reads more than `max_bytes` + 1 bytes (a file
+// growing meanwhile is refused too).
+absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path,
+                                                            uint64_t max_bytes);
 
 // OK if a run with `flags` continues the run that saved `saved`; otherwise InvalidArgument
 // naming the first disagreeing option as its command-line flag, e.g.

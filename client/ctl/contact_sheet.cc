@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "client/ctl/contact_sheet.h"
 
 #include <spng.h>

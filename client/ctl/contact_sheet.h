@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A contact sheet: the images of one batch as tiles of image_size x image_size, row-major,
 // `columns` per row, no borders (tile k = sample k), written as PNG (lossless: the very bytes a

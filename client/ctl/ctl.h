@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ringloaderctl's subcommands, one function each, callable from tests. Each returns the process
 // exit code and writes only to the streams it is given (`out` for results, `err` for messages

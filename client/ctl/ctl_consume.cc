@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl consume: reads batches like a trainer (see ctl.h for the contract).
 #include <unistd.h>
 
@@ -208,7 +209,7 @@ int RunConsume(const ConsumeOptions& o, std::ostream& out, std::ostream& err) {
 
   uint64_t keep_bytes = 0;
   if (!o.state_file.empty()) {
-    auto text = ReadFileIfExists(o.state_file);
+    auto text = ReadFileIfExists(o.state_file, kMaxConsumeStateBytes);
     if (!text.ok()) return fail(text.status().message(), kExitFailure);
     if (text->has_value()) {
       absl::StatusOr<ConsumeState> saved = ParseConsumeState(**text);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl convert: an imagefolder rewritten as WebDataset or TFRecord shards.
 #include <filesystem>
 #include <ostream>

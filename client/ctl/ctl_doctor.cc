@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl doctor: checks the host against a daemon config before anything breaks.
 #include <grp.h>
 #include <pwd.h>

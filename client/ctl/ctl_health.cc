@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl health: the standard grpc.health.v1 Check.
 #include <cmath>
 #include <ostream>

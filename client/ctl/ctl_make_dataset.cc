@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl make-dataset: a synthetic dataset for demos and tests: an imagefolder, or one
 // written from it in another format (dataset_writer.h).
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl peek: one batch, exactly as a trainer with those options receives it, as a
 // contact sheet and its legend.
 #include <filesystem>

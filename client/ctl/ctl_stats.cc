@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl stats: GetStats as a table or as JSON.
 #include <unistd.h>
 
@@ -48,6 +49,9 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   out << absl::StrFormat("%-20s %d%s\n", "decode errors", s.decode_errors(),
                          reasons.empty() ? "" : "  (" + absl::StrJoin(reasons, ", ") + ")");
   out << absl::StrFormat("%-20s %d\n", "requests rejected", s.requests_rejected());
+  if (s.opens_abandoned() != 0) {
+    out << absl::StrFormat("%-20s %d\n", "opens abandoned", s.opens_abandoned());
+  }
   out << absl::StrFormat("%-20s %s\n", "rss", base::FormatBytes(s.rss_bytes()));
   out << absl::StrFormat("%-20s %s reserved of %s\n", "memory limit",
                          base::FormatBytes(s.memory_reserved_bytes()),

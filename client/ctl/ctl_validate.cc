@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl validate: decode every sample of a dataset without a daemon.
 #include <algorithm>
 #include <map>

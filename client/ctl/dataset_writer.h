@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Writes an imagefolder (a pipeline::Dataset) out in the other formats the daemon reads, for
 // `ringloaderctl make-dataset` and `ringloaderctl convert`. The daemon's readers rely on exactly

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The --samples-out format of `ringloaderctl consume` (a contract: tests compare these files to
 // check exactly-once delivery and byte-determinism). One line per delivered sample, in delivery

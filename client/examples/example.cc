@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The smallest useful ringloader client: read a few batches and look at them.
 //
 //   ringloader_example <dataset> [batches] [endpoint]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A real PyTorch training loop fed by ringloader: torchvision's resnet18, SGD on the CPU,
 checkpointing the model, the optimiser and the loader, and resuming from the checkpoint.
 

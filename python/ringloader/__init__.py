@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ringloader: training batches decoded in a separate daemon, read in place from shared memory.
 
 >>> import ringloader as rl

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A private ringloader daemon for a notebook or a script: no config file, no service."""
 
 from __future__ import annotations
@@ -56,6 +57,34 @@ def _table(name: str, values: Mapping[str, Any], header: str) -> str:
             raise InvalidArgument(f"{name}: {key!r} is not a config key")
         lines.append(f"{key} = {_toml_value(f'{name}.{key}', value)}")
     return "\n".join(lines) + "\n"
+
+
+def _parent_pid(pid: int) -> Optional[int]:
+    """The parent of process ``pid`` (from /proc), or None when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _serving_daemon(endpoint: str) -> Optional[Dict[str, Any]]:
+    """The stats of the daemon answering at ``endpoint`` ({} when it answers health but not
+    stats), or None when nothing answers there."""
+    try:
+        _ringloader.health(endpoint, 1.0)
+    except Unavailable:
+        return None
+    try:
+        return _ringloader.daemon_stats(endpoint, 2.0)
+    except Error:
+        return {}
+
+
+def _describe(stats: Mapping[str, Any]) -> str:
+    return f"pid {stats['pid']}" if stats.get("pid") else "a daemon whose pid it would not say"
 
 
 def _stop(process: "subprocess.Popen[bytes]", workdir: str, keep: bool) -> None:
@@ -166,6 +195,13 @@ class Daemon:
             return
         if self._finalizer is not None:
             raise Error("this Daemon was stopped (its directory is gone): start a new Daemon")
+        # The health checks below would be answered by another daemon serving at listen= (and,
+        # on TCP, gRPC lets two servers share a port): refused before anything starts.
+        if self._endpoint != f"unix:{self._socket}":
+            other = _serving_daemon(self._endpoint)
+            if other is not None:
+                raise Error(f"listen={self._endpoint!r}: another ringloaderd already serves there "
+                            f"({_describe(other)}); stop it, or give this Daemon another listen=")
         with open(self._log, "ab") as log:
             self._process = subprocess.Popen(
                 [self._binary, "--supervise", "--config", self._config,
@@ -181,7 +217,13 @@ class Daemon:
                             f"serving; its log:\n{tail}")
             try:
                 if _ringloader.health(self.endpoint, 1.0) == "SERVING":
-                    return
+                    other = self._other_daemon()
+                    if other is None:
+                        return
+                    self.stop()
+                    raise Error(f"listen={self._endpoint!r}: another ringloaderd serves there "
+                                f"({_describe(other)}), not the one this Daemon started; stop "
+                                "it, or give this Daemon another listen=")
             except Unavailable:
                 pass
             if time.monotonic() > deadline:
@@ -189,6 +231,17 @@ class Daemon:
                 raise Unavailable(f"ringloaderd did not serve within {timeout} s; its log:\n"
                                   + "\n".join(self.log().splitlines()[-20:]))
             time.sleep(0.05)
+
+    def _other_daemon(self) -> Optional[Dict[str, Any]]:
+        """None when the daemon serving at the endpoint is this one's (the child of the
+        supervisor it started), else that daemon's stats. Unavailable when it cannot tell yet."""
+        try:
+            stats = _ringloader.daemon_stats(self.endpoint, 2.0)
+        except Error as e:
+            raise Unavailable(str(e)) from e
+        pid = int(stats.get("pid") or 0)
+        mine = self._process is not None and pid != 0 and _parent_pid(pid) == self._process.pid
+        return None if mine else stats
 
     def stop(self) -> None:
         """Stops the daemon (SIGTERM, then SIGKILL after 15 s) and removes its directory."""

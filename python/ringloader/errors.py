@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exceptions raised by ringloader: one class per error code, all subclasses of :class:`Error`.
 
 Each carries the daemon's or the client library's message, which names what was wrong

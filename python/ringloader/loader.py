@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader: batches from a ringloader daemon, read in place from its shared-memory ring."""
 
 from __future__ import annotations
@@ -5,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 import time
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional
@@ -16,6 +16,7 @@ except ImportError:  # the Loader says what to install
     numpy = None  # type: ignore[assignment]
 
 from . import _ringloader
+from ._loader_state import Cursor, LoaderState, Pass, Resumed
 from .errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 _STATE_FORMAT = "ringloader.Loader/1"
@@ -125,20 +126,6 @@ class Batch(Mapping[str, Any]):
                 f"size={self._native.size}>")
 
 
-class _Pass:
-    """One ``iter()`` of a Loader: where it started, and how many batches it took."""
-
-    __slots__ = ("start", "taken")
-
-    def __init__(self, start: Dict[str, int]) -> None:
-        self.start = dict(start)
-        self.taken = 0
-
-    @property
-    def epoch(self) -> int:
-        return self.start["epoch"]
-
-
 def _epoch_arg(name: str, value: Any) -> int:
     """An epoch argument as an int in [0, 2**32), or InvalidArgument naming ``name``."""
     if not isinstance(value, bool):
@@ -178,10 +165,12 @@ class Loader:
     invisible; one that stays away past ``reconnect_deadline`` seconds raises
     :class:`ringloader.Unavailable`.
 
-    A Loader is used by one thread at a time (a second thread's call raises
-    :class:`ringloader.FailedPrecondition`); :meth:`close` may come from any thread or a signal
-    handler, and a ``next()`` waiting meanwhile raises ``FailedPrecondition`` without taking a
-    batch. A Loader pickles (options and position): the copy connects again where it is
+    A Loader is used by one thread at a time (a second thread's call, ``iter()`` too, raises
+    :class:`ringloader.FailedPrecondition` and changes nothing); :meth:`close` may come from any
+    thread or a signal handler, and a ``next()`` waiting meanwhile (for a batch, or for the
+    daemon while it opens its stream) raises ``FailedPrecondition`` without taking a batch. The
+    state behind these promises is one object with named phases (``_loader_state.py``). A
+    Loader pickles (options and position): the copy connects again where it is
     unpickled and continues from the same position.
 
     Args:
@@ -263,22 +252,16 @@ class Loader:
         self._timeout = timeout
         self._progress = progress
         self._endpoint = endpoint if endpoint else _ringloader.default_endpoint()
-        self._position = {"epoch": 0, "sequence": 0, "cursor": 0}
-        self._fingerprint = 0
-        self._resumed: Optional[Dict[str, Any]] = None
-        self._start_process()
+        self._start_process(Cursor({"epoch": 0, "sequence": 0, "cursor": 0}, 0))
 
-    def _start_process(self) -> None:
-        """What belongs to this process: the connection, the stream, the iteration in progress."""
+    def _start_process(self, cursor: Cursor) -> None:
+        """What belongs to this process: the connection, and the state (stream, call, pass)."""
         self._pid = os.getpid()
         self._client: Any = None
-        self._stream: Any = None
         self._batches_per_epoch: Optional[int] = None
-        self._busy = threading.Lock()  # held by the one thread inside the Loader
-        self._pass: Optional[_Pass] = None  # the iter() in progress
-        # A batch of the next epoch that ended a pass (its epoch had no last_in_epoch batch):
-        # the next pass starts with it. Its position is self._position.
-        self._carried: Optional[Batch] = None
+        # Where the loader is, what its one caller is doing, the iter() in progress: every
+        # change is a transition of this object (see _loader_state.py).
+        self._state = LoaderState(cursor)
 
     # ---- the public API ----
 
@@ -289,7 +272,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
-        return self._position["epoch"]
+        return self._state.resume_cursor().epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next ``iter()`` run epoch ``epoch`` (an int in [0, 2**32)).
@@ -298,17 +281,19 @@ class Loader:
         position, so a resumed run continues where it stopped.
         """
         epoch = _epoch_arg("set_epoch: epoch", epoch)
-        with self._one_thread("set_epoch()"):
-            self._pass = None
-            if epoch != self._position["epoch"]:
-                self._move_to({"epoch": epoch, "sequence": 0, "cursor": 0})
-                self._resumed = None  # that epoch, if it comes again, is read whole
+        with self._holding("set_epoch()"):
+            s = self._state
+            s.drop_pass()
+            if epoch != s.cursor.epoch:
+                # resumed=None: the loaded state's epoch, if it comes again, is read whole.
+                s.move_to(Cursor({"epoch": epoch, "sequence": 0, "cursor": 0},
+                                 s.cursor.fingerprint))
 
     def __len__(self) -> int:
         """Batches in one epoch for this rank: with ``drop_last`` only whole batches (an upper
         bound when the daemon skips bad samples). Asks the daemon for the dataset's size the
         first time; opens no stream."""
-        with self._one_thread("len()"):
+        with self._holding("len()"):
             if self._batches_per_epoch is None:
                 self._batches_per_epoch = self._count_batches()
             return self._batches_per_epoch
@@ -316,9 +301,8 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         """One epoch: from the current position to the epoch's last batch."""
         self._check_process()
-        self._abandon_pass()
-        p = _Pass(self._position)
-        self._pass = p
+        with self._holding("iter()"):  # refused while another call is inside: nothing changes
+            p = self._state.start_pass()
         return self._run(p)
 
     def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
@@ -328,23 +312,24 @@ class Loader:
         An ``iter()`` in progress is left where it is (its iterator can no longer be used).
         """
         self._check_process()
-        with self._one_thread("next_batch()"):
-            self._pass = None
-            return self._take(timeout if timeout is not None else self._timeout)
+        with self._holding("next_batch()"):
+            self._state.drop_pass()
+            return self._take(timeout if timeout is not None else self._timeout, None)
 
     def state_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict: :meth:`load_state_dict` resumes exactly as this loader goes on."""
-        r = self._resumed
-        if r is not None and r["saved_world"] is not None and r["start"] == self._position:
+        c = self._state.resume_cursor()  # one immutable value: safe from a signal handler
+        r = c.resumed
+        if r is not None and r.saved_world is not None and r.start == c.position:
             # A loaded state the daemon has not applied yet (no stream opened since): itself.
-            return dict(r["state"])
+            return dict(r.state)
         options = {k: v for k, v in self._options.items()
                    if k != "restart_epoch_if_dataset_changed"}
-        options.update(start=dict(self._position), dataset_fingerprint=self._fingerprint)
-        if r is not None and r["start"]["epoch"] == self._position["epoch"]:
-            options["start_progress"] = r["progress"]
+        options.update(start=dict(c.position), dataset_fingerprint=c.fingerprint)
+        if r is not None and r.start["epoch"] == c.epoch:
+            options["start_progress"] = r.progress
         return {"format": _STATE_FORMAT, "state": _ringloader.format_state(options),
-                "epoch": self._position["epoch"], "sequence": self._position["sequence"]}
+                "epoch": c.epoch, "sequence": c.position["sequence"]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues from a :meth:`state_dict` (of this process or another): with exactly the
@@ -374,15 +359,15 @@ class Loader:
             raise InvalidArgument(f"load_state_dict: {e}") from None
         if c["warning"]:
             warnings.warn(c["warning"], ResumeWarning, stacklevel=2)
-        with self._one_thread("load_state_dict()"):
-            self._pass = None
+        resumed = Resumed(dict(c["start"]), c["start_progress"], c["saved_world"],
+                          {"format": _STATE_FORMAT, "state": text,
+                           "epoch": c["start"]["epoch"], "sequence": 0})
+        with self._holding("load_state_dict()"):
+            s = self._state
+            s.drop_pass()
             # An open stream at the same position would read the epoch without the progress.
-            self._close_stream()
-            self._move_to(dict(c["start"]), c["dataset_fingerprint"])
-            self._resumed = {"start": dict(c["start"]), "progress": c["start_progress"],
-                             "saved_world": c["saved_world"],
-                             "state": {"format": _STATE_FORMAT, "state": text,
-                                       "epoch": c["start"]["epoch"], "sequence": 0}}
+            s.drop_stream()
+            s.move_to(Cursor(dict(c["start"]), c["dataset_fingerprint"], resumed))
 
     def peek(self, epoch: Optional[int] = None, batch: int = 0,
              columns: int = 8) -> "numpy.ndarray":
@@ -406,7 +391,7 @@ class Loader:
         for name, value, least in (("batch", batch, 0), ("columns", columns, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgument(f"peek: {name} must be an int >= {least}, got {value!r}")
-        with self._one_thread("peek()"):
+        with self._holding("peek()"):
             # From the epoch's first batch: which samples a batch holds depends on the files
             # before it.
             options = dict(self._options, dtype="uint8", layout="NHWC", writable_batches=False,
@@ -437,10 +422,10 @@ class Loader:
 
         Safe from any thread and from a signal handler: a ``next()`` waiting meanwhile raises
         :class:`ringloader.FailedPrecondition` and takes no batch, so a :meth:`state_dict` saved
-        before ``close()`` resumes with the batch it waited for.
+        before ``close()`` resumes with the batch it waited for. The same while ``next()`` opens
+        or reopens its stream (it waits for the daemon): it raises instead of returning a batch.
         """
-        self._carried = None
-        self._close_stream()
+        self._state.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -451,17 +436,19 @@ class Loader:
     def __del__(self) -> None:
         try:
             if os.getpid() == self._pid:
-                self._close_stream()
+                self._state.drop_stream()
         except Exception:
             pass
 
     def __getstate__(self) -> Dict[str, Any]:
         """Options and position: the unpickled Loader connects again, from there."""
+        c = self._state.resume_cursor()
         return {"format": _PICKLE_FORMAT, "options": dict(self._options),
                 "default_name": self._default_name, "output": self._output,
                 "timeout": self._timeout, "progress": self._progress,
-                "endpoint": self._endpoint, "position": dict(self._position),
-                "fingerprint": self._fingerprint, "resumed": self._resumed}
+                "endpoint": self._endpoint, "position": dict(c.position),
+                "fingerprint": c.fingerprint,
+                "resumed": None if c.resumed is None else c.resumed.as_dict()}
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("format") != _PICKLE_FORMAT:
@@ -477,45 +464,39 @@ class Loader:
         self._timeout = state["timeout"]
         self._progress = state["progress"]
         self._endpoint = state["endpoint"]
-        self._position = dict(state["position"])
-        self._fingerprint = state["fingerprint"]
-        self._resumed = state["resumed"]
-        self._start_process()
+        self._start_process(Cursor(dict(state["position"]), state["fingerprint"],
+                                   Resumed.of(state["resumed"])))
 
     @property
     def stats(self) -> Dict[str, int]:
         """This loader's counters: daemon reconnects survived and held batches copied out."""
-        stream = self._stream
+        stream = self._state.stream
         if stream is None:
             return {"reconnects": 0, "copies": 0}
         return {"reconnects": stream.reconnects, "copies": stream.copies}
 
     # ---- inside ----
 
-    def _run(self, p: _Pass) -> Iterator[Batch]:
+    def _run(self, p: Pass) -> Iterator[Batch]:
+        s = self._state
         bar = None
-        left = False  # the consumer let go of this iterator before the epoch's end
         try:
             if self._progress:
                 from tqdm import tqdm
                 bar = tqdm(total=len(self), desc=f"epoch {p.epoch}", unit="batch")
-                bar.update(p.start["sequence"])
+                bar.update(p.start.position["sequence"])
             while True:
-                with self._one_thread("next()"):
-                    if self._pass is not p:
+                with self._holding("next()"):
+                    if s.current_pass is not p:
                         raise FailedPrecondition(
                             "this iterator of the Loader was superseded (by a later iter(), "
                             "set_epoch(), load_state_dict() or next_batch()): use a new "
                             "iter(loader)")
-                    batch = self._take(self._timeout)
+                    # None: the epoch's end; or a batch of the next epoch, carried to the next
+                    # pass (its epoch ended without a batch marked last: its tail yielded none
+                    # while the trainer held the look-ahead's slot).
+                    batch = self._take(self._timeout, p)
                     if batch is None:
-                        return
-                    if batch.position["epoch"] != p.epoch:
-                        # The epoch ended without a batch marked last (its tail yielded none
-                        # while the trainer held the look-ahead's slot): this batch opens the
-                        # next pass.
-                        self._carried = batch
-                        self._position = batch.position
                         return
                     p.taken += 1
                 if bar is not None:
@@ -523,91 +504,76 @@ class Loader:
                 try:
                     yield batch
                 except GeneratorExit:  # break, del, garbage: the pass is undone
-                    left = True
+                    s.let_go(p)
                     raise
-                if self._pass is p and self._position["epoch"] != p.epoch:
+                if s.current_pass is p and s.cursor.epoch != p.epoch:
                     return  # last_in_epoch, or past it
         finally:
             # An error (Unavailable, a timeout, Ctrl-C inside next(), close() from a handler)
             # leaves the position at the batch not taken: the next call continues there.
             if bar is not None:
                 bar.close()
-            if self._pass is p:
-                self._pass = None
-                if left and self._left_early(p):
-                    self._move_to(p.start)
+            s.end_pass(p)
 
-    def _abandon_pass(self) -> None:
-        """Ends the iter() in progress; one left before its epoch's end is undone."""
-        p, self._pass = self._pass, None
-        if p is not None and self._left_early(p):
-            with self._one_thread("iter()"):
-                self._move_to(p.start)
-
-    def _left_early(self, p: _Pass) -> bool:
-        """The pass took batches and its epoch has not ended: letting go of it undoes it."""
-        return p.taken > 0 and self._position["epoch"] == p.epoch
-
-    def _move_to(self, position: Dict[str, int], fingerprint: Optional[int] = None) -> None:
-        """Sets where the next batch comes from (the stream follows on the next take)."""
-        self._position = dict(position)
-        self._carried = None
-        if fingerprint is not None:
-            self._fingerprint = fingerprint
-
-    def _take(self, timeout: Optional[float]) -> Optional[Batch]:
-        carried, self._carried = self._carried, None
-        if carried is not None and carried.position == self._position:
-            self._position = carried._native.next
+    def _take(self, timeout: Optional[float], p: Optional[Pass]) -> Optional[Batch]:
+        """The next batch for pass `p` (None: for next_batch()), or None. REQUIRES: held."""
+        s = self._state
+        carried = s.take_carried()
+        if carried is not None:
             return carried
-        stream = self._ensure_stream()
+        if s.needs_open():
+            self._check_process()
+            self._open(s.open_begin())
+        stream = s.wait_begin()
         try:
             native = stream.next(timeout)
         except KeyboardInterrupt:
-            self._close_stream()  # the daemon frees the stream at once
+            s.wait_failed(drop_stream=True)  # the daemon frees the stream at once
             raise
-        if native is None:
-            return None
-        if self._stream is not stream:  # close() came as the wait ended: the batch is not ours
-            raise FailedPrecondition("the Loader was closed while next() waited for a batch")
-        self._position = native.next
-        return Batch(native, self._output)
+        except BaseException:
+            s.wait_failed()
+            raise
+        batch = None if native is None else Batch(native, self._output)
+        return batch if s.took(batch, p) else None
 
     def _connect(self) -> Any:
         if self._client is None:
             self._client = _ringloader.Client(self._endpoint)
         return self._client
 
-    def _ensure_stream(self) -> Any:
-        self._check_process()
-        if self._stream is not None and self._stream.position == self._position:
-            return self._stream
-        self._close_stream()
+    def _open(self, at: Cursor) -> None:
+        """Opens the stream at `at` (REQUIRES: the state is OPENING)."""
+        s = self._state
         # The dataset's fingerprint guards a position inside an epoch (a changed sample list
         # would repeat or skip samples); an epoch's start reads whatever the dataset is now.
-        at_epoch_start = self._position["sequence"] == 0 and self._position["cursor"] == 0
-        r = self._resumed
-        resumed = r is not None and r["start"]["epoch"] == self._position["epoch"]
+        position = at.position
+        at_epoch_start = position["sequence"] == 0 and position["cursor"] == 0
+        r = at.resumed
+        resumed = r is not None and r.start["epoch"] == at.epoch
         if resumed:  # the epoch continues after what the saved job consumed
             at_epoch_start = False
-        options = dict(self._options, start=dict(self._position),
-                       dataset_fingerprint=0 if at_epoch_start else self._fingerprint)
+        options = dict(self._options, start=dict(position),
+                       dataset_fingerprint=0 if at_epoch_start else at.fingerprint)
         if resumed:
-            options.update(start_progress=r["progress"], saved_world=r["saved_world"])
-        stream = self._connect().open(options)
-        self._stream = stream
-        if resumed:  # what the daemon applied: this loader's progress from now on
-            r["progress"] = stream.start_progress
-            r["saved_world"] = None
-        self._fingerprint = stream.dataset_fingerprint
-        self._position = stream.position  # restart_epoch_if_dataset_changed may move it
-        self._batches_per_epoch = stream.batches_per_epoch
-        return stream
+            options.update(start_progress=r.progress, saved_world=r.saved_world)
+        try:
+            stream = self._connect().open(options)
+            if resumed:  # what the daemon applied: this loader's progress from now on
+                r = Resumed(r.start, stream.start_progress, None, r.state)
+            # restart_epoch_if_dataset_changed may have moved the position.
+            opened = Cursor(stream.position, stream.dataset_fingerprint, r)
+            batches_per_epoch = stream.batches_per_epoch
+        except BaseException:
+            s.open_failed()
+            raise
+        s.opened(stream, opened)  # refused if close() came meanwhile
+        self._batches_per_epoch = batches_per_epoch
 
     def _count_batches(self) -> int:
         """Batches per epoch from the dataset's size, asked of the daemon (no stream)."""
-        if self._stream is not None:
-            return self._stream.batches_per_epoch
+        stream = self._state.stream
+        if stream is not None:
+            return stream.batches_per_epoch
         o = self._options
         deadline = time.monotonic() + o["reconnect_deadline"]
         while True:
@@ -637,22 +603,24 @@ class Loader:
         shard = -(-n // world)
         return -(-shard // size)
 
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
+    @property
+    def _stream(self) -> Any:
+        """The open stream, or None (for tests: a call inside waits on it)."""
+        return self._state.stream
+
+    @property
+    def _busy(self) -> Any:
+        """Held by the thread whose call is inside the Loader (for tests)."""
+        return self._state.busy
 
     @contextlib.contextmanager
-    def _one_thread(self, what: str) -> Iterator[None]:
-        if not self._busy.acquire(blocking=False):
-            raise FailedPrecondition(
-                f"a Loader is used by one thread at a time: {what} was called while another "
-                "call on this Loader was running (in another thread, or in a signal handler "
-                "that interrupted it); use one Loader per thread")
+    def _holding(self, what: str) -> Iterator[None]:
+        """The one call inside the Loader: refused (FailedPrecondition) while another is."""
+        self._state.enter(what)
         try:
             yield
         finally:
-            self._busy.release()
+            self._state.leave()
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
@@ -665,7 +633,7 @@ class Loader:
     def __repr__(self) -> str:
         o = self._options
         return (f"<ringloader.Loader {o['dataset']!r} batch_size={o['batch_size']} "
-                f"rank={o['rank']}/{o['world_size']} epoch={self._position['epoch']} "
+                f"rank={o['rank']}/{o['world_size']} epoch={self.epoch} "
                 f"endpoint={self._endpoint!r}>")
 
 

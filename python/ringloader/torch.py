@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch integration: for code that insists on a ``torch.utils.data.DataLoader``.
 
 >>> from torch.utils.data import DataLoader

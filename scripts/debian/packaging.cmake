@@ -1,14 +1,18 @@
+# SPDX-License-Identifier: Apache-2.0
 # Debian packages (scripts/package runs `cpack -G DEB` in a build configured for /usr):
 #   ringloader               ringloaderd, ringloaderctl, the systemd unit, sysusers.d and tmpfiles.d
 #                            files, /etc/ringloader/ringloaderd.toml (a conffile), man pages
 #   python3-ringloader       the Python package and its extension, in /usr/lib/python3/dist-packages
-#   libringloader-client0    libringloader-client.so.0, the SDK's shared library (client API only)
+#   libringloader-client0.1  libringloader-client.so.0.1, the SDK's shared library (client API
+#                            only), named for its SONAME as Debian's policy has it (8.1): one
+#                            package per minor version before 1.0 (RINGLOADER_CLIENT_SOVERSION)
 #   libringloader-client-dev <ringloader/client.h>, the CMake package, ringloader-client.pc
 # One component each (runtime, python, client, sdk): `cmake --install` installs the same parts. The version is the project's
 # (CMakeLists.txt); dependencies on Debian's libraries come from dpkg-shlibdeps.
 set(RINGLOADER_DEBIAN_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(DEB_STAGING ${CMAKE_BINARY_DIR}/debian)
-set(RINGLOADER_DEB_PACKAGES ringloader python3-ringloader libringloader-client0
+set(RINGLOADER_CLIENT_PACKAGE libringloader-client${RINGLOADER_CLIENT_SOVERSION})
+set(RINGLOADER_DEB_PACKAGES ringloader python3-ringloader ${RINGLOADER_CLIENT_PACKAGE}
                             libringloader-client-dev)
 set(RINGLOADER_DEB_COMPONENTS runtime python client sdk)
 
@@ -46,31 +50,31 @@ block()
 endblock()
 
 # Maintainer scripts and control files, named as dpkg wants them.
-function(ringloader_deb_control package component)
+# <source> is the files' prefix in scripts/debian/ (the package name but for the library's, whose
+# name changes with its SONAME).
+function(ringloader_deb_control package source component)
   set(files)
   foreach(name IN LISTS ARGN)
-    configure_file(${RINGLOADER_DEBIAN_DIR}/${package}.${name} ${DEB_STAGING}/${package}/${name}
+    configure_file(${RINGLOADER_DEBIAN_DIR}/${source}.${name} ${DEB_STAGING}/${package}/${name}
                    COPYONLY)
     list(APPEND files ${DEB_STAGING}/${package}/${name})
   endforeach()
   string(TOUPPER ${component} upper)
   set(CPACK_DEBIAN_${upper}_PACKAGE_CONTROL_EXTRA "${files}" PARENT_SCOPE)
 endfunction()
-ringloader_deb_control(ringloader runtime conffiles postinst prerm postrm)
-ringloader_deb_control(python3-ringloader python postinst prerm)
+ringloader_deb_control(ringloader ringloader runtime conffiles postinst prerm postrm)
+ringloader_deb_control(python3-ringloader python3-ringloader python postinst prerm)
 # ldconfig runs from the trigger (CPack also adds postinst/postrm calling it: see
 # lintian-suppressed).
-# shlibs: what a trainer built against this version needs. Before 1.0 a minor version may change
-# client.h's structs without a new SONAME, so the next minor version does not satisfy it.
-if(PROJECT_VERSION_MAJOR EQUAL 0)
-  math(EXPR next_minor "${PROJECT_VERSION_MINOR} + 1")
-  set(upper_bound ", libringloader-client0 (<< 0.${next_minor}~)")
-endif()
-file(WRITE ${DEB_STAGING}/libringloader-client0/shlibs
-     "libringloader-client 0 libringloader-client0 (>= ${RINGLOADER_VERSION})${upper_bound}\n")
-ringloader_deb_control(libringloader-client0 client triggers)
+# shlibs: what a trainer built against this version needs ("<library> <SONAME version>
+# <dependency>"). The SONAME changes with every minor version before 1.0, so the package named for
+# it is all the bound there is: a trainer built against 0.1.x needs libringloader-client0.1, which
+# 0.2's packages neither replace nor remove.
+file(WRITE ${DEB_STAGING}/${RINGLOADER_CLIENT_PACKAGE}/shlibs
+     "libringloader-client ${RINGLOADER_CLIENT_SOVERSION} ${RINGLOADER_CLIENT_PACKAGE} (>= ${RINGLOADER_VERSION})\n")
+ringloader_deb_control(${RINGLOADER_CLIENT_PACKAGE} libringloader-client client triggers)
 set(CPACK_DEBIAN_CLIENT_PACKAGE_CONTROL_EXTRA
-    "${CPACK_DEBIAN_CLIENT_PACKAGE_CONTROL_EXTRA};${DEB_STAGING}/libringloader-client0/shlibs")
+    "${CPACK_DEBIAN_CLIENT_PACKAGE_CONTROL_EXTRA};${DEB_STAGING}/${RINGLOADER_CLIENT_PACKAGE}/shlibs")
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ringloader)
@@ -119,7 +123,7 @@ with the names PyTorch's DataLoader uses (iter, set_epoch, len, state_dict,
 load_state_dict), and ringloader.torch for tensors. A checkpoint's state
 resumes at the exact next batch, also in a job of another world size.")
 
-set(CPACK_DEBIAN_CLIENT_PACKAGE_NAME libringloader-client0)
+set(CPACK_DEBIAN_CLIENT_PACKAGE_NAME ${RINGLOADER_CLIENT_PACKAGE})
 set(CPACK_DEBIAN_CLIENT_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_CLIENT_DESCRIPTION
 "C++ client library of the ringloader data-loading daemon
@@ -130,7 +134,8 @@ headers) is hidden and never binds to a trainer's own definitions.")
 
 set(CPACK_DEBIAN_SDK_PACKAGE_NAME libringloader-client-dev)
 set(CPACK_DEBIAN_SDK_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_SDK_PACKAGE_DEPENDS "libringloader-client0 (= ${RINGLOADER_VERSION})")
+# The exact library the header describes (a trainer built now links its SONAME).
+set(CPACK_DEBIAN_SDK_PACKAGE_DEPENDS "${RINGLOADER_CLIENT_PACKAGE} (= ${RINGLOADER_VERSION})")
 set(CPACK_DEBIAN_SDK_DESCRIPTION
 "C++ client library of the ringloader data-loading daemon (development files)
 The header <ringloader/client.h> (C++20, standard library only), the CMake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // BatchSchedule: the hand-over between one stream's producer thread and its NextBatch calls.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/config.h"
 
 #include <grp.h>
@@ -411,6 +412,7 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   if (err >= 0) f->io_fault_errno = kIoFaultErrnos[err];
   r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
   r.Integer("session_end_delay_ms", &f->session_end_delay_ms, 0, 60'000);
+  r.Integer("open_delay_ms", &f->open_delay_ms, 0, 60'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ringloaderd's configuration: one typed struct, parsed and validated once at start-up from TOML
 // (see config/ringloaderd.toml for every key with its comment), never changed afterwards.
@@ -72,6 +73,10 @@ struct FailpointConfig {
   // "the restarted trainer asks before its predecessor's death is noticed". Independent of
   // `action`.
   uint32_t session_end_delay_ms = 0;
+  // Every OpenStream waits this long after making its ring, before it answers: a slow open (a
+  // ring of gigabytes) for the tests of clients that give up or reconnect meanwhile.
+  // Independent of `action`.
+  uint32_t open_delay_ms = 0;
   bool enabled() const { return action != Action::kNone; }
   bool operator==(const FailpointConfig&) const = default;
 };

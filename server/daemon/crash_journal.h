@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which sample each decode worker is on, kept in a small file mapped into memory
 // (<state_dir>/inflight), so that after the daemon dies the next incarnation knows what was being

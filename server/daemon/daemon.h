@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The daemon's whole life, in order: load config, set up logging, remove stale segments, open
 // datasets, read the crash journal (strikes, quarantine), start decode workers, start gRPC, wait

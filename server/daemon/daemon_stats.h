@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Daemon-wide counters and the record of bad files, read by GetStats.
 // Per-sample events are counted here; a bad file is *logged* once (by the caller, when
@@ -42,6 +43,8 @@ class DaemonStats {
   std::atomic<uint64_t> daemon_restarts{0};
   std::atomic<uint64_t> batches_published{0};
   std::atomic<uint64_t> requests_rejected{0};
+  // Opens dropped, or streams closed at once, because their client stopped waiting for them.
+  std::atomic<uint64_t> opens_abandoned{0};
   std::atomic<uint64_t> batches_copied_out{0};  // held batches clients copied out of their rings
 
   // Returns true when this (dataset, sample) was not seen before (the caller logs it then).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The datasets a daemon serves, each with its config entry. Datasets are only ever added (at
 // start-up, and by a SIGHUP reload that finds new [[datasets]] entries), never removed or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tells whoever runs the daemon how it is doing, in sd_notify(3)'s words ("READY=1", "STATUS=...",
 // "WATCHDOG=1", "STOPPING=1"), to each of:

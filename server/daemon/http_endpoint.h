@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A small HTTP/1.1 server for monitoring: GET (or HEAD) of one path answers with the text a
 // callback builds; anything else is 404 or 405. Built on libmicrohttpd with one epoll thread

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The gRPC face of the daemon: each handler is one line that calls StreamManager and converts its
 // status. All logic lives in StreamManager, which has its own tests.
@@ -26,7 +27,8 @@ class LoaderService final : public v1::Loader::Service {
                       grpc::ServerWriter<v1::AttachEvent>* writer) override;
   grpc::Status OpenStream(grpc::ServerContext* context, const v1::OpenStreamRequest* request,
                           v1::OpenStreamResponse* response) override {
-    return ToGrpc(streams_.Open(*request, response, context->peer()));
+    return ToGrpc(streams_.Open(*request, response, context->peer(),
+                                [context] { return context->IsCancelled(); }));
   }
   grpc::Status NextBatch(grpc::ServerContext* context, const v1::NextBatchRequest* request,
                          v1::NextBatchResponse* response) override {

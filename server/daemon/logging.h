@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Logging of the ringloaderd executable (libraries never log): spdlog to stderr.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderd: parse flags, then run the daemon (or its supervisor).
 #include <sys/prctl.h>
 #include <unistd.h>

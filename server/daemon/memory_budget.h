@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Accounting of the daemon's memory against `memory_limit`. Two kinds of use share one limit:
 //   - fixed: rings and dataset indexes, reserved before they are allocated and held while they

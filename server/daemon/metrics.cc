@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/metrics.h"
 
 #include <exception>
@@ -92,6 +93,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                        static_cast<double>(s.quarantines())));
   out.push_back(Single("requests_rejected_total", "Invalid requests answered with an error",
                        kCounter, static_cast<double>(s.requests_rejected())));
+  out.push_back(Single("opens_abandoned_total",
+                       "Stream opens dropped because the client stopped waiting for them",
+                       kCounter, static_cast<double>(s.opens_abandoned())));
   out.push_back(Single("daemon_restarts_total",
                        "Times the daemon started after its previous incarnation died without "
                        "shutting down cleanly (kept in state_dir)", kCounter,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // server.metrics_listen: Prometheus' GET /metrics over HTTP, in the text exposition format
 // (prometheus-cpp's serializer), served by an HttpEndpoint: one epoll thread for every
@@ -11,7 +12,7 @@
 //              decode_errors_total{reason} (every reason image::kErrorReasons lists, and any other
 //              seen), quarantines_total, requests_rejected_total, daemon_restarts_total (starts
 //              after an unclean exit, kept in state_dir), batches_copied_out_total,
-//              decode_threads_abandoned_total,
+//              decode_threads_abandoned_total, opens_abandoned_total,
 //              cache_hits_total
 //   gauges     serving (1 once the datasets are indexed), streams_open, ring_slots{state =
 //              free|filling|ready|leased}, quarantined_samples, memory_limit_bytes,

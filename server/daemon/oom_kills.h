@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Telling an OOM kill from any other SIGKILL. The kernel's OOM killer sends SIGKILL, which the
 // crash journal cannot catch; but the memory cgroup counts its kills (v2: memory.events

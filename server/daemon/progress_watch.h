@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Is the decode pipeline making progress? Each decode worker says when it starts a sample (after
 // the sample's read committed: from then on no deadline can abandon it) and when it is done. A

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Samples suspected of crashing the daemon. Each sample that was being decoded when the daemon
 // died of a fatal signal gets a strike; a sample with `kStrikesToQuarantine` strikes is skipped in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A gRPC server interceptor for requests whose bytes are not a valid protobuf message.
 //

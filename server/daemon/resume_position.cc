@@ -1,5 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/resume_position.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,10 @@ absl::StatusOr<pipeline::EpochProgress> ProgressOf(const v1::EpochProgress& in,
   if (static_cast<uint64_t>(in.beyond_size()) > dataset_size - progress.prefix) {
     return Invalid("start_progress.beyond: ", in.beyond_size(), " positions, but only ",
                    dataset_size - progress.prefix, " lie past prefix ", progress.prefix);
+  }
+  if (static_cast<uint64_t>(in.beyond_size()) > wire::kMaxBeyondPositions) {
+    return Invalid("start_progress.beyond: at most ", wire::kMaxBeyondPositions,
+                   " positions (got ", in.beyond_size(), ")");
   }
   uint64_t previous = progress.prefix;
   for (const uint64_t p : in.beyond()) {
@@ -70,6 +76,18 @@ absl::StatusOr<pipeline::EpochProgress> StartProgressOf(const v1::OpenStreamRequ
                        saved_shard, "-sample shard of the saved world of ", saved.world_size(),
                        " (a state of another dataset, or altered?)");
       }
+    }
+    // Ranks far apart (one at 0, another at its shard's end) leave O(dataset) positions
+    // consumed past the slowest rank's: counted first, refused past the bound.
+    const uint64_t beyond = progress->BeyondAfterAdvance(dataset_size, saved.drop_last(), cursors);
+    if (beyond > wire::kMaxBeyondPositions) {
+      const auto [slowest, fastest] = std::minmax_element(cursors.begin(), cursors.end());
+      return Invalid("saved_world.cursors: rank ", slowest - cursors.begin(), " at ", *slowest,
+                     " and rank ", fastest - cursors.begin(), " at ", *fastest,
+                     " leave ", beyond, " consumed positions past the first one not consumed; "
+                     "a resume carries at most ", wire::kMaxBeyondPositions,
+                     " (the ranks of one checkpoint are within a few batches of each other: "
+                     "states of different checkpoints, or altered?)");
     }
     *progress = progress->Advance(dataset_size, saved.drop_last(), cursors);
   }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The eval cache of datasets with cache = "memory" (pipeline::SampleCache): decoded eval samples
 // kept in the daemon's memory and copied into later epochs' and other streams' batches. Its bytes

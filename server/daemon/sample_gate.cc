@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/sample_gate.h"
 
 #include <fnmatch.h>
@@ -50,6 +51,11 @@ int ErrnoNamed(const std::string& name) {
 }
 
 }  // namespace
+
+void Failpoints::OnStreamCreated() const {
+  if (config_.open_delay_ms == 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(config_.open_delay_ms));
+}
 
 void Failpoints::OnSessionEnd() const {
   if (config_.session_end_delay_ms == 0) return;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What the daemon does around every sample decode (a pipeline::SampleObserver):
 //   1. a quarantined sample is refused (an error for that sample, reason "quarantined");
@@ -42,6 +43,8 @@ class Failpoints {
   void InstallIoFaults() const;
   // session_end_delay_ms: waits that long before a session's end is acted on.
   void OnSessionEnd() const;
+  // open_delay_ms: waits that long once an opening stream's ring exists.
+  void OnStreamCreated() const;
 
  private:
   [[noreturn]] void Act(const std::string& why) const;

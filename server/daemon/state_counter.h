@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Small numbers a daemon keeps in its state_dir from one incarnation to the next, one text file
 // each ("<state_dir>/<name>", a decimal line), replaced atomically: the OOM killer's count it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Debian's abseil keeps its own string_view type, which fmt/spdlog cannot format: log messages
 // go through this.

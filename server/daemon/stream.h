@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One open stream: its shared-memory ring and the producer thread that fills it.
 //
@@ -57,6 +58,7 @@ struct StreamSetup {
   std::string client_key;  // ClientKeyOfPeer() of the opening call; empty = not counted per client
   std::string session_id;  // the client's session (StreamManager); empty = none
   std::string token;       // OpenStreamResponse.stream_token: every call must carry it
+  std::string open_id;     // OpenStreamRequest.open_id; empty = unnamed
   v1::StreamSpec spec;  // validated and normalised (world_size >= 1, ring_slots set, ...)
   const pipeline::Dataset* dataset = nullptr;
   pipeline::OnError on_error = pipeline::OnError::kSkip;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/stream_manager.h"
 
 #include <grp.h>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/resume_limits.h"
 #include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
 #include "server/daemon/resume_position.h"
@@ -21,8 +23,6 @@
 namespace ringloader::server {
 namespace {
 
-constexpr uint32_t kMaxWorldSize = 1 << 16;
-
 // A client-supplied name for a message or log line: escaped, and at most 64 bytes of it (the
 // whole would be echoed whatever its size).
 std::string Shortened(const std::string& name) {
@@ -32,6 +32,10 @@ std::string Shortened(const std::string& name) {
 }
 // How long an Open waits for room under max_streams before refusing (see Open).
 constexpr auto kWaitForRoom = std::chrono::seconds(2);
+// Open ids a client gave up on before their open was seen (stream_manager.h): kept this long,
+// at most this many.
+constexpr auto kLostOpenMemory = std::chrono::seconds(60);
+constexpr size_t kMaxLostOpens = 4096;
 
 image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
   image::TransformSpec t;
@@ -124,8 +128,9 @@ absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
     return invalid("image_size: must be in [1, server.max_image_size = ", s.max_image_size,
                    "] (got ", spec.image_size(), ")");
   }
-  if (spec.world_size() > kMaxWorldSize) {
-    return invalid("world_size: must be in [1, ", kMaxWorldSize, "] (got ", spec.world_size(), ")");
+  if (spec.world_size() > wire::kMaxWorldSize) {
+    return invalid("world_size: must be in [1, ", wire::kMaxWorldSize, "] (got ",
+                   spec.world_size(), ")");
   }
   if (spec.rank() >= spec.world_size()) {
     return invalid("rank: must be < world_size (got rank ", spec.rank(), ", world_size ",
@@ -195,13 +200,20 @@ std::string StreamManager::starting_progress() const {
 }
 
 absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
-                                 v1::OpenStreamResponse* response, const std::string& peer) {
+                                 v1::OpenStreamResponse* response, const std::string& peer,
+                                 const std::function<bool()>& cancelled) {
+  const std::string& open_id = request.open_id();
+  if (!open_id.empty() && open_id.size() != kOpenIdBytes) {
+    return Reject(absl::InvalidArgumentError(absl::StrCat(
+        "open_id: must be empty or ", kOpenIdBytes, " bytes (got ", open_id.size(), ")")));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (starting_) {
       return absl::UnavailableError(
           absl::StrCat("ringloaderd is starting: ", starting_progress_, " (retry)"));
     }
+    if (TakeLostOpen(open_id)) return GaveUp(open_id);
   }
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
@@ -262,7 +274,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   setup.start = request.start();
   setup.start_progress = *std::move(start_progress);
 
-  // Ring + one epoch's shard order (4 bytes a sample), reserved before anything is allocated.
+  // Ring + one epoch's shard order (4 bytes a sample) + the resumed progress's beyond list
+  // (bounded by wire::kMaxBeyondPositions), reserved before the ring is made.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t slot_bytes = (setup.layout.total_bytes + page - 1) / page * page;
   if (spec.ring_slots() == 0) spec.set_ring_slots(deps_.config->server.DefaultRingSlots(slot_bytes));
@@ -277,7 +290,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   while (true) {
     const uint64_t left_before = WaitForRoom(setup.client_key, give_up);
     reservation = deps_.budget->Reserve(
-        ring_bytes + shard_size * 4,
+        ring_bytes + shard_size * 4 + setup.start_progress.beyond.size() * sizeof(uint64_t),
         absl::StrCat("a stream of dataset \"", spec.dataset(), "\" (ring of ", spec.ring_slots(),
                      " slots x ", base::FormatBytes(slot_bytes), ")"));
     if (reservation.ok() || !absl::IsResourceExhausted(reservation.status()) ||
@@ -286,6 +299,9 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     }
   }
   if (!reservation.ok()) return Reject(reservation.status());
+  // The ring is the costly part (a 462 MB ring takes ~0.4 s to allocate and populate): never
+  // for a client that has stopped waiting.
+  if (cancelled && cancelled()) return GaveUp(open_id);
 
   // Streams being opened count against the limits too, so concurrent opens cannot exceed them.
   uint64_t id;
@@ -321,29 +337,20 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     opening_.insert(client_key);
     id = next_stream_id_++;
   }
-  // Leaves `opening_` on every path; `stream` is added to streams_ when set.
-  std::shared_ptr<Stream> stream;
-  struct Opened {
+  // Leaves `opening_` on every path that does not reach Admit().
+  struct Opening {
     StreamManager* self;
     const std::string& key;
-    uint64_t id;
-    std::shared_ptr<Stream>& stream;
-    ~Opened() {
-      bool orphan = false;
-      {
-        std::lock_guard<std::mutex> lock(self->mu_);
-        self->opening_.erase(self->opening_.find(key));
-        self->room_cv_.notify_all();
-        if (!stream) return;
-        // The session may have ended (its client died) while this stream was being opened.
-        const std::string& session = stream->setup().session_id;
-        orphan = self->shut_down_ || (!session.empty() && self->sessions_.count(session) == 0);
-        if (!orphan) self->streams_[id] = stream;
-      }
-      if (orphan) stream->Stop();
+    bool done = false;
+    ~Opening() {
+      if (done) return;
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->opening_.erase(self->opening_.find(key));
+      self->room_cv_.notify_all();
     }
-  } opened{this, client_key, id, stream};
+  } opening{this, client_key};
   setup.id = id;
+  setup.open_id = open_id;
   shm::RingOptions ring_options;
   ring_options.name = shm::SegmentName(getpid(), deps_.incarnation, id);
   ring_options.slot_count = spec.ring_slots();
@@ -362,8 +369,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   stream_deps.read_pool = deps_.read_pool;
   stream_deps.memory = deps_.budget;
   stream_deps.io_retry = std::chrono::milliseconds(deps_.config->server.io_retry_ms);
-  stream = std::make_shared<Stream>(std::move(setup), std::move(*ring), std::move(*reservation),
-                                    stream_deps);
+  auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
+                                         std::move(*reservation), stream_deps);
   response->set_stream_id(id);
   response->set_incarnation(deps_.incarnation);
   response->set_segment_name(stream->segment_name());
@@ -382,15 +389,84 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   response->set_no_decoded_images(!dataset.has_images());
   ToProto(stream->setup().start_progress, response->mutable_start_progress());
   response->set_start_progress_applied(true);
-  stream->Start();  // added to streams_ by `opened` on return
+  if (deps_.failpoints != nullptr) deps_.failpoints->OnStreamCreated();
+  stream->Start();
+  opening.done = true;
+  const std::string resumed = ResumedText(stream->setup().start_progress, request);
+  if (absl::Status admitted = Admit(std::move(stream), client_key, cancelled); !admitted.ok()) {
+    return admitted;
+  }
   SPDLOG_INFO(
       "stream opened id={} dataset={} rank={}/{} batch={} size={} slots={} start={}/{}/{}{} "
       "client=\"{}\"",
       id, spec.dataset(), spec.rank(), spec.world_size(), spec.batch_size(), spec.image_size(),
       spec.ring_slots(), request.start().epoch(), request.start().sequence(),
-      request.start().cursor(), ResumedText(stream->setup().start_progress, request),
+      request.start().cursor(), resumed,
       wire::EscapeBytes(request.client_name().substr(0, 128)));
   return absl::OkStatus();
+}
+
+absl::Status StreamManager::Admit(std::shared_ptr<Stream> stream, const std::string& client_key,
+                                  const std::function<bool()>& cancelled) {
+  const std::string& open_id = stream->setup().open_id;
+  const std::string& session = stream->setup().session_id;
+  enum { kAdmitted, kShutDown, kClientGone, kGaveUp } outcome = kAdmitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    opening_.erase(opening_.find(client_key));
+    room_cv_.notify_all();
+    if (shut_down_) {
+      outcome = kShutDown;
+    } else if (!session.empty() && sessions_.count(session) == 0) {
+      outcome = kClientGone;  // its client died while the stream was being made
+    } else if (TakeLostOpen(open_id) || (cancelled && cancelled())) {
+      outcome = kGaveUp;
+    } else {
+      streams_[stream->id()] = stream;
+    }
+  }
+  if (outcome == kAdmitted) return absl::OkStatus();
+  // The last reference: its ring and reservation go back before the waiting opens are woken.
+  std::vector<std::shared_ptr<Stream>> gone;
+  gone.push_back(std::move(stream));
+  StreamsLeft(gone);
+  switch (outcome) {
+    case kShutDown:
+      return absl::UnavailableError("ringloaderd is shutting down");
+    case kClientGone:
+      return Reject(absl::FailedPreconditionError(
+          "session_id: the session ended while the stream was being opened: attach again"));
+    default:
+      return GaveUp(open_id);
+  }
+}
+
+bool StreamManager::TakeLostOpen(const std::string& open_id) {
+  if (open_id.empty()) return false;
+  return lost_opens_.erase(open_id) != 0;
+}
+
+void StreamManager::RememberLostOpen(const std::string& open_id) {
+  const auto now = std::chrono::steady_clock::now();
+  // An open arrives within its call's deadline (the client's is at most 30 s): older entries
+  // name opens that never came. Bounded besides, oldest first.
+  for (auto it = lost_opens_.begin(); it != lost_opens_.end();) {
+    it = now - it->second > kLostOpenMemory ? lost_opens_.erase(it) : std::next(it);
+  }
+  if (lost_opens_.size() >= kMaxLostOpens) {
+    lost_opens_.erase(std::min_element(lost_opens_.begin(), lost_opens_.end(),
+                                       [](const auto& a, const auto& b) {
+                                         return a.second < b.second;
+                                       }));
+  }
+  lost_opens_[open_id] = now;
+}
+
+absl::Status StreamManager::GaveUp(const std::string& open_id) {
+  deps_.stats->opens_abandoned.fetch_add(1, std::memory_order_relaxed);
+  SPDLOG_INFO("stream open dropped: its client gave up waiting for it{}",
+              open_id.empty() ? "" : " (and said so)");
+  return absl::CancelledError("the client gave up on this open");
 }
 
 uint64_t StreamManager::WaitForRoom(const std::string& client_key,
@@ -532,6 +608,7 @@ absl::Status StreamManager::Release(const v1::ReleaseBatchesRequest& request) {
 }
 
 absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
+  if (!request.open_id().empty()) return CloseOpen(request.open_id());
   absl::StatusOr<std::shared_ptr<Stream>> stream =
       Find(request.stream_id(), request.incarnation(), request.stream_token());
   if (!stream.ok()) return Reject(stream.status());
@@ -542,6 +619,32 @@ absl::Status StreamManager::Close(const v1::CloseStreamRequest& request) {
   std::vector<std::shared_ptr<Stream>> gone = {*std::move(stream)};
   StreamsLeft(gone);
   SPDLOG_INFO("stream closed id={} by the client", request.stream_id());
+  return absl::OkStatus();
+}
+
+absl::Status StreamManager::CloseOpen(const std::string& open_id) {
+  if (open_id.size() != kOpenIdBytes) {
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("open_id: must be ", kOpenIdBytes, " bytes (got ", open_id.size(), ")")));
+  }
+  std::vector<std::shared_ptr<Stream>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = streams_.begin(); it != streams_.end(); ++it) {
+      if (SameToken(it->second->setup().open_id, open_id)) {
+        gone.push_back(it->second);
+        streams_.erase(it);
+        break;
+      }
+    }
+    // Still being opened, or not arrived yet: Open() drops it when it gets there.
+    if (gone.empty()) RememberLostOpen(open_id);
+  }
+  if (gone.empty()) return absl::OkStatus();
+  const uint64_t id = gone.front()->id();
+  StreamsLeft(gone);
+  deps_.stats->opens_abandoned.fetch_add(1, std::memory_order_relaxed);
+  SPDLOG_INFO("stream closed id={}: its client gave up waiting for the open", id);
   return absl::OkStatus();
 }
 
@@ -609,6 +712,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_read_ahead_peak_bytes(deps_.budget->peak_read_ahead());
   if (deps_.read_pool != nullptr) response->set_reads_in_flight(deps_.read_pool->running());
   response->set_requests_rejected(stats.requests_rejected.load());
+  response->set_opens_abandoned(stats.opens_abandoned.load());
   response->set_batches_copied_out(stats.batches_copied_out.load());
   response->set_bytes_served(stats.bytes_served.load());
   response->set_quarantines(stats.quarantines.load());

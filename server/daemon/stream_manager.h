@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // All open streams of one daemon incarnation: validates requests, creates each stream's ring
 // within the memory budget, routes NextBatch/Release/Close, and closes the streams of clients
@@ -9,6 +10,13 @@
 // opened without a session (a client that could not attach in time) are closed after
 // server.stream_idle_timeout_ms without a request. Sessions are bounded (2 x max_streams): each
 // holds a server thread.
+//
+// Opens a client gave up on: an open stops before making the ring, and is not admitted, once its
+// call is cancelled (the client's deadline passed, or it went away). For the moment between the
+// last check and the answer reaching the client, the client names each open (open_id) and sends
+// CloseStream(open_id) when it stops waiting: that closes the stream the open made, or makes the
+// open drop it if it is still running or has not arrived yet. A lost open never holds a ring
+// until the idle timeout.
 //
 // Authority: OpenStream returns a random 128-bit stream token; every later call on the stream
 // must carry it (PERMISSION_DENIED otherwise, also for clients older than the token), so no other
@@ -71,9 +79,13 @@ class StreamManager {
   explicit StreamManager(StreamManagerDeps deps);
   ~StreamManager();  // Shutdown()
 
+  // OpenStreamRequest.open_id's size.
+  static constexpr size_t kOpenIdBytes = 16;
+
   // `peer` is the caller's gRPC peer string (ServerContext::peer()); see ClientKeyOfPeer.
+  // `cancelled`: true once the caller stopped waiting (CANCELLED is returned, nothing is kept).
   absl::Status Open(const v1::OpenStreamRequest& request, v1::OpenStreamResponse* response,
-                    const std::string& peer = "");
+                    const std::string& peer = "", const std::function<bool()>& cancelled = {});
   // `cancelled`: see Stream::Next.
   absl::Status Next(const v1::NextBatchRequest& request, v1::NextBatchResponse* response,
                     const std::function<bool()>& cancelled = {});
@@ -114,6 +126,18 @@ class StreamManager {
   absl::Status Validate(const v1::StreamSpec& spec) const;
   void ReaperLoop();
   absl::Status Reject(absl::Status status);
+  // The last step of Open: `stream` (started) joins streams_ unless its client has gone, gave
+  // up on it or the manager shut down meanwhile; then it is stopped and let go (this holds the
+  // last reference, so its memory is back before the opens waiting for room are woken).
+  absl::Status Admit(std::shared_ptr<Stream> stream, const std::string& client_key,
+                     const std::function<bool()>& cancelled);
+  // CloseStream(open_id).
+  absl::Status CloseOpen(const std::string& open_id);
+  // True (and forgotten) if the client gave up on `open_id` before its stream existed.
+  bool TakeLostOpen(const std::string& open_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberLostOpen(const std::string& open_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts and logs an open dropped because its client gave up; CANCELLED.
+  absl::Status GaveUp(const std::string& open_id);
   // Waits until max_streams (and the client's share) has room, shutdown, or `give_up`; returns
   // streams_left_ as it was then.
   uint64_t WaitForRoom(const std::string& client_key, std::chrono::steady_clock::time_point give_up);
@@ -138,6 +162,8 @@ class StreamManager {
   std::multiset<std::string> opening_ ABSL_GUARDED_BY(mu_);
   // Live sessions: id -> client name.
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
+  // Open ids closed (CloseStream) before their stream existed, and when: the open drops it.
+  std::map<std::string, std::chrono::steady_clock::time_point> lost_opens_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::condition_variable shut_down_cv_;  // notified (under mu_) when shut_down_ is set
   // Notified (under mu_) when an opening stream leaves opening_, when streams that left streams_

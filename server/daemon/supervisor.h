@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `ringloaderd --supervise`: for hosts without systemd (containers, notebooks, CI). Runs the
 // serving daemon as its direct child and restarts it when it dies. SIGTERM/SIGINT are forwarded

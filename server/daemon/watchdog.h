@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The daemon's side of the watchdogs. About once a second (more often when a watchdog interval
 // asks for it) it tells the host (HostNotifier) what the daemon is doing (STATUS=) and, while it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BMP through stb_image: uncompressed (BI_RGB, BI_BITFIELDS) files of 1, 4, 8, 16, 24 and 32 bits
 // a pixel; other compressions are refused ("unsupported").
 #include <algorithm>

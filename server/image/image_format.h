@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which image format a file holds, told by its first bytes (never by its name: a PNG saved as
 // ".jpg" decodes as a PNG, as PIL does).

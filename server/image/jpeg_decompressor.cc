@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/image/jpeg_decompressor.h"
 
 #include <cstring>

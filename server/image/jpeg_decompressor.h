@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // libjpeg's decompressor behind calls that return instead of jumping.
 //

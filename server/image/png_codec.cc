@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PNG through libspng.
 #include <spng.h>
 #include <zlib.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PPM and PGM (binary P6 and P5, 8 bits a sample) through stb_image. The ASCII and bitmap
 // variants (P1-P4) and 16-bit files are refused ("unsupported").
 #include "absl/strings/str_cat.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The image formats besides JPEG that torchvision's ImageFolder reads: PNG (libspng), WebP
 // (libwebp), BMP and PPM/PGM (stb_image), one file per format (png_codec.cc, webp_codec.cc,

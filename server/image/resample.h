@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Separable antialiased resampling (PIL's "bilinear": a triangle filter whose support is widened
 // by the scale factor when downscaling), in fixed point, with the crop and the horizontal flip

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Decodes one image and writes one transformed sample straight into its place in a batch. The
 // format is told by the file's content (image_format.h): JPEG as below; PNG, WebP, BMP and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Reading a sample's file: regular files only, bounded in size, errors that name the file and
 // carry a reason (see ErrorReason in sample_decoder.h).

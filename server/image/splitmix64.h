@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, passes BigCrush, and defined purely by 64-bit
 // unsigned arithmetic, so every stream of numbers drawn from it (sample augmentation, epoch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/image/stb_raster.h"
 
 #include <stb/stb_image.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // stb_image (Debian's libstb) behind the BMP and PPM/PGM codecs: the header and whole-image
 // decode both formats share. Internal to server/image.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Photo-like synthetic JPEGs (gradients, textures, noise) for the demo, tests and benchmarks.
 // Deterministic in (seed, index). Uses TurboJPEG's compressor.

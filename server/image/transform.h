@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What one output sample looks like, and the per-sample random draw that shapes it.
 // Pure functions of their inputs: a sample's bytes depend only on (file bytes, spec, seed, epoch,

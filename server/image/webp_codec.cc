@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // WebP through libwebp (still images; an animation is refused).
 #include <webp/decode.h>
 

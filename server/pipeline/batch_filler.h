@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Fills one batch of a stream straight into its destination buffer (a ring slot's payload).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What the container formats (tar shards, TFRecord files) share: positioned reads and errors
 // that name the file, the offset and a reason (image::ErrorReason). Internal to the pipeline.

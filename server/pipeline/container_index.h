@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Finding and indexing the files of the container formats (see dataset.h). Internal to
 // server/pipeline.

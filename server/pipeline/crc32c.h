@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CRC-32C (Castagnoli), as TFRecord files checksum their records. Uses the SSE4.2 crc32
 // instruction where the CPU has it, a table otherwise; both give the same values.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A dataset: an ordered list of samples, each a relative path (a name for logs and reports) and a
 // label (or where to read them). A sample is its index in that order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/pipeline/epoch_progress.h"
 
 #include <algorithm>
@@ -28,6 +29,23 @@ class RestWalk {
 
 uint64_t RestSize(uint64_t n, const EpochProgress& progress) {
   return n - std::min(progress.consumed(), n);
+}
+
+// Rest index i was consumed by Advance's world iff i / W < cursors[i % W] (and i < rest: beyond
+// it, padding). The first one not consumed becomes the new prefix.
+uint64_t FirstNotConsumed(uint64_t rest, uint64_t shard_size, std::span<const uint64_t> cursors) {
+  const uint64_t world = cursors.size();
+  uint64_t first = rest;
+  for (uint64_t r = 0; r < world; ++r) {
+    if (cursors[r] > shard_size) std::abort();  // REQUIRES
+    first = std::min(first, r + cursors[r] * world);
+  }
+  return first;
+}
+
+// Rank r's first shard index whose rest index lies past `first`.
+uint64_t FirstAhead(uint64_t r, uint64_t first, uint64_t world) {
+  return first < r ? 0 : (first - r) / world + 1;
 }
 
 }  // namespace
@@ -73,17 +91,12 @@ EpochProgress EpochProgress::Advance(uint64_t dataset_size, bool drop_last,
   if (world == 0 || rest == 0) return *this;
   const uint64_t shard_size =
       EpochShard::ShardSize(rest, static_cast<uint32_t>(world), drop_last);
-  // Rest index i was consumed iff i / W < cursors[i % W] (and i < rest: beyond it, padding).
-  // The first one not consumed, `first`, becomes the new prefix; the consumed ones past it (a
-  // rank ahead of the others: O(their lead), never O(dataset)) join `beyond`.
-  uint64_t first = rest;
-  for (uint64_t r = 0; r < world; ++r) {
-    if (cursors[r] > shard_size) std::abort();  // REQUIRES
-    first = std::min(first, r + cursors[r] * world);
-  }
+  // The first rest index not consumed, `first`, becomes the new prefix; the consumed ones past
+  // it (ranks ahead of the slowest: O(their lead)) join `beyond`.
+  const uint64_t first = FirstNotConsumed(rest, shard_size, cursors);
   std::vector<uint64_t> ahead;  // rest indices > first that were consumed
   for (uint64_t r = 0; r < world; ++r) {
-    for (uint64_t k = first < r ? 0 : (first - r) / world + 1; k < cursors[r]; ++k) {
+    for (uint64_t k = FirstAhead(r, first, world); k < cursors[r]; ++k) {
       if (r + k * world < rest) ahead.push_back(r + k * world);
     }
   }
@@ -100,6 +113,28 @@ EpochProgress EpochProgress::Advance(uint64_t dataset_size, bool drop_last,
   std::sort(consumed.begin(), consumed.end());
   next.beyond = std::move(consumed);
   return next;
+}
+
+uint64_t EpochProgress::BeyondAfterAdvance(uint64_t dataset_size, bool drop_last,
+                                           std::span<const uint64_t> cursors) const {
+  const uint64_t world = cursors.size();
+  const uint64_t rest = RestSize(dataset_size, *this);
+  if (world == 0 || rest == 0) return beyond.size();
+  const uint64_t shard_size =
+      EpochShard::ShardSize(rest, static_cast<uint32_t>(world), drop_last);
+  const uint64_t first = FirstNotConsumed(rest, shard_size, cursors);
+  // As Advance: rank r's shard indices k in [FirstAhead, cursors[r]) whose rest index r + k W
+  // is below `rest`, i.e. k < ceil((rest - r) / W).
+  uint64_t count = 0;
+  for (uint64_t r = 0; r < world && r < rest; ++r) {
+    const uint64_t end = std::min(cursors[r], (rest - r + world - 1) / world);
+    const uint64_t begin = FirstAhead(r, first, world);
+    if (end > begin) count += end - begin;
+  }
+  RestWalk walk(*this);
+  const uint64_t prefix = first < rest ? walk.PositionOf(first) : dataset_size;
+  for (uint64_t p : beyond) count += p > prefix;
+  return count;
 }
 
 }  // namespace ringloader::pipeline

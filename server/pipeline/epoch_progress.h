@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // How far a job has got through one epoch, in a form any world size can continue from (issue
 // 30: resume at another world size, exactly once). The unit is a position in the epoch's global
@@ -35,6 +36,13 @@ struct EpochProgress {
   // at most its shard's size.
   EpochProgress Advance(uint64_t dataset_size, bool drop_last,
                         std::span<const uint64_t> cursors) const;
+
+  // How many positions Advance(dataset_size, drop_last, cursors) leaves in `beyond`, counted in
+  // O(cursors.size() + beyond.size()) without building them: cursors far apart (a rank at 0,
+  // another at its shard's end) make that list O(dataset), so a caller holding it to a bound
+  // asks first. REQUIRES: as Advance's.
+  uint64_t BeyondAfterAdvance(uint64_t dataset_size, bool drop_last,
+                              std::span<const uint64_t> cursors) const;
 };
 
 // A rank's shard of the rest of an epoch: what EpochShard would be, over the positions

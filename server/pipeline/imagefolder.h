@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Listing of an imagefolder tree (internal to server/pipeline; see dataset.h for the semantics).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The index cache of imagefolder, webdataset and tfrecord datasets: one file per dataset in the
 // daemon's state dir, so a restart reopens a 1M-file tree (or 1,000 shards) without walking or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One budget of retries for transient I/O errors (image::IsTransient: EIO, EMFILE, ENOMEM,
 // ESTALE, ...), shared by every read of one sample, or of one file while indexing: a flaky mount

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/pipeline/manifest.h"
 
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Parsing of a manifest dataset file (internal to server/pipeline; see dataset.h).
 //

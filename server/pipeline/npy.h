@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // .npy files (NumPy's format, versions 1-3): a header naming the dtype, the memory order and the
 // shape, then the array's bytes. The "arrays" dataset format reads one row (one sample) at a time

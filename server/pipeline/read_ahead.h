@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ReadAhead: one stream's reads, started ahead of its decodes (issue 29: data on a network mount).
 //

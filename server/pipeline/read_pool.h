@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Threads that only read: they open samples' files and read their bytes ahead of the decode
 // threads (ReadAhead), so that a slow filesystem (a network mount: NFS, Lustre, s3fs, gcsfuse

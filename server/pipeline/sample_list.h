@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The raw material of a Dataset while it is being built: relative paths packed into one blob plus
 // end offsets (no std::string per sample, so a million samples cost ~1 allocation each array),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/pipeline/sample_reader.h"
 
 #include <algorithm>
@@ -68,17 +69,25 @@ absl::StatusOr<int64_t> JsonLabel(std::string_view text, const std::string& fiel
       ", not an integer: ", it->dump().substr(0, 40)));
 }
 
-int64_t LoadAsInt64(const uint8_t* p, NpyType type) {
+// A label column's entry as int64; false for a uint64 above int64's range (served as an int64 it
+// would turn negative, 2^64 - 1 into -1: the "no label" value). JSON and TFRecord labels out of
+// int64's range fail their sample the same way.
+bool LoadAsInt64(const uint8_t* p, NpyType type, int64_t* out) {
   switch (type) {
-    case NpyType::kUint8: return *p;
-    case NpyType::kInt8: return static_cast<int8_t>(*p);
-    case NpyType::kInt16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case NpyType::kUint16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case NpyType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case NpyType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case NpyType::kInt64:
-    case NpyType::kUint64: { int64_t v; std::memcpy(&v, p, 8); return v; }
-    default: return 0;  // IndexArrays refuses other label types
+    case NpyType::kUint8: *out = *p; return true;
+    case NpyType::kInt8: *out = static_cast<int8_t>(*p); return true;
+    case NpyType::kInt16: { int16_t v; std::memcpy(&v, p, 2); *out = v; return true; }
+    case NpyType::kUint16: { uint16_t v; std::memcpy(&v, p, 2); *out = v; return true; }
+    case NpyType::kInt32: { int32_t v; std::memcpy(&v, p, 4); *out = v; return true; }
+    case NpyType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); *out = v; return true; }
+    case NpyType::kInt64: { std::memcpy(out, p, 8); return true; }
+    case NpyType::kUint64: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      *out = static_cast<int64_t>(v);
+      return v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    }
+    default: *out = 0; return true;  // IndexArrays refuses other label types
   }
 }
 
@@ -278,7 +287,13 @@ absl::StatusOr<int64_t> SampleReader::ReadLabelOnce() {
       if (static_cast<uint64_t>(got) < column.header.row_bytes) {
         return Damaged("truncated", absl::StrCat(column.path, " ends before row ", index_));
       }
-      return LoadAsInt64(row, column.header.type);
+      int64_t label = 0;
+      if (!LoadAsInt64(row, column.header.type, &label)) {
+        return Damaged("corrupt", absl::StrCat(column.path, ": row ", index_, ": label ",
+                                               static_cast<uint64_t>(label),
+                                               " (uint64) is out of int64's range"));
+      }
+      return label;
     }
   }
   return absl::InternalError("ReadLabel: unknown format");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Reads one sample's bytes, whatever its dataset's format: the encoded image (and what holding
 // it costs, for the memory budget), its label, and each extra tensor straight into its place in

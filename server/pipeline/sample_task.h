@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // SampleTask: one sample of a batch being filled (BatchFiller::Fill), on a WorkerPool thread, as
 // the state machine it is.

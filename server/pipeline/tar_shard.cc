@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/pipeline/tar_shard.h"
 
 #include <unistd.h>
@@ -6,8 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/pipeline/container_file.h"
 #include "server/pipeline/sample_list.h"
@@ -45,22 +48,101 @@ std::string Field(const char* p, size_t width) { return std::string(p, strnlen(p
 
 uint64_t PaddedSize(uint64_t size) { return (size + kBlock - 1) / kBlock * kBlock; }
 
-// The "path" record of a pax extended header ("<len> path=<value>\n" records).
-std::string PaxPath(std::string_view pax) {
+// The records of a pax extended header that say what a member is called or how long it is:
+// both GNU tar and Python's tarfile take the member's size from `size` (and find the next header
+// after that many bytes), so a scan that kept the ustar size would see other members than they do.
+struct PaxRecords {
+  std::optional<std::string> path;
+  std::optional<uint64_t> size;
+};
+
+// Parses the "<len> <key>=<value>\n" records of a pax header whose data is the first `size`
+// bytes of `block` (the rest: its padding to 512 bytes). "" on success, else why not. tarfile
+// parses records on into the padding, GNU tar stops at the size: anything but NULs there is
+// refused, as is a malformed record or a size that is not a decimal number (tarfile reads such a
+// size as 0).
+std::string ParsePax(std::string_view block, uint64_t size, PaxRecords* out) {
+  if (!std::all_of(block.begin() + size, block.end(), [](char c) { return c == '\0'; })) {
+    return "bytes other than NUL after its records (readers disagree whether they are records)";
+  }
+  std::string_view pax = block.substr(0, size);
   while (!pax.empty()) {
     const size_t space = pax.find(' ');
-    if (space == std::string_view::npos) break;
     uint64_t len = 0;
+    if (space == 0 || space == std::string_view::npos || space > 19) return "a malformed record";
     for (char c : pax.substr(0, space)) {
-      if (c < '0' || c > '9') return "";
+      if (c < '0' || c > '9') return "a record length that is not a number";
       len = len * 10 + static_cast<uint64_t>(c - '0');
     }
-    if (len <= space + 1 || len > pax.size()) return "";
-    std::string_view record = pax.substr(space + 1, len - space - 2);  // without the '\n'
-    if (record.substr(0, 5) == "path=") return std::string(record.substr(5));
+    if (len <= space + 2 || len > pax.size() || pax[len - 1] != '\n') return "a malformed record";
+    const std::string_view record = pax.substr(space + 1, len - space - 2);  // without the '\n'
+    const size_t eq = record.find('=');
+    if (eq == 0 || eq == std::string_view::npos) return "a record without key=value";
+    const std::string_view key = record.substr(0, eq), value = record.substr(eq + 1);
+    if (key == "path") out->path = std::string(value);
+    if (key == "size") {
+      if (value.empty() || value.size() > 19 ||
+          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return absl::StrCat("a size that is not a decimal number: '",
+                            absl::CHexEscape(std::string(value.substr(0, 24))), "'");
+      }
+      uint64_t v = 0;
+      for (char c : value) v = v * 10 + static_cast<uint64_t>(c - '0');
+      out->size = v;
+    }
     pax.remove_prefix(len);
   }
   return "";
+}
+
+// What the metadata headers before a member ('L' long name, 'K' long link name, 'x' pax) said.
+struct PendingMeta {
+  std::optional<std::string> long_name;  // GNU 'L'
+  bool pax = false;                      // a pax 'x' header was seen
+  PaxRecords pax_records;
+};
+
+// Header types that carry no data in tarfile (it skips nothing after a link, a device, a FIFO or
+// a directory; GNU tar nothing after a directory): with a size, the readers disagree where the
+// next header is. tarfile and GNU tar also read an old-style regular file ('\0') whose name ends
+// in '/' as a directory.
+bool NoDataType(char type, std::string_view header_name) {
+  if (type == '\0') return !header_name.empty() && header_name.back() == '/';
+  return type >= '1' && type <= '6';
+}
+
+constexpr std::string_view kCutShort = "long-name or pax header cut short";
+
+// Reads a metadata header's data (of `size` bytes at `data`, with its padding: tarfile reads a
+// long name or pax records on into it) into `meta`. "" on success, else why not (kCutShort when
+// the file ends first).
+std::string ReadMeta(int fd, char type, uint64_t data, uint64_t size, uint64_t file_size,
+                     PendingMeta& meta) {
+  std::string block(std::min(PaddedSize(size), file_size - data), '\0');
+  if (ReadAt(fd, block.data(), block.size(), data) != static_cast<int64_t>(block.size())) {
+    return std::string(kCutShort);
+  }
+  if (type == 'x' || type == 'g') {
+    PaxRecords records;
+    std::string why = ParsePax(block, size, &records);
+    if (why.empty() && type == 'x' && meta.pax) why = "a second pax header for one member";
+    if (why.empty() && type == 'g' && (records.path || records.size)) {
+      why = absl::StrCat("a global header sets '", records.size ? "size" : "path",
+                         "', which tar readers apply to different members");
+    }
+    if (!why.empty()) return absl::StrCat("pax header: ", why);
+    if (type == 'x') {
+      meta.pax = true;
+      meta.pax_records = std::move(records);
+    }
+    return "";
+  }
+  if (!std::all_of(block.begin() + size, block.end(), [](char c) { return c == '\0'; })) {
+    return "GNU long-name header: bytes other than NUL in its padding (tarfile reads them as part "
+           "of the name)";
+  }
+  if (type == 'L') meta.long_name = Field(block.data(), size);
+  return "";  // 'K': a link's target, nothing a sample uses
 }
 
 }  // namespace
@@ -74,7 +156,7 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path,
   const int fd = file->fd();
   const uint64_t size = file->size();
   TarScan scan;
-  std::string long_name;  // from a preceding GNU 'L' or pax 'x' header
+  PendingMeta meta;  // from the metadata headers since the last member
   uint64_t offset = 0;
   bool ended = false;
   while (offset < size) {
@@ -106,27 +188,48 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path,
     }
     const char type = h[156];
     const uint64_t data = offset + kBlock;
+    const bool metadata = type == 'L' || type == 'K' || type == 'x' || type == 'g';
+    // A pax size replaces the header's for the member after it (not for another metadata header).
+    if (!metadata && meta.pax_records.size) member_size = *meta.pax_records.size;
     if (member_size > size - data) {
       scan.stopped = Damaged(path, offset, "truncated",
                              absl::StrCat("member of ", member_size, " bytes runs past the end of "
                                           "the shard (", size - data, " bytes left)"));
       break;
     }
-    if (type == 'L' || type == 'x') {  // metadata for the next member
+    if (metadata) {  // about the next member
       if (member_size > kMaxMetaBytes) {
         scan.stopped = Damaged(path, offset, "corrupt", "oversized long-name or pax header");
         break;
       }
-      std::string meta(member_size, '\0');
-      if (ReadAt(fd, meta.data(), member_size, data) != static_cast<int64_t>(member_size)) {
-        scan.stopped = Damaged(path, offset, "truncated", "long-name or pax header cut short");
+      if (std::string why = ReadMeta(fd, type, data, member_size, size, meta); !why.empty()) {
+        scan.stopped = Damaged(path, offset, why == kCutShort ? "truncated" : "corrupt", why);
         break;
       }
-      long_name = type == 'L' ? Field(meta.data(), meta.size()) : PaxPath(meta);
+      offset = data + PaddedSize(member_size);
+      continue;
+    }
+    std::string name = Field(h, 100);
+    if (NoDataType(type, name)) {
+      if (member_size != 0) {
+        scan.stopped = Damaged(
+            path, offset, "corrupt",
+            absl::StrCat("a tar header of type '", std::string(1, type == '\0' ? '0' : type),
+                         "' (no data) with a size of ", member_size,
+                         ": tar readers disagree where the next header is"));
+        break;
+      }
     } else if (type == '0' || type == '\0' || type == '7') {  // a regular file
-      std::string name = long_name;
-      if (name.empty()) {
-        name = Field(h, 100);
+      if (meta.long_name && meta.pax_records.path && *meta.long_name != *meta.pax_records.path) {
+        scan.stopped = Damaged(path, offset, "corrupt",
+                               "a GNU long name and a pax path name one member differently");
+        break;
+      }
+      if (meta.pax_records.path) {
+        name = *meta.pax_records.path;
+      } else if (meta.long_name) {
+        name = *meta.long_name;
+      } else {
         const std::string prefix = Field(h + 345, 155);  // ustar
         if (std::memcmp(h + 257, "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
       }
@@ -137,10 +240,8 @@ absl::StatusOr<TarScan> ScanTarShard(const std::string& path,
                                                   scan.members.capacity(), sizeof(TarMember));
         if (absl::Status held = hold(members + name_bytes); !held.ok()) return held;
       }
-      long_name.clear();
-    } else {
-      long_name.clear();  // directories, links and the rest carry no sample data
-    }
+    }  // other types (GNU extensions and the rest) carry no sample data: skipped, as both do
+    meta = PendingMeta{};
     offset = data + PaddedSize(member_size);
   }
   if (!ended && scan.stopped.ok()) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tar shards, as WebDataset writes them (POSIX ustar, with GNU long names and pax headers read):
 // a sequence of 512-byte headers, each followed by its member's data padded to 512 bytes, ended

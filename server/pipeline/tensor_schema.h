@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The named tensors a batch carries beside (or instead of) its images: one per extra .npy member
 // of a WebDataset sample, one per NAME.npy file of an "arrays" dataset. A schema is per sample;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One training sample from a TFRecord record holding a tf.train.Example: the encoded image of a
 // bytes feature and the label of an int64 feature (plus an offset: ImageNet TFRecords made by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // TFRecord files, as tf.data writes them: a sequence of records, each
 //   uint64 length | uint32 masked CRC-32C of those 8 bytes | data (length bytes) | uint32 masked

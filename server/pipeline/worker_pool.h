@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A fixed pool of decode threads shared by all streams. Each thread has a stable worker id in
 // [0, size()) so per-thread state (a SampleDecoder each) needs no locks.

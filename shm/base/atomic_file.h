@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replacing a file so that readers, and a crash at any moment, see the old contents or the new,
 // never a mixture: write a private temporary beside it, fsync, rename over it, fsync the directory.
 #pragma once

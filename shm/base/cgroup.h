@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A process's memory cgroup, v1 or v2, found the way the kernel describes it: /proc/PID/cgroup
 // names the cgroup's path in its hierarchy, /proc/PID/mountinfo where that hierarchy is mounted

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Clock readings as plain integers, for timestamps that cross threads, files and the wire.
 #pragma once
 

@@ -1,11 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // ringloaderctl without a daemon: exit codes, state files, make-dataset and validate.
 #include "client/ctl/ctl.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/ctl/consume_state.h"
 #include "tests/support/test_support.h"
@@ -111,7 +116,7 @@ TEST_CASE("Consume state: round-trips and rejects a mismatched run naming the fl
 
 TEST_CASE("ReadFileIfExists: an absent file is no error", "[ctl]") {
   TempDir dir;
-  auto read = ReadFileIfExists(dir.Join("absent"));
+  auto read = ReadFileIfExists(dir.Join("absent"), kMaxConsumeStateBytes);
   REQUIRE(read.ok());
   CHECK_FALSE(read->has_value());
 }
@@ -134,6 +139,36 @@ TEST_CASE("ringloaderctl consume --state: a state of another run is refused befo
                   "train", "--state", dir.Join("state")});
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.output, Catch::Contains("field 'batch_size': missing"));
+}
+
+TEST_CASE("ringloaderctl consume --state: a FIFO, a device or an oversized file is refused "
+          "before it is read, naming why and the limit", "[ctl]") {
+  TempDir dir;
+  REQUIRE(::mkfifo(dir.Join("fifo").c_str(), 0600) == 0);  // no writer: reading it would block
+  testing::WriteFile(dir.Join("big"), std::string(kMaxConsumeStateBytes + 1, 'x'));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir.Join("fifo"), " is not a regular file (a FIFO)"},
+      {"/dev/zero", " is not a regular file (a character device)"},  // never ends
+      {dir.Join("big"), absl::StrCat(" has ", kMaxConsumeStateBytes + 1,
+                                     " bytes or more, more than the ", kMaxConsumeStateBytes,
+                                     " a state file can have")},
+  };
+  for (const auto& [path, why] : cases) {
+    INFO(path);
+    auto read = ReadFileIfExists(path, kMaxConsumeStateBytes);
+    REQUIRE_FALSE(read.ok());
+    CHECK_THAT(std::string(read.status().message()), Catch::Contains(path + why));
+    auto r = RunCommand({kCtl, "--endpoint", "unix:" + dir.Join("none.sock"), "consume",
+                         "--dataset", "train", "--state", path},
+                        {}, std::chrono::seconds(20));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.output, Catch::Contains(path + why));
+  }
+  // A regular file at the limit is read whole.
+  testing::WriteFile(dir.Join("big"), std::string(kMaxConsumeStateBytes, 'x'));
+  auto read = ReadFileIfExists(dir.Join("big"), kMaxConsumeStateBytes);
+  REQUIRE(read.ok());
+  CHECK((*read)->size() == kMaxConsumeStateBytes);
 }
 
 TEST_CASE("ringloaderctl make-dataset then validate: all good, exit 0", "[ctl][validate]") {

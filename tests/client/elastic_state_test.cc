@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic restarts on the client's side (issue 30): the v3 state's progress and a job's cursors,
 // ContinueState's two paths and its refusals, CombineStates' checks. The daemon's half is in
 // tests/integration/elastic_resume_test.cc.
@@ -87,6 +88,58 @@ TEST_CASE("Elastic state: progress, beyond and a job's cursors survive the text"
   std::string v2 = FormatState(o, Position{4, 0, 0});
   v2.replace(v2.find(" v3 "), 4, " v2 ");
   CHECK_THAT(Refusal([&] { ParseState(v2); }), Catch::Contains("'check'"));
+}
+
+TEST_CASE("Elastic state: a forged world size, cursor list, beyond list or text is refused "
+          "naming the field and the limit, before anything is sized by it",
+          "[client][elastic]") {
+  // The check is unkeyed, so an edited state loads: FormatState writes one whose check is right.
+  StreamOptions forged = JobOptions(1, 2);
+  forged.world_size = uint32_t{1} << 31;  // ContinueState assigned a cursor per saved rank: 16 GiB
+  CHECK_THAT(Refusal([&] { ParseState(FormatState(forged, Position{1, 2, 16})); }),
+             Catch::Contains("field 'world_size': must be in [1, 65536] (got 2147483648)"));
+  // A ResumeState built by hand is held to the same bound.
+  ResumeState by_hand;
+  by_hand.options = forged;
+  CHECK_THAT(Refusal([&] { ContinueState(by_hand, JobOptions(0, 4)); }),
+             Catch::Contains("world_size must be in [1, 65536] (got 2147483648)"));
+  // The largest world parses.
+  StreamOptions widest = JobOptions(0, 65536);
+  CHECK(ParseState(FormatState(widest, Position{1, 0, 0},
+                               std::vector<uint64_t>(65536, 3))).world_cursors.size() == 65536);
+
+  // More cursors than ranks: refused at the first one too many, not after storing them all.
+  CHECK_THAT(Refusal([&] { ParseState(FormatState(JobOptions(0, 3), Position{1, 0, 0},
+                                                  {1, 2, 3, 4})); }),
+             Catch::Contains("field 'cursors': more than 3 values (one per rank of world_size 3)"));
+
+  // beyond: at most 65,536 positions.
+  StreamOptions progress = JobOptions(0, 2);
+  progress.start_progress.prefix = 10;
+  for (uint64_t p = 11; p < 11 + 65536; ++p) progress.start_progress.beyond.push_back(p);
+  CHECK(ParseState(FormatState(progress, Position{1, 0, 0})).options.start_progress ==
+        progress.start_progress);
+  progress.start_progress.beyond.push_back(11 + 65536);
+  CHECK_THAT(Refusal([&] { ParseState(FormatState(progress, Position{1, 0, 0})); }),
+             Catch::Contains("field 'beyond': more than 65536 values"));
+  CHECK_THAT(Refusal([&] { ValidateOptions(progress); }),
+             Catch::Contains("StreamOptions.start_progress.beyond: at most 65536 positions (got "
+                             "65537)"));
+
+  // A text longer than any state: refused before it is split.
+  CHECK_THAT(Refusal([&] { ParseState(std::string(5 << 20, ' ')); }),
+             Catch::Contains("5242880 bytes, more than the 4194304 a state can be"));
+
+  // The options a stream is opened with, likewise.
+  StreamOptions wide = JobOptions(0, 2);
+  wide.world_size = 65537;
+  CHECK_THAT(Refusal([&] { ValidateOptions(wide); }),
+             Catch::Contains("StreamOptions.world_size: must be in [1, 65536] (got 65537)"));
+  wide = JobOptions(0, 2);
+  wide.saved_world.world_size = 65537;
+  CHECK_THAT(Refusal([&] { ValidateOptions(wide); }),
+             Catch::Contains("StreamOptions.saved_world.world_size: must be in [1, 65536] (got "
+                             "65537)"));
 }
 
 TEST_CASE("Elastic state: the same world, rank and batch size continue the saved stream itself",

@@ -1,9 +1,15 @@
-"""libringloader-client.so exports the client API and nothing else (issue 31 item 2).
+# SPDX-License-Identifier: Apache-2.0
+"""libringloader-client.so exports the client API and nothing else (issue 31 item 2), under a
+SONAME that changes with every minor version before 1.0 (issue 37 item 5).
 
 Its gRPC, protobuf and abseil code is private: were any of their symbols exported, a trainer
 linking its own copies (another protobuf, a vendored abseil) would bind some calls to ours.
-Usage: exports_test.py LIBRARY
+Before 1.0 a minor version may change client.h's structs, so a trainer built against 0.1 must
+never load 0.2's library: SONAME libringloader-client.so.0.1 for libringloader-client.so.0.1.z.
+Usage: exports_test.py LIBRARY (the real file, libringloader-client.so.X.Y.Z)
 """
+import os
+import re
 import subprocess
 import sys
 
@@ -15,8 +21,35 @@ def dynamic_symbols(library):
     return [line.split(" ", 2)[2] for line in out.splitlines() if line.count(" ") >= 2]
 
 
+def soname(library):
+    out = subprocess.run(["readelf", "-d", library], check=True, capture_output=True,
+                         text=True).stdout
+    found = re.search(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", out)
+    return found.group(1) if found else None
+
+
+def check_soname(library):
+    """The SONAME the version policy wants: .so.0.Y before 1.0, .so.X from 1.0 on."""
+    version = re.fullmatch(r"libringloader-client\.so\.(\d+)\.(\d+)\.(\d+)",
+                           os.path.basename(os.path.realpath(library)))
+    if not version:
+        print(f"{library}: not a versioned file libringloader-client.so.X.Y.Z")
+        return False
+    major, minor = version.group(1), version.group(2)
+    wanted = f"libringloader-client.so.{major}" + (f".{minor}" if major == "0" else "")
+    actual = soname(library)
+    if actual != wanted:
+        print(f"{library}: SONAME {actual}, want {wanted} (before 1.0 every minor version is a "
+              "new ABI)")
+        return False
+    print(f"{library}: SONAME {actual}")
+    return True
+
+
 def main():
     library = sys.argv[1]
+    if not check_soname(library):
+        return 1
     symbols = dynamic_symbols(library)
     # The API's functions, and its exception's typeinfo and vtable (caught in trainers).
     allowed = ("ringloader::client::", "typeinfo for ringloader::client::",

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "client/ctl/samples_out.h"
 
 #include <xxhash.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream::Next()'s recovery logic against a fake in-process Loader service that serves batches
 // from a real shm ring. The fake exists only to reach what the real daemon cannot be made to do
 // on cue: refuse a stream as stale, fail N opens, send a malformed handle. The real daemon's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BatchSchedule: every producer transition and the client's side, one step at a time, on a real
 // shared-memory ring. Interleavings are forced with the schedule's own observation hooks
 // (AwaitProducerWaiting, AwaitClientWaiting), never with sleeps.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/daemon/config: defaults, every error naming file + key + rule, byte sizes, failpoints.
 #include "server/daemon/config.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/daemon/crash_journal: real child processes that crash (SIGSEGV after
 // InstallCrashHandlers), are killed (SIGKILL) or exit cleanly, and what the next Open() sees.
 #include "server/daemon/crash_journal.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/daemon/memory_budget: reserve, refuse with the numbers, give back.
 #include "server/daemon/memory_budget.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 15 item 3: each incarnation's OOM kill count is recorded (the count itself is
 // base::MemoryCgroup's: tests/shm/cgroup_test.cc).
 #include "server/daemon/oom_kills.h"

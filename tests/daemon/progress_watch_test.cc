@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProgressWatch: which decode is stuck, and the decode-latency histogram.
 #include "server/daemon/progress_watch.h"
 

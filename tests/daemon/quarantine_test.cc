@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/daemon/quarantine: strikes, persistence, reload, clear, absolve.
 #include "server/daemon/quarantine.h"
 

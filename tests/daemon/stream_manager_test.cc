@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/daemon/stream_manager without gRPC: a real synthetic dataset, a real WorkerPool and
 // BatchFiller, real shared-memory rings, and the requests a hostile or broken client could send.
 #include "server/daemon/stream_manager.h"

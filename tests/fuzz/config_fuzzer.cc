@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: ringloaderd.toml parsing and validation (server/daemon/config.h).
 //
 // Input: the text of a config file. Seed files in corpus/config are valid configs that set every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: arbitrary bytes as a dataset file, through the real index and read path (not
 // only the parsers): Dataset::Open indexes it as the daemon does, then every sample (at most 32)
 // is read as a decode worker reads it (SampleReader: open, image head and bytes, label, every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: decode + augment of one sample, as a decode worker does it.
 //
 // Input: one control byte, then the bytes of the file (any format: the decoder tells JPEG, PNG,

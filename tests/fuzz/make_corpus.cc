@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpus of fuzz_decode: small real JPEGs of each kind the decoder handles
 // (baseline 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4, progressive, grayscale, CMYK, YCCK, restart markers,
 // arithmetic coding, sizes that exercise DCT scaling) and a few broken ones (truncated, 12-bit,

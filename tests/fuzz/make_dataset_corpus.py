@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes corpus/dataset: seed inputs of fuzz_dataset (dataset_fuzzer.cc), one per mode, made the
 way the tests make their dataset files (tiny JPEGs, .cls and .json labels, .npy tensors, TFRecord
 Examples with good CRCs). Run by hand when the input format changes:

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the non-JPEG seeds of fuzz_decode into corpus/decode (run by hand, then commit):
 small PNG, WebP, BMP, PPM/PGM files of each kind the decoders handle, made by Pillow, and a
 TIFF header. Each file is the control byte (see decode_fuzzer.cc) followed by the image."""

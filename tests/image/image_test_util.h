@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers for the server/image tests: smooth test patterns, an independent double-precision
 // reference resampler and PSNR.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 18: PNG, WebP, BMP and PPM/PGM decode to exactly the pixels PIL's
 // Image.open(f).convert("RGB") gives (what torchvision's ImageFolder trains on), chosen by
 // content, through the same crop/resize path as JPEG; limits apply from the header; damage is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fixed-point filter tables: unity gain, identity at scale 1, flip, bounds.
 
 #include "server/image/resample.h"

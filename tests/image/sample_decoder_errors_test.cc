@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Broken inputs: every kind is an error value naming the file and the reason, never a crash, and
 // the decoder stays usable afterwards.
 

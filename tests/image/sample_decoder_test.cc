@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decoding and transforming real JPEGs made in the test: correctness against a double-precision
 // reference (PSNR), layouts and dtypes, colour spaces, DCT scaling and crop decoding, determinism.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Synthetic JPEGs and the imagefolder dataset writer.
 
 #include "server/image/synthetic.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-sample random draw and the crop geometry (torchvision semantics).
 
 #include "server/image/transform.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Broken image files for the corrupt-corpus tests: one recipe per kind of bad input that issue 6
 // lists, each with the reason (image::ErrorReason) the decoder gives it. The byte recipes are the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 4: a bad config fails at start with the file, the key path and what is wrong.
 #include <catch2/catch.hpp>
 #include <csignal>

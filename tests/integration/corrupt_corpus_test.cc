@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 6, "Bad data": a real ringloaderd over a dataset that mixes good JPEGs with one file of
 // each broken kind (and files that vanish mid-epoch). Bad samples cost only themselves: every
 // good sample is delivered exactly once per epoch, stats list each bad file with its reason, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 5: the daemon dies, the trainer does not notice. Real ringloaderd (supervised), real
 // SIGKILLs, real crashes from failpoints; the consumer is the real `ringloaderctl consume`.
 #include <catch2/catch.hpp>
@@ -28,18 +29,6 @@ std::vector<std::string> ConsumeArgs(const DaemonFixture& d, const std::string& 
           "synth",        "--epochs",      epochs,       "--batch-size", "8",
           "--image-size", "40",            "--seed",     "99",           "--samples-out",
           samples_out};
-}
-
-// Waits until the supervisor has started a child other than `old_pid`.
-pid_t WaitForNewChild(DaemonFixture& d, pid_t old_pid) {
-  pid_t pid = -1;
-  WaitFor(
-      [&] {
-        pid = d.ServingPid();
-        return pid > 0 && pid != old_pid;
-      },
-      std::chrono::seconds(30));
-  return pid;
 }
 
 }  // namespace
@@ -75,7 +64,7 @@ TEST_CASE("chaos: SIGKILLing the supervised daemon 10+ times changes nothing the
     REQUIRE(serving > 0);
     REQUIRE(kill(serving, SIGKILL) == 0);
     ++kills;
-    serving = WaitForNewChild(daemon, serving);
+    serving = daemon.WaitForNewServingPid(serving);
   }
   const int exit_code = consumer.WaitExitCode(std::chrono::seconds(120));
   INFO("consumer log:\n" << ReadFile(daemon.dir() + "/consumer.log"));

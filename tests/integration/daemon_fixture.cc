@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tests/integration/daemon_fixture.h"
 
 #include <arpa/inet.h>
@@ -102,6 +103,17 @@ pid_t DaemonFixture::ServingPid() {
   // The supervisor's direct child.
   CommandResult r = RunCommand({"/usr/bin/pgrep", "-P", std::to_string(process_->pid())});
   return r.exit_code == 0 ? static_cast<pid_t>(std::stol(r.output)) : -1;
+}
+
+pid_t DaemonFixture::WaitForNewServingPid(pid_t old_pid) {
+  pid_t pid = -1;
+  const bool found = WaitFor(
+      [&] {
+        pid = ServingPid();
+        return pid > 0 && pid != old_pid;
+      },
+      std::chrono::seconds(30));
+  return found ? pid : -1;
 }
 
 CommandResult DaemonFixture::Ctl(std::vector<std::string> args,

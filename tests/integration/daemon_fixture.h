@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A real ringloaderd on a temp Unix socket, over a real synthetic JPEG dataset, for integration
 // tests. Everything lives in one TempDir (socket, state dir, config, dataset, logs).
@@ -46,6 +47,9 @@ class DaemonFixture {
   Subprocess& process() { return *process_; }
   // The serving daemon's pid (the supervisor's child when supervised).
   pid_t ServingPid();
+  // Waits up to 30 s for the supervisor's child to be another than `old_pid` (a restart after
+  // a kill); its pid, or -1.
+  pid_t WaitForNewServingPid(pid_t old_pid);
 
   const std::string& endpoint() const { return endpoint_; }
   const std::string& dir() const { return dir_.path(); }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tests/integration/delay_mount.h"
 
 #include <signal.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A FUSE delay mount for tests: delayfs (tests/support/delayfs.cc) passing a directory through
 // with a delay on every file open, as a network mount costs per file. Unmounted (and delayfs

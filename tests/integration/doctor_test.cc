@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 12 item 5: `ringloaderctl doctor` checks the host against a config before anything breaks.
 #include <sys/resource.h>
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 30: a state resumes at another world size, rank or batch size, exactly once, through
 // the real daemon and the C++ client. In every case the union of all ranks' samples per epoch is
 // the dataset's good samples exactly once (DistributedSampler's padding excepted), each with the
@@ -325,12 +326,12 @@ TEST_CASE("30: the daemon refuses a saved world that does not fit the dataset, n
     CHECK_THAT(e.what(), Catch::Contains("start_progress.beyond: positions must ascend"));
   }
   o.start_progress = client::EpochProgress{10, {}};
-  for (uint64_t p = 11; p < 11 + 100'000; ++p) o.start_progress.beyond.push_back(p);
+  for (uint64_t p = 11; p < 11 + 60'000; ++p) o.start_progress.beyond.push_back(p);
   try {
     c.Open(o);  // more positions than the dataset has: refused before any is looked at
     FAIL("opened");
   } catch (const client::Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("start_progress.beyond: 100000 positions, but only 52"));
+    CHECK_THAT(e.what(), Catch::Contains("start_progress.beyond: 60000 positions, but only 52"));
   }
   o.start_progress = client::EpochProgress{63, {}};
   try {
@@ -339,6 +340,63 @@ TEST_CASE("30: the daemon refuses a saved world that does not fit the dataset, n
   } catch (const client::Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("start_progress.prefix: must be <= the dataset's 62"));
   }
+}
+
+// Peak resident memory of process `pid` (VmHWM), in bytes.
+uint64_t PeakRss(pid_t pid) {
+  const std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("VmHWM:");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(status.substr(at + 6)) * 1024;
+}
+
+TEST_CASE("30: a saved world whose ranks lie far apart is refused naming the limit, before the "
+          "daemon builds what it would carry", "[integration][elastic]") {
+  // An arrays dataset of 2^23 one-byte rows: a saved world of 2 has 4,194,304-sample shards.
+  constexpr uint64_t kRows = uint64_t{1} << 23;
+  TempDir data;
+  std::filesystem::create_directories(data.Join("big"));
+  std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (" +
+                     std::to_string(kRows) + ",), }";
+  dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
+  dict += '\n';
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() & 0xff) +
+                    static_cast<char>(dict.size() >> 8) + dict;
+  npy.append(kRows, '\x01');
+  WriteFile(data.Join("big/x.npy"), npy);
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.config_extra = "[[datasets]]\nname = \"big\"\nformat = \"arrays\"\npath = \"" +
+                         data.Join("big") + "\"\n";
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  const uint64_t peak_before = PeakRss(daemon.ServingPid());
+
+  // Rank 0 took nothing, rank 1 its whole shard: the rest of the epoch would carry 4,194,304
+  // consumed positions past the first one not consumed (32 MiB in the daemon, more than the
+  // client may receive).
+  client::Client c(daemon.endpoint());
+  client::StreamOptions o = Options(0, 2, 4, false);
+  o.dataset = "big";
+  o.saved_world.world_size = 2;
+  o.saved_world.cursors = {0, client::SavedWorld::kWholeShard};
+  try {
+    c.Open(o);
+    FAIL("opened");
+  } catch (const client::Error& e) {
+    CHECK(e.code() == client::ErrorCode::kInvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("saved_world.cursors: rank 0 at 0 and rank 1 at 4194304 "
+                                         "leave 4194304 consumed positions past the first one "
+                                         "not consumed; a resume carries at most 65536"));
+  }
+  // Counted, not built: the daemon's peak memory did not grow by the list's 32 MiB.
+  CHECK(PeakRss(daemon.ServingPid()) - peak_before < (16u << 20));
+
+  // At the limit the stream opens, continuing after what the saved world consumed.
+  o.saved_world.cursors = {0, 65536};
+  std::unique_ptr<client::Stream> stream = c.Open(o);
+  CHECK(stream->start_progress().prefix == 0);
+  CHECK(stream->start_progress().beyond.size() == 65536);
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 4: a real ringloaderd on a temp socket, read through the C++ client and through
 // `ringloaderctl consume`.
 #include <catch2/catch.hpp>

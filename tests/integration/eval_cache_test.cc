@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 13 item 2: eval epochs from cache (a dataset with cache = "memory").
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 9: what a hostile or unlucky host did to the daemon, each through the real ringloaderd,
 // ringloaderctl and C++ client, over a real socket and real shared memory.
 #include <signal.h>

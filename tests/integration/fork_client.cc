@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helper for trainer_correctness_test: a trainer that forks with a live Client and Stream,
 // as PyTorch DataLoader workers and multiprocessing do.
 //

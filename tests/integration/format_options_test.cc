@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 27 item 4: every dataset format with every dataset option, through the real daemon and the
 // C++ client, and index-time read errors (retried; a list that lost files is never cached).
 //

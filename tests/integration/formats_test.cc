@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 11 end to end: WebDataset, TFRecord and arrays datasets made by `ringloaderctl
 // make-dataset` and `convert`, served by the real daemon, read through the C++ client and
 // `ringloaderctl consume`, checked by `validate`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helper for hostile_client_test: a trainer that opens a stream, leases a few batches without
 // releasing them, prints "holding N" and then sleeps until it is killed (the test SIGKILLs it to
 // check that the daemon reclaims its slots).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 15: running on real hosts. Item 3: an OOM kill is a crash like any other. Item 4:
 // memory_limit is a promise. Item 5: a transient I/O error is not bad data. Item 6: health answers before the index is built. Item 7:
 // state files survive any name and any crash.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 12 item 1: systemd notify + watchdog, and --supervise watching its child the same way.
 // The "systemd" here is a real AF_UNIX datagram socket named by NOTIFY_SOCKET, as systemd
 // passes it; the hang is the hang_decode failpoint (a decode blocked for good after its read,

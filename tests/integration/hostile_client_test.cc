@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 6, "Hostile and broken clients" and "Hard limits": raw gRPC calls a well-behaved client
 // would never make, against a real ringloaderd. Each gets INVALID_ARGUMENT / NOT_FOUND /
 // FAILED_PRECONDITION / RESOURCE_EXHAUSTED with a message, and after each, a stream opened before

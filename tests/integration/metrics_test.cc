@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 12 item 2: Prometheus metrics, scraped over HTTP by a real HTTP client (curl) from the
 // real daemon while a trainer reads and the supervisor restarts it.
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 28: a running daemon under an operator's hands (restarts, scrapes, signals, local
 // clients), through the real daemon and real processes. Races are forced with failpoints.
 #include <grp.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 18 item 3: `ringloaderctl peek` shows one batch exactly as a trainer receives it.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 12 item 4: scale-out without a coordinator (and item 3: a health-only endpoint for
 // Kubernetes probes; item 6: progress where people wait). One daemon per host serves its local ranks;
 // sharding is a function of (seed, epoch, rank, world_size) only, so two daemons ("hosts") serving

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 15 item 2: a C++ trainer builds against an installed ringloader, with CMake's
 // find_package and with pkg-config, out of tree, and reads an epoch from a real daemon.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 15 item 1: the service runs unprivileged, as user and group "ringloader" (made by the
 // installed sysusers.d file), with the unit's umask and directory modes; trainers in its group
 // connect and map rings read-only, anyone else is told which group to join. systemd is not pid 1

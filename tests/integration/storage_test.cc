@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 29: data on a network mount. Through the real daemon, reading a real FUSE mount that
 // delays every file open (delayfs, as NFS, Lustre, s3fs and gcsfuse cost per file): the
-// read-ahead changes nothing a trainer sees, survives a kill with reads in flight, stays within
-// memory_limit with huge files and many reads in flight, and a file whose open never answers
-// costs that sample only. Skipped, saying why, where no FUSE mount can be made.
+// read-ahead changes nothing a trainer sees and opens many files at once (the mount counts
+// them), without it a decode thread waits each open (the read wait is at least the mount's
+// delay per sample), it survives a kill with reads in flight, stays within memory_limit with
+// huge files and more reads in flight than their bytes would fit in, and a file whose open never
+// answers costs that sample only. Skipped, saying why, where no FUSE mount can be made.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -93,6 +96,49 @@ TEST_CASE("29: epochs through a 20 ms-per-open mount are byte for byte the local
   CHECK(stats.samples_decoded() >= 2 * 2 * 96);
   const CommandResult shown = daemon.Ctl({"stats"});
   CHECK_THAT(shown.output, Catch::Contains("read wait") && Catch::Contains("io_depth 256"));
+  // Seen from the mount, not the daemon: more opens waited at once than the decode threads
+  // could have made (they alone open files without read-ahead: see the next test).
+  CHECK(daemon.Stop() == 0);
+  const DelayMount::Peaks peaks = mount.Unmount();
+  CHECK(peaks.files > static_cast<int>(options.decode_threads));
+}
+
+TEST_CASE("29: with io_depth 0 the decode threads open the files one each: every sample's read "
+          "wait is at least the mount's delay, and the bytes are the same",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  constexpr double kDelaySeconds = 0.020;
+  TempDir data;
+  WriteDataset(data.Join("images"), 96);
+  DelayMount mount(data.Join("images"), data.path(), std::chrono::milliseconds(20));
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.server_extra = "io_depth = 0";
+  options.config_extra =
+      DatasetTable("local", data.Join("images")) + DatasetTable("mounted", mount.path());
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  client::Client c(daemon.endpoint());
+  const std::vector<std::string> local = Lines(*c.Open(Options("local", 2)));
+  const v1::GetStatsResponse before = Stats(daemon.endpoint());  // the local reads' figures
+  const std::vector<std::string> mounted = Lines(*c.Open(Options("mounted", 2)));
+  const v1::GetStatsResponse after = Stats(daemon.endpoint());
+  REQUIRE(local.size() == 2 * 96);
+  CHECK(mounted == local);
+  CHECK(after.io_depth() == 0);
+  CHECK(after.read_ahead_peak_bytes() == 0);
+  // Each mounted sample's read waited for its own open, which delayfs holds 20 ms: a bound that
+  // holds however slow the machine, and fails if the wait is not measured around the open.
+  const uint64_t reads = after.samples_read() - before.samples_read();
+  const double waited = after.read_wait_seconds() - before.read_wait_seconds();
+  INFO(reads << " mounted samples read, waiting " << waited << " s");
+  CHECK(reads >= 2 * 96);
+  CHECK(waited >= kDelaySeconds * static_cast<double>(reads));
+  CHECK(after.samples_decoded() - before.samples_decoded() == reads);
+  CHECK(daemon.Stop() == 0);
+  const DelayMount::Peaks peaks = mount.Unmount();
+  CHECK(peaks.files >= 1);
+  CHECK(peaks.files <= static_cast<int>(options.decode_threads));
 }
 
 TEST_CASE("29: SIGKILL of the daemon with reads in flight on a slow mount resumes exactly",
@@ -138,7 +184,7 @@ TEST_CASE("29: io_depth 256 over 20 MB files keeps the daemon within memory_limi
   for (const auto& e : fs::recursive_directory_iterator(data.Join("images"))) {
     if (e.is_regular_file()) fs::resize_file(e.path(), 20u << 20);
   }
-  DelayMount mount(data.Join("images"), data.path(), std::chrono::milliseconds(5));
+  DelayMount mount(data.Join("images"), data.path(), std::chrono::milliseconds(20));
   DaemonFixtureOptions options;
   options.images = 4;
   options.memory_limit = "256MiB";
@@ -152,15 +198,22 @@ TEST_CASE("29: io_depth 256 over 20 MB files keeps the daemon within memory_limi
   const v1::GetStatsResponse stats = Stats(daemon.endpoint());
   INFO("peak reserved " << stats.memory_reserved_peak_bytes() << ", rss peak "
                         << stats.rss_peak_bytes());
-  CHECK(stats.read_ahead_peak_bytes() > 0);  // it did read ahead
-  CHECK(stats.read_ahead_peak_bytes() <= 128u << 20);  // at most half of memory_limit
-  CHECK(stats.memory_reserved_peak_bytes() <= 256u << 20);
+  // It read ahead: at least one whole file's bytes were held. (That the held bytes stay within
+  // half of memory_limit is the budget's own arithmetic, which its figures cannot contradict:
+  // tests/daemon/memory_budget_test.cc tests it. Here what is measured outside the accounting
+  // says whether the daemon kept to it: the mount's count of opens, and the process's RSS.)
+  CHECK(stats.read_ahead_peak_bytes() >= 20u << 20);
   // The documented overhead beyond memory_limit: about 30 MiB + 1 MiB per decode thread, and
   // the read threads' stacks (touched a little each). (A sanitizer's shadow memory and
   // quarantine are not the daemon's: no RSS bound there.)
 #ifndef RINGLOADER_SANITIZER_BUILD
   CHECK(stats.rss_peak_bytes() <= (256u << 20) + (96u << 20));
 #endif
+  // More reads were in flight at once than half of memory_limit holds files of 20 MB (6): the
+  // rest kept just their files open, and the RSS above stayed bounded all the same.
+  CHECK(daemon.Stop() == 0);
+  const DelayMount::Peaks peaks = mount.Unmount();
+  CHECK(peaks.files > static_cast<int>((128u << 20) / (20u << 20)));
 }
 
 TEST_CASE("29: a file whose open never answers costs that sample (its deadline) and nothing "

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 17: a trainer's correctness through the real client and daemon: end of epoch, fork,
 // checkpoints (tests/client/state_test.cc), deadlines, misuse, exact resize.
 #include <signal.h>

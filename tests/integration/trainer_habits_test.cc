@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 16: a trainer's habits through the real client and daemon: batches it keeps, pauses,
 // deadlines and cancellation, mistaken sizes.
 #include <catch2/catch.hpp>
@@ -14,6 +15,7 @@
 #include "client/channel.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
+#include "tests/integration/batch_hash.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace ringloader::testing {
@@ -33,15 +35,6 @@ StreamOptions Small() {
   o.image_size = 32;
   o.shuffle = false;
   return o;
-}
-
-// Everything a batch holds, hashed: images, labels and indices.
-size_t HashOf(const Batch& b) {
-  auto bytes = [](const client::TensorView& t) {
-    return std::string_view(static_cast<const char*>(t.raw()), t.bytes());
-  };
-  std::hash<std::string_view> h;
-  return h(bytes(b.images())) ^ (h(bytes(b.labels())) * 31) ^ (h(bytes(b.indices())) * 131);
 }
 
 uint64_t CopiedOut(const std::string& endpoint) {

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A trainer inside the package test's Debian root (tests/package/install_test).
 
 Reads EPOCHS epochs of DATASET through the installed ringloader package and writes one line per

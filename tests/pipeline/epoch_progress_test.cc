@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EpochProgress and ResumedShard (issue 30's core): a job's place in an epoch, continued at any
 // world size with every sample exactly once.
 #include "server/pipeline/epoch_progress.h"
@@ -147,6 +148,43 @@ TEST_CASE("ResumedShard: a finished epoch leaves nothing, and sizes agree with S
             ResumedShardSize(n, q, world, drop_last));
     }
   }
+}
+
+}  // namespace
+}  // namespace ringloader::pipeline
+
+namespace ringloader::pipeline {
+namespace {
+
+TEST_CASE("EpochProgress: BeyondAfterAdvance counts what Advance builds, without building it",
+          "[pipeline][elastic]") {
+  // Every world up to 5 with every cursor combination (ranks ahead, behind, finished), over
+  // datasets with and without a progress already, drop_last on and off.
+  for (const uint64_t n : {uint64_t{1}, uint64_t{7}, uint64_t{23}}) {
+    for (const EpochProgress& before : {EpochProgress{}, EpochProgress{n / 3, {}},
+                                        EpochProgress{1, {3, n - 1}}}) {
+      if (before.consumed() > n || (!before.beyond.empty() && before.beyond.back() >= n)) continue;
+      for (uint32_t world = 1; world <= 5; ++world) {
+        for (const bool drop_last : {false, true}) {
+          const uint64_t shard = ResumedShardSize(n, before, world, drop_last);
+          std::vector<uint64_t> cursors(world, 0);
+          while (true) {
+            INFO("n " << n << " prefix " << before.prefix << " world " << world << " drop_last "
+                      << drop_last << " cursors[0] " << cursors[0]);
+            CHECK(before.BeyondAfterAdvance(n, drop_last, cursors) ==
+                  before.Advance(n, drop_last, cursors).beyond.size());
+            size_t r = 0;  // the next combination, as an odometer
+            while (r < world && cursors[r] == shard) cursors[r++] = 0;
+            if (r == world) break;
+            ++cursors[r];
+          }
+        }
+      }
+    }
+  }
+  // One rank at its shard's end and one at 0: half the dataset lies past the new prefix.
+  const std::vector<uint64_t> apart = {0, 500'000};
+  CHECK(EpochProgress{}.BeyondAfterAdvance(1'000'000, false, apart) == 500'000);
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 11: the container formats (webdataset, tfrecord, arrays) at the pipeline level: the same
 // JPEG gives the same batch bytes whatever its container, named tensors land in their places,
 // and every kind of damage costs only its own sample (or, for a header, the rest of its file).
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/image/sample_decoder.h"
 #include "server/image/synthetic.h"
 #include "server/pipeline/batch_filler.h"
@@ -285,6 +287,37 @@ TEST_CASE("11: an arrays dataset reads one row of every .npy per sample, the lab
   bad = Dataset::Open(spec);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(std::string(bad.status().message()), Catch::Contains("needs one integer per row"));
+}
+
+TEST_CASE("11: a uint64 label above int64's range fails its sample, as JSON and TFRecord labels "
+          "out of range do: never served negative", "[formats]") {
+  TempDir dir;
+  // 2^64 - 1 would be served as -1, the batch's "no label" value; 2^63 as INT64_MIN.
+  const std::vector<uint64_t> values = {3, uint64_t{INT64_MAX}, uint64_t{1} << 63, ~uint64_t{0}};
+  std::string labels = MakeNpyHeader(NpyType::kUint64, {values.size()});
+  std::string x = MakeNpyHeader(NpyType::kUint8, {values.size()});
+  for (uint64_t v : values) {
+    labels.append(reinterpret_cast<const char*>(&v), 8);
+    x += 'x';
+  }
+  testing::WriteFile(dir.Join("labels.npy"), labels);
+  testing::WriteFile(dir.Join("x.npy"), x);
+  DatasetSpec spec;
+  spec.format = DatasetFormat::kArrays;
+  spec.root = dir.path();
+  spec.label_array = "labels";
+  auto ds = Open(spec);
+  const Epoch e = ReadEpoch(*ds);
+  CHECK(e.indices == std::vector<int64_t>{0, 1});
+  CHECK(e.labels == std::vector<int64_t>{3, INT64_MAX});
+  REQUIRE(e.errors.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(e.errors[i].sample_index == i + 2);
+    CHECK(e.errors[i].reason == "corrupt");
+    CHECK_THAT(e.errors[i].message,
+               Catch::Contains(absl::StrCat("labels.npy: row ", i + 2, ": label ", values[i + 2],
+                                            " (uint64) is out of int64's range")));
+  }
 }
 
 // Shards of 3 samples each: KEY.jpg, KEY.cls, KEY.depth.npy.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // IoRetryBudget: one budget of retries for all of a sample's reads (issue 28).
 #include "server/pipeline/io_retry.h"
 

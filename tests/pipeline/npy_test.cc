@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // .npy headers: files written by numpy itself, every supported dtype, rows found by offset, and
 // each unsupported or damaged case refused naming the file and the problem.
 #include "server/pipeline/npy.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // container::OpenFiles (issue 29): a shard's samples share one open file (an open is a round trip
 // on a network mount), at most `capacity` stay open, and a failed open is never remembered.
 #include "server/pipeline/container_file.h"

@@ -1,5 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReadPool and ReadAhead (issue 29): reads run ahead of the decodes, many at once, and change
-// nothing a sample's task decides. Interleavings are forced with latches, never sleeps.
+// nothing a sample's task decides; their bytes come from the daemon's real MemoryBudget, whose
+// decodes block while memory_limit is short. Interleavings are forced with latches and the
+// budget's own queue, never sleeps.
 #include "server/pipeline/read_ahead.h"
 
 #include <catch2/catch.hpp>
@@ -8,7 +11,9 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <thread>
 
+#include "server/daemon/memory_budget.h"
 #include "server/image/synthetic.h"
 #include "server/pipeline/sample_task.h"
 #include "tests/support/test_support.h"
@@ -55,68 +60,6 @@ struct WaitIdle {
   }
 };
 
-// memory_limit in miniature, with read-ahead holds that the test evicts by hand.
-struct Memory : DecodeMemory {
-  absl::Status Acquire(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held += bytes;
-    return absl::OkStatus();
-  }
-  void Release(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held -= bytes;
-  }
-  uint64_t TryAcquireReadAhead(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!grant_read_ahead) return 0;
-    held += bytes;
-    holds[next] = {bytes, nullptr};
-    return next++;
-  }
-  void ArmEviction(uint64_t id, std::function<void()> evict) override {
-    std::lock_guard<std::mutex> lock(mu);
-    if (holds.count(id)) holds[id].second = std::move(evict);
-  }
-  bool Pin(uint64_t id) override {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!holds.count(id)) return false;
-    holds[id].second = nullptr;
-    return true;
-  }
-  void ReleaseReadAhead(uint64_t id) override {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!holds.count(id)) return;
-    held -= holds[id].first;
-    holds.erase(id);
-  }
-  // What MemoryBudget does for a decode that would wait: every armed hold is taken back.
-  int EvictAll() {
-    std::vector<std::pair<uint64_t, std::function<void()>>> victims;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (auto it = holds.begin(); it != holds.end();) {
-        if (it->second.second) {
-          victims.emplace_back(it->second.first, std::move(it->second.second));
-          it = holds.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (auto& [bytes, evict] : victims) {
-      evict();
-      std::lock_guard<std::mutex> lock(mu);
-      held -= bytes;
-    }
-    return static_cast<int>(victims.size());
-  }
-  std::mutex mu;
-  bool grant_read_ahead = true;
-  uint64_t held = 0;
-  uint64_t next = 1;
-  std::map<uint64_t, std::pair<uint64_t, std::function<void()>>> holds;
-};
-
 struct Observer : SampleObserver {
   absl::Status BeforeRead(const Dataset&, uint64_t index) override {
     {
@@ -144,13 +87,19 @@ struct Observer : SampleObserver {
 struct Gate : TaskGate {
   void Checkpoint() override {}
   bool Commit() override { return !abandoned.load(); }
-  bool BeginWait() override { return !abandoned.load(); }
-  void EndWait() override {}
+  bool BeginWait() override {
+    waiting = !abandoned.load();
+    return waiting.load();
+  }
+  void EndWait() override { waiting = false; }
   bool Abandoned() const override { return abandoned.load(); }
   void SetDrawn(uint64_t bytes) override { drawn = bytes; }
   std::atomic<bool> abandoned{false};
-  uint64_t drawn = 0;
+  std::atomic<bool> waiting{false};  // between BeginWait and EndWait: the task waits for memory
+  std::atomic<uint64_t> drawn{0};
 };
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 struct Fixture {
   Fixture() {
@@ -181,6 +130,11 @@ struct Fixture {
   }
   // Runs a task for `job`; returns the sample's pixels (empty when it did not complete).
   std::vector<uint8_t> Run(SampleJob job, Gate& gate) {
+    SampleTask task(std::move(job), gate);
+    return Finish(task, /*run=*/true);
+  }
+  // Commits and completes `task`, which has read its image (or, `run`, does every step).
+  std::vector<uint8_t> Finish(SampleTask& task, bool run = false) {
     std::vector<uint8_t> pixels(transform.SampleBytes(), 0);
     absl::Status status;
     int64_t label = -1;
@@ -188,14 +142,22 @@ struct Fixture {
     out.status = &status;
     out.label = &label;
     out.image = pixels;
-    SampleTask task(std::move(job), gate);
-    if (task.Run(out, Worker{0, decoder}) != SampleTask::State::kDone || !status.ok()) return {};
+    if (run) {
+      if (task.Run(out, Worker{0, decoder}) != SampleTask::State::kDone) return {};
+    } else {
+      if (!task.Commit()) return {};
+      task.Complete(out, Worker{0, decoder});
+    }
+    if (!status.ok()) return {};
     return pixels;
   }
+  // Bytes of the decodes' draws, now (the budget counts the reads' holds among its decoding).
+  uint64_t Drawn() const { return memory.decoding() - memory.read_ahead(); }
+
   testing::TempDir dir;
   std::unique_ptr<Dataset> dataset;
   image::TransformSpec transform;
-  Memory memory;
+  server::MemoryBudget memory{64 * kMiB};  // memory_limit: read-ahead may hold up to half
   Observer observer;
   image::SampleDecoder decoder{image::DecodeLimits{}};
 };
@@ -251,40 +213,106 @@ TEST_CASE("ReadAhead: a sample read ahead decodes to the same bytes, read once, 
   CHECK(f.Run(std::move(job), gate) == reference);
   CHECK(f.observer.ReadsOf(index) == 2);  // the read ahead's and the plain run's: one each
   read.reset();
-  // The decode's draw and this read's hold went back: what is held is the other reads' holds.
-  CHECK(testing::WaitFor([&] { return f.memory.held == [&] {
-                                 std::lock_guard<std::mutex> lock(f.memory.mu);
-                                 uint64_t n = 0;
-                                 for (auto& [id, h] : f.memory.holds) n += h.first;
-                                 return n;
-                               }(); },
-                         std::chrono::seconds(5)));
+  // The decodes' draws went back: what the budget counts is the other reads' holds.
+  CHECK(testing::WaitFor([&] { return f.Drawn() == 0; }, std::chrono::seconds(5)));
 }
 
-TEST_CASE("ReadAhead: evicted bytes, or none granted, leave the task to read them itself",
+TEST_CASE("ReadAhead: while a decode waits for memory_limit, reads take none of it and keep just "
+          "their files open, and the task reads the bytes itself",
           "[pipeline][read_ahead]") {
   Fixture f;
   ReadPool pool(2);
   WaitIdle idle{pool};
   const EpochShard shard(f.dataset->size(), ShardSpec{});
-  for (const bool granted : {true, false}) {
-    INFO("read-ahead memory granted: " << granted);
-    f.memory.grant_read_ahead = granted;
+  Gate plain;
+  const std::vector<uint8_t> reference = f.Run(f.Job(shard.at(0)), plain);
+  REQUIRE_FALSE(reference.empty());
+  // One decode holds all but 1 MiB; another waits for 2 MiB. A read's bytes (a few KiB) would
+  // fit, and read-ahead holds nothing yet: only the waiting decode refuses them.
+  const uint64_t first = f.memory.limit() - kMiB;
+  REQUIRE(f.memory.Acquire(first).ok());
+  bool second_granted = false;
+  std::thread second([&] { second_granted = f.memory.Acquire(2 * kMiB).ok(); });
+  CHECK(testing::WaitFor([&] { return f.memory.waiting() == 1; }, std::chrono::seconds(30)));
+  {
     ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
     ahead.Advance(*f.dataset, shard, 0, 0, 0, 1 << 30, nullptr, "");
     std::shared_ptr<PrefetchedSample> read = ahead.Take(0, 0);
+    REQUIRE(read != nullptr);
     REQUIRE(read->WaitDone([] { return false; }));
-    // This read is armed by the time it is done (others may be too, by then).
-    const int evicted = f.memory.EvictAll();
-    CHECK((granted ? evicted >= 1 : evicted == 0));
-    CHECK(read->status().ok());
-    Gate plain, gate;
-    const std::vector<uint8_t> reference = f.Run(f.Job(shard.at(0)), plain);
+    CHECK(read->status().ok());  // its file is open
+    CHECK(f.memory.peak_read_ahead() == 0);
+    CHECK(f.memory.waiting() == 1);  // still waiting: nothing was taken from it
+    f.memory.Release(first);  // the first decode is done: the second gets its bytes
+    second.join();
+    CHECK(second_granted);
+    f.memory.Release(2 * kMiB);
+    Gate gate;
     SampleJob job = f.Job(shard.at(0));
     job.prefetched = read;
-    CHECK(f.Run(std::move(job), gate) == reference);
+    CHECK(f.Run(std::move(job), gate) == reference);  // the bytes read here, from the open file
+    CHECK(gate.drawn > 0);
+    CHECK(f.observer.ReadsOf(shard.at(0)) == 2);  // the reference's and the read ahead's
   }
-  f.memory.grant_read_ahead = true;
+  CHECK(testing::WaitFor([&] { return f.memory.decoding() == 0; }, std::chrono::seconds(10)));
+}
+
+TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back instead of waiting, "
+          "never those a task took, and with none left to take it waits",
+          "[pipeline][read_ahead]") {
+  Fixture f;
+  ReadPool pool(2);
+  WaitIdle idle{pool};
+  const EpochShard shard(f.dataset->size(), ShardSpec{});
+  std::vector<std::vector<uint8_t>> reference;
+  for (uint64_t pos : {0, 1}) {
+    Gate plain;
+    reference.push_back(f.Run(f.Job(shard.at(pos)), plain));
+    REQUIRE_FALSE(reference.back().empty());
+  }
+  {
+    ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.Advance(*f.dataset, shard, 0, 0, 0, 1 << 30, nullptr, "");
+    std::shared_ptr<PrefetchedSample> read0 = ahead.Take(0, 0);
+    std::shared_ptr<PrefetchedSample> read1 = ahead.Take(0, 1);
+    REQUIRE((read0 != nullptr && read1 != nullptr));
+    // Done: each holds its bytes, armed for eviction (memory was plentiful).
+    REQUIRE((read0->WaitDone([] { return false; }) && read1->WaitDone([] { return false; })));
+    const uint64_t file0 = fs::file_size(f.dataset->AbsolutePath(shard.at(0)));
+    Gate gate;
+    SampleJob job = f.Job(shard.at(0));
+    job.prefetched = read0;
+    SampleTask task(std::move(job), gate);
+    REQUIRE(task.Open());  // read 0's bytes are the task's now (pinned)
+    // Another decode needs all of memory_limit but those bytes: every other read's bytes go
+    // back (read 1's, and any the window started since), and it does not wait.
+    const uint64_t other = f.memory.limit() - file0;
+    REQUIRE(f.memory.Acquire(other).ok());
+    CHECK(f.memory.read_ahead() == file0);
+    CHECK_FALSE(read1->TakeImage().has_value());  // evicted: its task will read them itself
+    // The task's own draw finds nothing left to take back: it waits, its bytes untouched.
+    bool drew = false;
+    std::thread drawing([&] { drew = task.DrawMemory(); });
+    CHECK(testing::WaitFor([&] { return f.memory.waiting() == 1; }, std::chrono::seconds(30)));
+    CHECK(gate.waiting);
+    CHECK(f.memory.read_ahead() == file0);
+    CHECK(f.memory.decoding() == other + file0);
+    f.memory.Release(other);
+    drawing.join();
+    CHECK(drew);
+    CHECK_FALSE(gate.waiting);
+    REQUIRE(task.ReadImage());
+    CHECK(f.Finish(task) == reference[0]);
+    Gate gate1;
+    SampleJob job1 = f.Job(shard.at(1));
+    job1.prefetched = read1;
+    CHECK(f.Run(std::move(job1), gate1) == reference[1]);
+    CHECK(f.observer.ReadsOf(shard.at(0)) == 2);  // the reference's and the read ahead's
+    CHECK(f.observer.ReadsOf(shard.at(1)) == 2);  // the evicted read's file stayed open
+  }
+  // Every draw and every hold went back.
+  CHECK(testing::WaitFor([&] { return f.memory.decoding() == 0; }, std::chrono::seconds(10)));
+  CHECK(f.memory.read_ahead() == 0);
 }
 
 TEST_CASE("ReadAhead: a task waiting on a read stuck on a dead mount is abandoned by its gate",

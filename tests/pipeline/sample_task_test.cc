@@ -1,6 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
 // SampleTask: each transition of one sample's fill, one step at a time, on real JPEG files, with
 // a gate that abandons the task exactly where a test says (what the WorkerPool's deadline does
-// at an unknown moment).
+// at an unknown moment), drawing from the daemon's real MemoryBudget (whose Acquire blocks while
+// memory_limit is short).
 #include "server/pipeline/sample_task.h"
 
 #include <algorithm>
@@ -8,8 +10,10 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "server/daemon/memory_budget.h"
 #include "server/image/synthetic.h"
 #include "tests/support/test_support.h"
 
@@ -40,18 +44,6 @@ struct ScriptedGate : TaskGate {
   bool refuse_commit = false;  // abandoned just before the commit
   bool waiting = false;
   uint64_t handed_over = 0;  // what an abandoner would give back
-};
-
-// memory_limit in miniature: grants while it fits, refuses what never can.
-struct CountingMemory : DecodeMemory {
-  absl::Status Acquire(uint64_t bytes) override {
-    if (bytes > capacity) return absl::ResourceExhaustedError("needs more than the limit");
-    held += bytes;
-    return absl::OkStatus();
-  }
-  void Release(uint64_t bytes) override { held -= bytes; }
-  uint64_t capacity = uint64_t{1} << 30;
-  uint64_t held = 0;
 };
 
 struct RecordingObserver : SampleObserver {
@@ -140,7 +132,7 @@ struct Fixture {
   testing::TempDir dir;
   std::unique_ptr<Dataset> dataset;
   image::TransformSpec transform;
-  CountingMemory memory;
+  server::MemoryBudget memory{uint64_t{1} << 30};  // the daemon's memory_limit accounting
   RecordingObserver observer;
   ScriptedGate gate;
   image::SampleDecoder decoder{image::DecodeLimits{}};
@@ -158,7 +150,7 @@ TEST_CASE("SampleTask: a good sample reads, draws, commits and completes into it
   REQUIRE(task.Open());
   REQUIRE(task.DrawMemory());
   CHECK(task.drawn() > 0);
-  CHECK(f.memory.held == task.drawn());
+  CHECK(f.memory.decoding() == task.drawn());
   CHECK(f.gate.handed_over == task.drawn());
   REQUIRE(task.ReadImage());
   CHECK(task.state() == State::kRead);
@@ -170,7 +162,7 @@ TEST_CASE("SampleTask: a good sample reads, draws, commits and completes into it
   CHECK(f.status.ok());
   CHECK(f.label == 1);
   CHECK_FALSE(f.ImageUntouched());
-  CHECK(f.memory.held == 0);  // given back
+  CHECK(f.memory.decoding() == 0);  // given back
   CHECK(f.observer.calls == std::vector<std::string>{"read 1", "decode 1 on 3", "after 1"});
 }
 
@@ -195,13 +187,13 @@ TEST_CASE(
   SECTION("before the open") {
     f.gate.abandoned = true;
     CHECK_FALSE(task.Open());
-    CHECK(f.memory.held == 0);
+    CHECK(f.memory.decoding() == 0);
   }
   SECTION("as the memory wait begins") {
     REQUIRE(task.Open());
     f.gate.refuse_wait = true;
     CHECK_FALSE(task.DrawMemory());
-    CHECK(f.memory.held == 0);  // nothing was drawn
+    CHECK(f.memory.decoding() == 0);  // nothing was drawn
   }
   SECTION("while reading the image, after the draw") {
     REQUIRE(task.Open());
@@ -211,19 +203,68 @@ TEST_CASE(
     CHECK_FALSE(task.ReadImage());
     CHECK(task.drawn() == 0);
     CHECK(f.gate.handed_over == drawn);  // on_abandoned gives these back, not the task
-    CHECK(f.memory.held == drawn);
+    CHECK(f.memory.decoding() == drawn);
   }
   SECTION("at the commit") {
     REQUIRE((task.Open() && task.DrawMemory() && task.ReadImage()));
     f.gate.refuse_commit = true;
     CHECK_FALSE(task.Commit());
-    CHECK(f.memory.held == f.gate.handed_over);
+    CHECK(f.memory.decoding() == f.gate.handed_over);
   }
   CHECK(task.state() == State::kAbandoned);
   CHECK(f.ImageUntouched());
   CHECK(f.status.ok());
   CHECK(f.label == -1);
   CHECK(std::count(f.observer.calls.begin(), f.observer.calls.end(), "after 1") == 0);
+}
+
+TEST_CASE(
+    "SampleTask: a draw memory_limit cannot give yet waits in DrawMemory, its deadline paused "
+    "and nothing drawn or written, and goes on when another decode gives its bytes back",
+    "[pipeline][sample_task]") {
+  Fixture f;
+  // What this sample's decode draws, and its pixels: a run on the roomy budget tells.
+  uint64_t need = 0;
+  {
+    ScriptedGate gate;
+    SampleTask probe(f.Job(), gate);
+    REQUIRE(probe.Run(f.Output(), Worker{0, f.decoder}) == State::kDone);
+    need = gate.handed_over;
+  }
+  REQUIRE(need > 0);
+  const std::vector<uint8_t> reference = f.image;
+  std::fill(f.image.begin(), f.image.end(), 0);
+
+  server::MemoryBudget budget(need);   // room for this one decode, no more
+  REQUIRE(budget.Acquire(need).ok());  // which another sample's decode holds
+  SampleJob job = f.Job();
+  job.memory = &budget;
+  SampleTask task(std::move(job), f.gate);
+  REQUIRE(task.Open());
+  bool drew = false;
+  std::thread drawing([&] { drew = task.DrawMemory(); });
+  // Only a DrawMemory that really waits is in the budget's queue (it takes the budget's lock to
+  // get there, so what it did before is visible here).
+  CHECK(testing::WaitFor([&] { return budget.waiting() == 1; }, std::chrono::seconds(30)));
+  CHECK(f.gate.waiting);  // the deadline is paused: the pool does not abandon a memory wait
+  CHECK(f.gate.handed_over == 0);  // nothing for an abandoner to give back
+  CHECK(task.drawn() == 0);
+  CHECK(budget.decoding() == need);  // the other decode's only
+  CHECK(task.state() == State::kReading);
+  budget.Release(need);  // the other decode is done: the waiting draw gets the bytes
+  drawing.join();
+  CHECK(drew);
+  CHECK_FALSE(f.gate.waiting);
+  CHECK(f.gate.handed_over == need);
+  CHECK(task.drawn() == need);
+  CHECK(budget.decoding() == need);  // the task's now
+  REQUIRE(task.ReadImage());
+  REQUIRE(task.Commit());
+  CHECK(f.ImageUntouched());  // nothing of the caller's before the commit
+  task.Complete(f.Output(), Worker{0, f.decoder});
+  CHECK(f.status.ok());
+  CHECK(f.image == reference);
+  CHECK(budget.decoding() == 0);  // given back
 }
 
 TEST_CASE("SampleTask: a failed step is committed and written as the sample's error",
@@ -238,8 +279,10 @@ TEST_CASE("SampleTask: a failed step is committed and written as the sample's er
     task.Complete(f.Output(), Worker{0, f.decoder});
   }
   SECTION("memory_limit can never hold its decode") {
-    f.memory.capacity = 100;
-    SampleTask task(f.Job(), f.gate);
+    server::MemoryBudget small(100);
+    SampleJob job = f.Job();
+    job.memory = &small;
+    SampleTask task(std::move(job), f.gate);
     REQUIRE(task.Open());
     CHECK_FALSE(task.DrawMemory());
     CHECK(task.state() == State::kFailed);
@@ -259,7 +302,7 @@ TEST_CASE("SampleTask: a failed step is committed and written as the sample's er
   CHECK_FALSE(f.status.ok());
   CHECK_THAT(std::string(f.status.message()), Catch::Contains("class_1/a.jpg"));
   CHECK(f.ImageUntouched());
-  CHECK(f.memory.held == 0);
+  CHECK(f.memory.decoding() == 0);
   CHECK(std::count(f.observer.calls.begin(), f.observer.calls.end(), "after 1") == 0);
 }
 
@@ -273,7 +316,7 @@ TEST_CASE(
   CHECK(task.Run(f.Output(), Worker{1, f.decoder}) == State::kDone);
   CHECK_THAT(std::string(f.status.message()), Catch::Contains("quarantined"));
   CHECK(f.observer.calls.back() == "after 1");
-  CHECK(f.memory.held == 0);
+  CHECK(f.memory.decoding() == 0);
 }
 
 TEST_CASE("SampleTask: a cached sample draws nothing and is copied from the cache",

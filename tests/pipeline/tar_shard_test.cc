@@ -1,11 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tar shards: members found by scanning headers, read by offset; WebDataset keys; damage.
 #include "server/pipeline/tar_shard.h"
 
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_split.h"
 
 #include "server/image/sample_decoder.h"
 #include "tests/support/test_support.h"
@@ -17,6 +22,58 @@ using testing::TempDir;
 
 std::string MemberData(const std::string& shard, const TarMember& m) {
   return testing::ReadFile(shard).substr(m.offset, m.size);
+}
+
+// A header of any `type` whose size field says `header_size`, then `data` padded to 512 bytes
+// (AppendTarMember's, with the type and size changed and the checksum made right again).
+void AppendRaw(const std::string& path, char type, uint64_t header_size, const std::string& data,
+               std::string& out) {
+  std::string member;
+  AppendTarMember(path, data, member);
+  char* h = member.data();
+  std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(header_size));
+  h[156] = type;
+  std::memset(h + 148, ' ', 8);
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+  std::snprintf(h + 148, 8, "%06o", sum);
+  h[155] = ' ';
+  out += member;
+}
+
+// A pax record: "<len> key=value\n", len counting itself.
+std::string PaxRecord(const std::string& key, const std::string& value) {
+  const std::string body = " " + key + "=" + value + "\n";
+  size_t len = body.size() + 1;
+  while (std::to_string(len).size() + body.size() != len) {
+    len = std::to_string(len).size() + body.size();
+  }
+  return std::to_string(len) + body;
+}
+
+// "<path> <size>" of each regular member, as GNU tar (`tar -tv`) and Python's tarfile list them.
+std::vector<std::string> ListedBy(const std::string& reader, const std::string& shard) {
+  testing::CommandResult r;
+  if (reader == "tar") {
+    r = testing::RunCommand({"/bin/sh", "-c",
+                             "/usr/bin/tar -tvf \"$0\" | awk '{print $6 \" \" $3}'", shard});
+  } else {
+    r = testing::RunCommand(
+        {"/usr/bin/python3", "-c",
+         "import sys, tarfile\n"
+         "for m in tarfile.open(sys.argv[1]):\n"
+         "    print(m.name, m.size)\n",
+         shard});
+  }
+  INFO(reader << ": " << r.output);
+  REQUIRE(r.exit_code == 0);
+  return absl::StrSplit(r.output, '\n', absl::SkipEmpty());
+}
+
+std::vector<std::string> ListedByScan(const TarScan& scan) {
+  std::vector<std::string> listed;
+  for (const TarMember& m : scan.members) listed.push_back(m.path + " " + std::to_string(m.size));
+  return listed;
 }
 
 TEST_CASE("a shard written by GNU tar: every member, its bytes, and WebDataset samples",
@@ -130,6 +187,81 @@ TEST_CASE("damage stops the scan where it is, naming offset and reason", "[tar]"
     REQUIRE(scan->members.size() == 3);
     CHECK(scan->members[0].size == 3u << 20);
     CHECK(scan->members[2].path == "k/2.jpg");
+  }
+}
+
+TEST_CASE("a pax size is the member's size, as GNU tar and Python's tarfile read it: no member "
+          "hides inside another", "[tar]") {
+  TempDir dir;
+  // The pax header says 1536 bytes; the member's own header says 3. Inside those 1536 bytes, after
+  // the 3 and their padding, lies what reads as a header of its own: a smuggled label member.
+  std::string inner;
+  AppendTarMember("k/0001.cls", "7", inner);
+  std::string shard;
+  const std::string records = PaxRecord("size", "1536");
+  AppendRaw("PaxHeaders/0001.jpg", 'x', records.size(), records, shard);
+  AppendRaw("k/0001.jpg", '0', 3, std::string("abc") + std::string(509, '\0') + inner, shard);
+  AppendTarMember("k/0002.jpg", "def", shard);
+  AppendTarEnd(shard);
+  const std::string path = dir.Join("pax_size.tar");
+  testing::WriteFile(path, shard);
+
+  auto scan = ScanTarShard(path);
+  REQUIRE(scan.ok());
+  CHECK(scan->stopped.ok());
+  const std::vector<std::string> expected = {"k/0001.jpg 1536", "k/0002.jpg 3"};
+  CHECK(ListedByScan(*scan) == expected);
+  CHECK(ListedBy("tar", path) == expected);
+  CHECK(ListedBy("python", path) == expected);
+  CHECK(MemberData(path, scan->members[1]) == "def");
+}
+
+TEST_CASE("a tar the readers read differently is refused where it stops meaning one thing, "
+          "naming why", "[tar]") {
+  TempDir dir;
+  const std::string path = dir.Join("odd.tar");
+  std::string first;
+  AppendTarMember("k/0001.jpg", "abc", first);  // served whatever follows
+  const auto scan_of = [&](const std::string& rest) {
+    std::string shard = first + rest;
+    AppendTarEnd(shard);
+    testing::WriteFile(path, shard);
+    auto scan = ScanTarShard(path);
+    REQUIRE(scan.ok());
+    CHECK(ListedByScan(*scan) == std::vector<std::string>{"k/0001.jpg 3"});
+    CHECK(image::ErrorReason(scan->stopped) == "corrupt");
+    return std::string(scan->stopped.message());
+  };
+  std::string rest;
+  SECTION("a symbolic link with a size (tarfile skips no data after it, GNU tar does)") {
+    AppendRaw("k/link", '2', 1024, std::string(1024, 'x'), rest);
+    CHECK_THAT(scan_of(rest), Catch::Contains(path + ": offset 1024: a tar header of type '2' "
+                                              "(no data) with a size of 1024"));
+  }
+  SECTION("a directory as an old-style regular file with a trailing '/', with a size") {
+    AppendRaw("k/dir/", '\0', 512, std::string(512, 'x'), rest);
+    CHECK_THAT(scan_of(rest), Catch::Contains("type '0' (no data) with a size of 512"));
+  }
+  SECTION("a pax global header that sets size") {
+    const std::string records = PaxRecord("size", "0");
+    AppendRaw("GlobalHead", 'g', records.size(), records, rest);
+    AppendTarMember("k/0002.jpg", "def", rest);
+    CHECK_THAT(scan_of(rest), Catch::Contains("pax header: a global header sets 'size'"));
+  }
+  SECTION("records in a pax header's padding (tarfile reads them, GNU tar does not)") {
+    const std::string records = PaxRecord("mtime", "1");
+    std::string data = records + PaxRecord("size", "0");
+    AppendRaw("PaxHeaders/x", 'x', records.size(), data, rest);
+    AppendTarMember("k/0002.jpg", "def", rest);
+    CHECK_THAT(scan_of(rest),
+               Catch::Contains("pax header: bytes other than NUL after its records"));
+  }
+  SECTION("a pax size that is not a decimal number (tarfile reads 0)") {
+    const std::string records = PaxRecord("size", "0x10");
+    AppendRaw("PaxHeaders/x", 'x', records.size(), records, rest);
+    AppendTarMember("k/0002.jpg", "def", rest);
+    CHECK_THAT(scan_of(rest),
+               Catch::Contains("pax header: a size that is not a decimal number: '0x10'"));
   }
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tf.train.Example records: TensorFlow's wire layout, the image and label features, errors.
 #include "server/pipeline/tf_example.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TFRecord framing: CRC-32C, scanning headers only, reading and checking one record, damage.
 #include "server/pipeline/tfrecord.h"
 

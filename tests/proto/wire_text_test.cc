@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // proto/wire_text: byte strings shown as text, losslessly.
 #include "proto/wire_text.h"
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the Python package's tests: real datasets of real JPEGs, real daemons.
 
 The tests import the *installed* ringloader (scripts/setup puts it where Debian's python3 finds

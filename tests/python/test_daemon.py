@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """rl.Daemon: a private daemon that never outlives its notebook and survives its decoder."""
 
 from __future__ import annotations
@@ -175,3 +176,24 @@ def test_a_notebook_reads_the_daemons_counters_as_a_dict(tmp_path):
     assert after["memory_limit_bytes"] > 0 and isinstance(after["incarnation"], int)
     with pytest.raises(rl.Unavailable, match="no daemon answers at unix:/nonexistent"):
         rl.daemon_stats("unix:/nonexistent/rl.sock", timeout=1)
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_daemon_asked_to_listen_where_another_serves_raises_naming_it(tiny_dataset, tmp_path,
+                                                                         transport):
+    import socket
+    if transport == "unix":
+        listen = f"unix:{tmp_path / 'shared.sock'}"
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            listen = f"127.0.0.1:{s.getsockname()[1]}"
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen) as first:
+        first_pid = first.stats()["pid"]
+        with pytest.raises(rl.Error) as refused:
+            rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen)
+        assert f"listen={listen!r}: another ringloaderd already serves there (pid {first_pid})" \
+            in str(refused.value)
+        # The first one is untouched and still the one serving.
+        assert rl.health(listen) == "SERVING"
+        assert first.stats()["pid"] == first_pid

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 30 through the installed package: a Loader state resumes at another world size, rank or
 per-rank batch size, exactly once. In each test the union of all ranks' samples per epoch is the
 dataset (padding excepted) with the bytes an undisturbed world-1 run gave each sample."""

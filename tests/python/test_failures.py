@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What trainers fear: a daemon killed mid-epoch, Ctrl-C, fork, and every error class."""
 
 from __future__ import annotations

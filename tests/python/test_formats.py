@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 11 from Python: WebDataset shards and .npy arrays, and batches as Mappings of every
 named tensor, read from a real daemon through the installed package."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 18: an ImageFolder tree as torchvision's ImageFolder sees it: every image format it
 lists (PNG, WebP, BMP, PPM/PGM besides JPEG, chosen by content), the same samples in the same
 order with the same labels, ignored files named, empty classes refused."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package is installed for Debian's python3 and found without PYTHONPATH."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 12 item 3: deploy/kubernetes/ parses, its config passes the daemon's own check, and the
 manifests agree with the config and with each other (ports, paths, groups)."""
 

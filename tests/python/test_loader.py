@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loader: epochs, lengths, zero-copy lifetime, writable torch batches, state, errors."""
 
 from __future__ import annotations

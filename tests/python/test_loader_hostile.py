@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 26: the Loader never crashes or misleads its trainer, whatever the threads, signals and
 idioms. Each test drives a real daemon; the ones that could crash the interpreter run in a child
 process, so a segfault shows as a failed test, not a dead suite."""
@@ -128,33 +129,56 @@ def test_a_second_thread_is_refused_while_the_first_waits(hanging_daemon):
 
 
 def test_two_threads_taking_batches_never_repeat_or_skip_one(daemon):
-    """Without a failpoint: whatever the interleaving, each batch goes to one thread, in order."""
+    """Without a failpoint: whatever the interleaving, each batch goes to one thread, in order,
+    and together the threads take every batch of each epoch once. Each thread goes on until the
+    batches taken reach `total` and it took `each` itself, so both take part; anything a thread
+    raises besides the one-thread refusal fails the test, as does a thread still running."""
     loader = loader_of(daemon)
-    taken, refused = [], [0]
+    per_epoch = len(loader)  # 12
+    total, each = 3 * per_epoch, 4
+    taken = ([], [])  # per thread: (epoch, sequence, sample indices), in the order it took them
+    errors = []
     lock = threading.Lock()
 
-    def take(count):
-        while True:
+    def take(me):
+        try:
+            while True:
+                with lock:
+                    if len(taken[0]) + len(taken[1]) >= total and len(taken[me]) >= each:
+                        return
+                try:
+                    batch = loader.next_batch(timeout=30)
+                except rl.FailedPrecondition as e:
+                    if "one thread at a time" not in str(e):
+                        raise
+                    continue  # the other thread is inside the Loader
+                assert batch is not None, "next_batch() returned None: the stream ended"
+                taken[me].append((batch.position["epoch"], batch.position["sequence"],
+                                  batch["indices"].tolist()))
+        except BaseException as e:  # re-raised below, on the test's thread
             with lock:
-                if len(taken) >= count:
-                    return
-            try:
-                batch = loader.next_batch(timeout=30)
-            except rl.FailedPrecondition:
-                refused[0] += 1
-                continue
-            with lock:
-                taken.append((batch.position["epoch"], batch.position["sequence"]))
+                errors.append(e)
 
-    threads = [threading.Thread(target=take, args=(36,)) for _ in range(2)]
+    # Daemon threads: one stuck in the Loader fails the test below instead of hanging pytest.
+    threads = [threading.Thread(target=take, args=(me,), daemon=True) for me in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    batches_per_epoch = len(loader)
-    expected = [(e, s) for e in range(4) for s in range(batches_per_epoch)]  # 36, and a few more
-    assert sorted(taken) == expected[:len(taken)]
-    assert len(set(taken)) == len(taken)
+    assert not any(t.is_alive() for t in threads), "a thread still waits after 120 s"
+    if errors:
+        raise errors[0]
+    assert len(taken[0]) >= each and len(taken[1]) >= each, [len(mine) for mine in taken]
+    for mine in taken:  # each thread's batches come in the stream's order
+        assert [b[:2] for b in mine] == sorted(b[:2] for b in mine)
+    every = sorted(taken[0] + taken[1])
+    positions = [b[:2] for b in every]
+    assert total <= len(every) <= total + 2 * each
+    # From the first batch on, no position repeated and none skipped.
+    assert positions == [(e, s) for e in range(5) for s in range(per_epoch)][:len(every)]
+    for epoch in range(total // per_epoch):  # each whole epoch is the dataset exactly once
+        indices = [i for e, _, batch in every if e == epoch for i in batch]
+        assert sorted(indices) == list(range(TINY_COUNT)), epoch
 
 
 # ---- 2. no hang ----

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch integration: DataLoader over IterableDataset, and the example training script."""
 
 from __future__ import annotations

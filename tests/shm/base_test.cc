@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of shm/base: the helpers every binary shares.
 #include <catch2/catch.hpp>
 

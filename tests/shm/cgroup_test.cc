@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // base::MemoryCgroup (issue 28): one cgroup helper for v1 and v2, nested, with and without a
 // cgroup namespace, on the layouts real hosts have (their /proc/PID/cgroup and mountinfo lines,
 // copied from systemd, Docker and Kubernetes hosts, over a tree of the files the kernel shows),

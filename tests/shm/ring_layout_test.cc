@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Binary compatibility: the segment layout is pinned with literal numbers.
 #include "shm/ring_layout.h"
 

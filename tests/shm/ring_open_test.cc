@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Creating and opening segments that are wrong: corrupt headers, too little space, overflow.
 #include <fcntl.h>
 #include <sys/mount.h>

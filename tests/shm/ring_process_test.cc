@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Producer and consumer in different real processes (tests/shm/shm_test_peer is the other one).
 #include <signal.h>
 #include <sys/stat.h>

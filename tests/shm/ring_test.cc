@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProducerRing / ConsumerRing in one process: the slot state machine, names, modes, waiting.
 #include "shm/ring.h"
 

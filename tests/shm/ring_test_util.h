@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers shared by the shm tests and tests/shm/shm_test_peer.cc (header-only on purpose: the peer
 // is a separate executable).

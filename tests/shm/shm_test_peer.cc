@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A second real process for the shm tests (tests only, never installed).
 //
 //   shm_test_peer produce <shm_dir> <name> <slots> <slot_bytes> <first_seq> <ready_file>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // shm/slot_mapping: a trainer's own view of one slot, copied out in place, written privately.
 #include "shm/slot_mapping.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // delayfs: a read-only FUSE passthrough of a directory that adds a delay to every file open, as
 // a network mount (NFS, Lustre, s3fs, gcsfuse) costs per file. For the storage tests and
 // bench/storage_bench. Not part of the daemon.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Encodes test images through the libjpeg API rather than TurboJPEG, for encoder options
 // TurboJPEG does not expose: arithmetic coding, custom scan scripts, CMYK without an Adobe marker.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Hermetic test helpers: temp dirs, unique shm names, real child processes.
 // Tests only; nothing here is linked into the product.

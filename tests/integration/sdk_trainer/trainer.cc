@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A trainer built out of tree against an installed ringloader SDK (tests/integration/sdk_test):
 // reads one epoch of DATASET from ENDPOINT and prints what it read.
 #include <ringloader/client.h>

@@ -1,0 +1,645 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""The soak: ringloader at the shape users run it, under a seeded schedule of faults.
+
+One supervised ringloaderd over a dataset on a delay mount (tests/support/delayfs: 5 ms per
+open, as NFS), in a memory cgroup of its own where the host has one; eight trainers at once, C++
+(`ringloaderctl consume`) and Python (tests/soak/trainer.py), mixing uint8 and float32 at 224 px
+in batches of 64 to 256 (the float32 batch of 256 is a 462 MB ring), some holding batches, one
+pausing, one resized mid-epoch. Meanwhile faults drawn from --seed: the daemon SIGKILLed, OOM
+killed by its cgroup, reloaded with SIGHUP, a trainer SIGKILLed and restarted at once, /metrics
+and stats scraped. (The whole mount not answering for 45 s is --faults stall: a stalled store
+strikes samples today; issue 38.)
+
+At the end, checked:
+  - every trainer took each sample of each epoch it finished exactly once, and of the epoch it
+    was in at most once;
+  - the bytes of each sample equal an undisturbed run's (a fresh daemon over the local copy,
+    no faults) in three epochs of each trainer: its first, its last finished and one drawn;
+  - the daemon's RSS, open files, threads and the rings in /dev/shm stay flat after warm-up
+    (printed over time);
+  - no sample was struck, quarantined or skipped as bad (every sample of the dataset is good).
+A one-page report goes to stdout (and --report). Exit 0 when every check passed, 1 otherwise;
+the same --seed draws the same faults at the same moments.
+
+  tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import ringloader as rl
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = 768
+CLASSES = 8
+WARMUP_FRACTION = 0.25
+ALL_FAULTS = ("kill", "oom", "hup", "trainer", "scrape", "stall")
+DEFAULT_FAULTS = ("kill", "oom", "hup", "trainer", "scrape")
+
+
+@dataclass
+class Trainer:
+    name: str
+    kind: str  # "cpp" or "python"
+    dtype: str
+    batch_size: int
+    seed: int
+    extra: List[str] = field(default_factory=list)
+    process: Optional[subprocess.Popen] = None
+    restarts: int = 0
+
+    def samples_path(self, work: Path) -> Path:
+        return work / f"{self.name}.samples"
+
+    def state_path(self, work: Path) -> Path:
+        return work / f"{self.name}.state"
+
+
+TRAINERS = [
+    Trainer("cpp-u8-64", "cpp", "uint8", 64, 1),
+    Trainer("cpp-f32-128", "cpp", "float32", 128, 2),
+    Trainer("cpp-u8-256", "cpp", "uint8", 256, 3),
+    Trainer("cpp-f32-64", "cpp", "float32", 64, 4),
+    Trainer("py-f32-256-hold", "python", "float32", 256, 5, ["--hold", "2"]),
+    Trainer("py-u8-64-pause", "python", "uint8", 64, 6,
+            ["--pause-after", "20", "--pause-s", "20"]),
+    Trainer("py-f32-64-resize", "python", "float32", 64, 7,
+            ["--resize-after", "5", "--resize-batch-size", "128"]),
+    Trainer("py-u8-128-hold", "python", "uint8", 128, 8, ["--hold", "4", "--step-ms", "20"]),
+]
+
+
+def ctl_binary() -> str:
+    return rl.find_binary("ringloaderctl")
+
+
+def log(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---- the memory cgroup ----
+
+class MemoryCgroup:
+    """A memory cgroup of the soak's own (v1 or v2), or none where the host has no controller."""
+
+    def __init__(self, name: str):
+        self.path: Optional[Path] = None
+        self.v2 = False
+        self.why_not = ""
+        v1 = Path("/sys/fs/cgroup/memory")
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        try:
+            if v1.is_dir():
+                self.path = v1 / name
+            elif v2.exists() and "memory" in v2.read_text().split():
+                self.v2 = True
+                self.path = Path("/sys/fs/cgroup") / name
+            else:
+                self.why_not = "no memory cgroup controller on this host"
+                return
+            self.path.mkdir(exist_ok=True)
+            self.set_limit(None)
+        except OSError as e:
+            self.why_not = f"cannot create a memory cgroup: {e}"
+            self.path = None
+
+    def set_limit(self, limit: Optional[int]) -> None:
+        assert self.path is not None
+        if self.v2:
+            (self.path / "memory.max").write_text("max" if limit is None else str(limit))
+        else:
+            (self.path / "memory.limit_in_bytes").write_text(
+                "-1" if limit is None else str(limit))
+
+    def usage(self) -> int:
+        assert self.path is not None
+        f = "memory.current" if self.v2 else "memory.usage_in_bytes"
+        return int((self.path / f).read_text())
+
+    def oom_kills(self) -> int:
+        assert self.path is not None
+        if self.v2:
+            for line in (self.path / "memory.events").read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+            return 0
+        for line in (self.path / "memory.oom_control").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        for _ in range(50):
+            procs = (self.path / "cgroup.procs").read_text().split()
+            for pid in procs:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+        log(f"could not remove cgroup {self.path}")
+
+
+# ---- the daemon ----
+
+class Daemon:
+    """ringloaderd --supervise with the soak's config, in the cgroup when there is one."""
+
+    def __init__(self, work: Path, data: Path, cgroup: Optional[MemoryCgroup], metrics_port: int,
+                 name: str):
+        self.work = work / name
+        self.work.mkdir()
+        self.endpoint = f"unix:{self.work}/ringloader.sock"
+        self.config = self.work / "ringloaderd.toml"
+        self.log_path = self.work / "ringloaderd.log"
+        self.data = data
+        self.metrics = f"127.0.0.1:{metrics_port}" if metrics_port else ""
+        self.config.write_text(self._config_text())
+        prefix = ""
+        if cgroup is not None and cgroup.path is not None:
+            prefix = f"echo $$ > {cgroup.path}/cgroup.procs && "
+        self.process = subprocess.Popen(
+            ["/bin/sh", "-c", prefix + 'exec "$0" --supervise --config "$1" >"$2" 2>&1',
+             rl.find_binary("ringloaderd"), str(self.config), str(self.log_path)],
+            start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not self.serving():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ringloaderd did not start: {self.log()[-2000:]}")
+            time.sleep(0.2)
+
+    def serving(self) -> bool:
+        try:
+            return rl.health(self.endpoint, 1.0) == "SERVING"
+        except rl.Error:
+            return False
+
+    def _config_text(self) -> str:
+        return "\n".join([
+            "[server]",
+            f'listen = "{self.endpoint}"',
+            f'state_dir = "{self.work}/state"',
+            'memory_limit = "3GiB"',
+            "max_streams = 16",
+            f'metrics_listen = "{self.metrics}"',
+            "",
+            "[[datasets]]",
+            'name = "imagenet"',
+            'format = "imagefolder"',
+            f'path = "{self.data}"',
+            "",
+        ])
+
+    def serving_pid(self) -> Optional[int]:
+        try:
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+            pids = children.read_text().split()
+            return int(pids[0]) if pids else None
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            return None
+
+    def wait_serving_pid(self, other_than: Optional[int] = None, timeout: float = 60) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.serving_pid()
+            if pid is not None and pid != other_than:
+                return pid
+            time.sleep(0.02)
+        raise RuntimeError("the supervisor has no new serving child")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+HOG = """
+import sys
+print("ready", flush=True)
+sys.stdin.readline()  # go
+chunks = []
+for _ in range(64):  # 512 MiB, touched page by page
+    b = bytearray(8 << 20)
+    b[::4096] = b"x" * len(b[::4096])
+    chunks.append(b)
+"""
+
+
+def oom_kill(daemon: Daemon, cgroup: MemoryCgroup) -> None:
+    """A real OOM kill of the serving daemon by its memory cgroup: a process in the cgroup
+    allocates past a limit set just above what the cgroup holds; the daemon, whose
+    oom_score_adj is 1000, is the one the OOM killer picks, as a daemon whose decodes outgrew
+    its cgroup would be."""
+    pid = daemon.serving_pid()
+    if pid is None:
+        return
+    hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        (cgroup.path / "cgroup.procs").write_text(str(hog.pid))
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+        hog.stdout.readline()
+        cgroup.set_limit(cgroup.usage() + (64 << 20))
+        hog.stdin.write("go\n")
+        hog.stdin.flush()
+        daemon.wait_serving_pid(other_than=pid, timeout=60)
+    finally:
+        hog.kill()
+        hog.wait()
+        cgroup.set_limit(None)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- trainers ----
+
+def start_trainer(t: Trainer, work: Path, endpoint: str, epochs: int) -> None:
+    samples, state = t.samples_path(work), t.state_path(work)
+    if t.kind == "cpp":
+        args = [ctl_binary(), "--endpoint", endpoint, "consume", "--dataset", "imagenet",
+                "--batch-size", str(t.batch_size), "--image-size", "224", "--dtype", t.dtype,
+                "--seed", str(t.seed), "--epochs", str(epochs), "--samples-out", str(samples),
+                "--state", str(state), "--reconnect-deadline-s", "300"]
+    else:
+        args = [sys.executable, str(ROOT / "tests/soak/trainer.py"), "--endpoint", endpoint,
+                "--dataset", "imagenet", "--batch-size", str(t.batch_size), "--dtype", t.dtype,
+                "--seed", str(t.seed), "--epochs", str(epochs), "--samples-out", str(samples),
+                "--state", str(state), "--name", t.name, *t.extra]
+    t.process = subprocess.Popen(args, stdout=open(work / f"{t.name}.log", "ab"),
+                                 stderr=subprocess.STDOUT)
+
+
+SampleKey = Tuple[int, int]  # (epoch, sample index)
+
+
+def read_samples(path: Path) -> List[Tuple[int, int, int, str]]:
+    """(epoch, sequence, index, digest) of each line."""
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        f = line.split("\t")
+        rows.append((int(f[0]), int(f[1]), int(f[2]), f[5]))
+    return rows
+
+
+# ---- resources ----
+
+@dataclass
+class Sample:
+    t: float
+    pid: int
+    rss_mib: float
+    fds: int
+    threads: int
+    rings: int
+
+
+def sample_resources(daemon: Daemon, t0: float, pids: set) -> Optional[Sample]:
+    """The serving daemon's figures; `pids` collects every serving pid seen, whose rings (named
+    /dev/shm/ringloader.<pid>.*) are counted: a dead incarnation's left behind counts too, and
+    no other daemon's does."""
+    pid = daemon.serving_pid()
+    if pid is None:
+        return None
+    pids.add(pid)
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmRSS:"))
+        threads = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("Threads:"))
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return None
+    ours = {str(p) for p in pids}
+    rings = 0
+    for name in os.listdir("/dev/shm"):  # ringloader.<pid>.<incarnation>.<stream> (and .lock)
+        parts = name.split(".")
+        rings += len(parts) == 4 and parts[0] == "ringloader" and parts[1] in ours \
+            and parts[3] != "lock"
+
+    return Sample(time.monotonic() - t0, pid, rss / 1024, fds, threads, rings)
+
+
+# ---- the run ----
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
+                   help=f"comma-separated, of {','.join(ALL_FAULTS)}")
+    p.add_argument("--report", help="also write the report here")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = p.parse_args()
+    faults = [f for f in a.faults.split(",") if f]
+    for f in faults:
+        if f not in ALL_FAULTS:
+            p.error(f"--faults: unknown fault {f!r} (of {', '.join(ALL_FAULTS)})")
+    if "stall" in faults:
+        p.error("--faults stall: not yet (a stalled mount strikes samples until issue 38)")
+    if os.geteuid() != 0:
+        print("soak: SKIPPED: needs root (a FUSE mount, a memory cgroup)")
+        return 77
+    rng = random.Random(a.seed)
+    work = Path(tempfile.mkdtemp(prefix="ringloader-soak-"))
+    report: List[str] = []
+    failures: List[str] = []
+    mount = work / "mnt"
+    delayfs_proc = None
+    cgroup = None
+    daemon = None
+    try:
+        log(f"seed {a.seed}, {a.minutes} min, faults {','.join(faults)}, work {work}")
+        local = work / "data"
+        subprocess.run([ctl_binary(), "make-dataset", "--out", str(local), "--count",
+                        str(IMAGES), "--classes", str(CLASSES), "--seed", str(a.seed)],
+                       check=True, capture_output=True)
+        # The dataset through a delay mount, as NFS: 5 ms per open.
+        delayfs = ROOT / "build/delayfs"  # tests/support/delayfs.cc
+        data = local
+        mount_note = "local disk (no /dev/fuse or delayfs here)"
+        if Path("/dev/fuse").exists() and delayfs.exists():
+            mount.mkdir()
+            delayfs_proc = subprocess.Popen([str(delayfs), str(local), str(mount),
+                                             "--open-delay-ms", "5"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 20
+            while not os.path.ismount(mount):
+                if time.monotonic() > deadline or delayfs_proc.poll() is not None:
+                    raise RuntimeError("delayfs did not mount")
+                time.sleep(0.05)
+            data = mount
+            mount_note = "delayfs, 5 ms per open"
+        if "oom" in faults:
+            cgroup = MemoryCgroup(f"ringloader-soak-{os.getpid()}")
+            if cgroup.path is None:
+                log(f"oom fault skipped: {cgroup.why_not}")
+                faults.remove("oom")
+                cgroup = None
+        metrics_port = free_port()
+        daemon = Daemon(work, data, cgroup, metrics_port, "daemon")
+        endpoint = daemon.endpoint
+        epochs_cap = 1_000_000  # the clock ends the run, not the epochs
+        for t in TRAINERS:
+            start_trainer(t, work, endpoint, epochs_cap)
+        t0 = time.monotonic()
+        duration = a.minutes * 60
+        warmup = duration * WARMUP_FRACTION
+
+        # The schedule: a fault every 6-14 s after warm-up's first 10 s, drawn from the seed.
+        schedule: List[Tuple[float, str]] = []
+        at = 10.0
+        kinds = [f for f in faults if f != "scrape"]
+        while kinds:
+            at += rng.uniform(6, 14)
+            if at > duration - 10:
+                break
+            schedule.append((at, rng.choice(kinds)))
+        if "scrape" in faults:
+            schedule += [(s, "scrape") for s in range(5, int(duration), 5)]
+        schedule.sort()
+        done: Dict[str, int] = {}
+        resources: List[Sample] = []
+        seen_pids: set = set()
+        next_sample = 0.0
+        events: List[str] = []
+        oom_before = cgroup.oom_kills() if cgroup else 0
+
+        def elapsed() -> float:
+            return time.monotonic() - t0
+
+        while elapsed() < duration:
+            now = elapsed()
+            if now >= next_sample:
+                s = sample_resources(daemon, t0, seen_pids)
+                if s:
+                    resources.append(s)
+                next_sample = now + 5
+            for t in TRAINERS:
+                if t.process.poll() is not None:
+                    failures.append(f"trainer {t.name} exited with {t.process.returncode} at "
+                                    f"{now:.0f} s (see {work}/{t.name}.log)")
+                    start_trainer(t, work, endpoint, epochs_cap)
+                    t.restarts += 1
+            if schedule and schedule[0][0] <= now:
+                _, kind = schedule.pop(0)
+                done[kind] = done.get(kind, 0) + 1
+                if kind != "scrape":
+                    events.append(f"{now:6.1f} s  {kind}")
+                if kind == "kill":
+                    pid = daemon.serving_pid()
+                    if pid:
+                        os.kill(pid, signal.SIGKILL)
+                        daemon.wait_serving_pid(other_than=pid)
+                elif kind == "oom":
+                    oom_kill(daemon, cgroup)
+                elif kind == "hup":
+                    pid = daemon.serving_pid()
+                    if pid:
+                        os.kill(daemon.process.pid, signal.SIGHUP)
+                elif kind == "trainer":
+                    t = rng.choice(TRAINERS)
+                    events[-1] += f" {t.name}"
+                    t.process.kill()
+                    t.process.wait()
+                    start_trainer(t, work, endpoint, epochs_cap)
+                    t.restarts += 1
+                elif kind == "scrape":
+                    try:
+                        urllib.request.urlopen(f"http://{daemon.metrics}/metrics", timeout=10).read()
+                        subprocess.run([ctl_binary(), "--endpoint", endpoint, "stats"],
+                                       capture_output=True, timeout=30)
+                    except OSError as e:
+                        events.append(f"{now:6.1f} s  scrape failed: {e}")
+            time.sleep(0.05)
+
+        # The end: trainers stop where they are; the daemon's last word.
+        for t in TRAINERS:
+            t.process.kill()
+            t.process.wait()
+        final = rl.daemon_stats(endpoint, 30)
+        oom_kills = (cgroup.oom_kills() - oom_before) if cgroup else 0
+        log("run over; checking")
+
+        # ---- checks ----
+        per_trainer: List[str] = []
+        references: Dict[Tuple[str, int, int], Dict[int, str]] = {}
+        wanted: Dict[Tuple[str, int], set] = {}
+        for t in TRAINERS:
+            rows = read_samples(t.samples_path(work))
+            by_epoch: Dict[int, List[Tuple[int, str]]] = {}
+            for epoch, _, index, digest in rows:
+                by_epoch.setdefault(epoch, []).append((index, digest))
+            finished = [e for e in sorted(by_epoch) if len(by_epoch[e]) >= IMAGES]
+            for e, got in sorted(by_epoch.items()):
+                indices = [i for i, _ in got]
+                if len(indices) != len(set(indices)):
+                    failures.append(f"{t.name}: epoch {e} repeats samples")
+                if e in finished and sorted(indices) != list(range(IMAGES)):
+                    failures.append(f"{t.name}: epoch {e} is not the dataset exactly once")
+            for e in sorted(by_epoch)[:-1]:
+                if e not in finished:
+                    failures.append(f"{t.name}: epoch {e} ended with {len(by_epoch[e])} of "
+                                    f"{IMAGES} samples")
+            check = set()
+            if finished:
+                check = {finished[0], finished[-1], rng.choice(finished)}
+            wanted[(t.name, t.seed)] = check
+            per_trainer.append(
+                f"  {t.name:18} {t.kind:6} {t.dtype:7} batch {t.batch_size:3}: "
+                f"{len(rows):6} samples, {len(finished):3} epochs finished, "
+                f"{t.restarts} restarts; bytes checked in epochs {sorted(check)}")
+            if not finished:
+                failures.append(f"{t.name}: finished no epoch")
+
+        # The undisturbed run: a fresh daemon over the local copy, no faults.
+        if daemon:
+            daemon.stop()
+        clean = Daemon(work, local, None, 0, "reference")
+        try:
+            for t in TRAINERS:
+                for epoch in sorted(wanted[(t.name, t.seed)]):
+                    loader = rl.Loader("imagenet", endpoint=clean.endpoint, batch_size=t.batch_size,
+                                       image_size=224, dtype=t.dtype, seed=t.seed, output="numpy")
+                    loader.set_epoch(epoch)
+                    import numpy as np
+                    import xxhash
+                    ref: Dict[int, str] = {}
+                    for batch in loader:
+                        images = np.asarray(batch["images"])
+                        for k, index in enumerate(batch["indices"]):
+                            ref[int(index)] = xxhash.xxh64(images[k].tobytes()).hexdigest()
+                        del batch, images
+                    loader.close()
+                    got = {i: d for e, _, i, d in read_samples(t.samples_path(work)) if e == epoch}
+                    differ = [i for i in ref if got.get(i) != ref[i]]
+                    if differ:
+                        failures.append(f"{t.name}: epoch {epoch}: {len(differ)} samples differ "
+                                        f"from an undisturbed run (first: {differ[:5]})")
+        finally:
+            clean.stop()
+
+        # Resources: flat after warm-up.
+        after = [s for s in resources if s.t >= warmup]
+        if len(after) >= 4:
+            half = len(after) // 2
+            first, second = after[:half], after[half:]
+            # Each figure moves with the work in flight (open files with reads ahead, RSS with
+            # rings and decodes); a leak grows without bound: the second half's peak may exceed
+            # the first's by a margin, no more.
+            for what, key, factor, slack in (("RSS MiB", "rss_mib", 1.25, 32),
+                                             ("open files", "fds", 1.10, 16),
+                                             ("threads", "threads", 1.10, 8),
+                                             ("rings in /dev/shm", "rings", 1.0, 2)):
+                a_max = max(getattr(s, key) for s in first)
+                b_max = max(getattr(s, key) for s in second)
+                allowed = a_max * factor + slack
+                if b_max > allowed:
+                    failures.append(f"daemon {what} grew after warm-up: {a_max:.0f} in the first "
+                                    f"half, {b_max:.0f} in the second (allowed {allowed:.0f})")
+            rings_max = max(s.rings for s in after)
+            if rings_max > len(TRAINERS) + 2:
+                failures.append(f"{rings_max} rings in /dev/shm for {len(TRAINERS)} trainers")
+        else:
+            failures.append("too few resource samples after warm-up to judge flatness")
+
+        struck = final.get("quarantined", [])
+        if struck:
+            failures.append(f"{len(struck)} good samples quarantined: {struck[:3]}")
+        if final.get("decode_errors", 0):
+            failures.append(f"{final['decode_errors']} good samples skipped as bad: "
+                            f"{final.get('decode_errors_by_reason')}")
+        if "oom" in faults and done.get("oom", 0) and oom_kills < done["oom"]:
+            failures.append(f"{done['oom']} OOM faults but the cgroup counted {oom_kills} OOM kills")
+
+        # ---- the report ----
+        report += [
+            f"ringloader soak: seed {a.seed}, {a.minutes:g} min, {len(TRAINERS)} trainers, "
+            f"{IMAGES} images on {mount_note}",
+            f"faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(done.items())) +
+            (f" (cgroup OOM kills: {oom_kills})" if cgroup else ""),
+            "trainers:", *per_trainer,
+            f"daemon over time (serving process; {len(resources)} samples, every 5 s, "
+            f"warm-up {warmup:.0f} s):",
+            "     t   pid    RSS MiB  files  threads  rings",
+            *[f"  {s.t:4.0f}  {s.pid:6}  {s.rss_mib:8.1f}  {s.fds:5}  {s.threads:7}  {s.rings:5}"
+              for s in resources[::max(1, len(resources) // 24)]],
+            f"daemon restarts: {final.get('daemon_restarts', 0)}, batches served (last "
+            f"incarnation): {final.get('batches_served', 0)}, opens abandoned: "
+            f"{final.get('opens_abandoned', 0)}",
+            "faults in order:", *[f"  {e}" for e in events[:30]],
+            *([f"  ... and {len(events) - 30} more"] if len(events) > 30 else []),
+            "verdict: " + ("PASSED" if not failures else f"FAILED ({len(failures)})"),
+            *[f"  - {f}" for f in failures],
+            f"reproduce: scripts/soak --minutes {a.minutes:g} --seed {a.seed} --faults "
+            f"{','.join(faults)}",
+        ]
+    except Exception as e:  # the harness itself broke: a failure, said as such
+        failures.append(f"the soak could not run: {type(e).__name__}: {e}")
+        report += [f"soak: FAILED: {failures[-1]}"]
+    finally:
+        for t in TRAINERS:
+            if t.process and t.process.poll() is None:
+                t.process.kill()
+                t.process.wait()
+        if daemon:
+            daemon.stop()
+        if cgroup:
+            cgroup.remove()
+        if delayfs_proc:
+            delayfs_proc.send_signal(signal.SIGTERM)
+            try:
+                delayfs_proc.wait(20)
+            except subprocess.TimeoutExpired:
+                delayfs_proc.kill()
+                subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        text = "\n".join(report)
+        print(text, flush=True)
+        if a.report:
+            Path(a.report).write_text(text + "\n")
+        if a.keep or failures:
+            log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
