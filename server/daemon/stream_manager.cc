@@ -408,8 +408,9 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
 
 absl::Status StreamManager::Admit(std::shared_ptr<Stream> stream, const std::string& client_key,
                                   const std::function<bool()>& cancelled) {
-  const std::string& open_id = stream->setup().open_id;
-  const std::string& session = stream->setup().session_id;
+  // Copies: `stream` may be gone by the time they are used below.
+  const std::string open_id = stream->setup().open_id;
+  const std::string session = stream->setup().session_id;
   enum { kAdmitted, kShutDown, kClientGone, kGaveUp } outcome = kAdmitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
