@@ -44,15 +44,17 @@ Reconnect::Step Reconnect::Next(Clock::time_point now, Clock::time_point give_up
     const Clock::time_point until = std::min(next_attempt_, give_up);
     return {Step::kWait, attempts_ > 0 ? std::min(until, deadline) : until};
   }
-  const Clock::time_point left_until = std::max(deadline, now + kMinAttempt);
-  return {Step::kStartOpen, std::min(left_until, now + kMaxAttempt)};
+  return {Step::kStartOpen, AttemptDeadline(now)};
 }
 
 void Reconnect::Started(Clock::time_point now) {
   state_ = State::kOpening;
   ++attempts_;
-  attempt_deadline_ = std::min(std::max(since_ + reconnect_deadline_, now + kMinAttempt),
-                               now + kMaxAttempt);
+  attempt_deadline_ = AttemptDeadline(now);
+}
+
+Reconnect::Clock::time_point Reconnect::AttemptDeadline(Clock::time_point now) const {
+  return std::min(std::max(since_ + reconnect_deadline_, now + kMinAttempt), now + kMaxAttempt);
 }
 
 void Reconnect::Ended(Outcome outcome, grpc::Status status, Clock::time_point now) {

@@ -94,6 +94,10 @@ class Reconnect {
   void Expired() { state_ = State::kFailed; }
 
  private:
+  // What is left of the reconnect deadline for an attempt starting at `now`, within
+  // [kMinAttempt, kMaxAttempt].
+  Clock::time_point AttemptDeadline(Clock::time_point now) const;
+
   const std::chrono::milliseconds reconnect_deadline_;
   Backoff backoff_;
   State state_ = State::kFailed;  // nothing opened yet: Lost() starts

@@ -345,8 +345,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
     ~Opening() {
       if (done) return;
       std::lock_guard<std::mutex> lock(self->mu_);
-      self->opening_.erase(self->opening_.find(key));
-      self->room_cv_.notify_all();
+      self->LeaveOpening(key);
     }
   } opening{this, client_key};
   setup.id = id;
@@ -414,8 +413,7 @@ absl::Status StreamManager::Admit(std::shared_ptr<Stream> stream, const std::str
   enum { kAdmitted, kShutDown, kClientGone, kGaveUp } outcome = kAdmitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    opening_.erase(opening_.find(client_key));
-    room_cv_.notify_all();
+    LeaveOpening(client_key);  // in the same hold as joining streams_: the count never dips
     if (shut_down_) {
       outcome = kShutDown;
     } else if (!session.empty() && sessions_.count(session) == 0) {
@@ -440,6 +438,11 @@ absl::Status StreamManager::Admit(std::shared_ptr<Stream> stream, const std::str
     default:
       return GaveUp(open_id);
   }
+}
+
+void StreamManager::LeaveOpening(const std::string& client_key) {
+  opening_.erase(opening_.find(client_key));
+  room_cv_.notify_all();
 }
 
 bool StreamManager::TakeLostOpen(const std::string& open_id) {

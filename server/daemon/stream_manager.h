@@ -131,6 +131,8 @@ class StreamManager {
   // last reference, so its memory is back before the opens waiting for room are woken).
   absl::Status Admit(std::shared_ptr<Stream> stream, const std::string& client_key,
                      const std::function<bool()>& cancelled);
+  // An open of `client_key` no longer counts in opening_; wakes the opens waiting for room.
+  void LeaveOpening(const std::string& client_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CloseStream(open_id).
   absl::Status CloseOpen(const std::string& open_id);
   // True (and forgotten) if the client gave up on `open_id` before its stream existed.

@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+import xxhash
+
 import ringloader as rl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -539,8 +542,6 @@ def main() -> int:
                     loader = rl.Loader("imagenet", endpoint=clean.endpoint, batch_size=t.batch_size,
                                        image_size=224, dtype=t.dtype, seed=t.seed, output="numpy")
                     loader.set_epoch(epoch)
-                    import numpy as np
-                    import xxhash
                     ref: Dict[int, str] = {}
                     for batch in loader:
                         images = np.asarray(batch["images"])
