@@ -135,6 +135,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   doctor_cmd->add_option("--cgroup", doctor.cgroup,
                          "the daemon's memory cgroup directory (default: this process's)");
+  doctor_cmd->add_option("--dataset-timeout-s", doctor.dataset_timeout_s,
+                         "a dataset whose indexing takes longer is reported as not answering")
+      ->capture_default_str();
+  doctor_cmd->add_option("--daemon-timeout-s", doctor.daemon_timeout_s,
+                         "a running daemon that does not answer in this time is a problem")
+      ->capture_default_str();
 
   ValidateOptions validate;
   CLI::App* validate_cmd = app.add_subcommand("validate", "decode every sample of a dataset");
@@ -154,6 +160,10 @@ int Main(int argc, char** argv) {
   validate_cmd->add_option("--io-depth", validate.io_depth,
                            "files opened ahead of the decodes, at once (a network mount's "
                            "latency per file); 0 = none")
+      ->capture_default_str();
+  validate_cmd->add_option("--deadline-ms", validate.deadline_ms,
+                           "a read that takes longer while the storage answers others is BAD "
+                           "(deadline_exceeded); 0 = none")
       ->capture_default_str();
   uint64_t max_pixels = 0;
   CLI::Option* max_pixels_opt = validate_cmd->add_option(

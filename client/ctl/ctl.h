@@ -113,6 +113,10 @@ struct ValidateOptions {
   uint32_t jobs = 0;  // 0 = one per CPU
   std::optional<uint64_t> max_pixels;  // unset: the config's or the default
   uint32_t io_depth = 64;  // files opened ahead of the decodes (a network mount); 0 = none
+  // A sample whose read takes longer while the storage answers other reads is reported BAD
+  // (deadline_exceeded) and left behind; a storage that answers nothing is waited for, said on
+  // stderr (as the daemon does). Applies to reads ahead (io_depth > 0). 0 = no deadline.
+  uint32_t deadline_ms = 30'000;
 };
 // Decodes every sample; prints "BAD <relative_path>: <reason>: <message>" per bad file in index
 // order (paths escaped as proto/wire_text.h says), then "checked N files: G good, B bad"
@@ -127,6 +131,11 @@ struct DoctorOptions {
   // The memory cgroup the daemon runs in (a directory under /sys/fs/cgroup); empty = this
   // process's own. Its and its ancestors' limits count.
   std::string cgroup;
+  // How long one dataset's indexing may take before it is reported as not answering (a mount
+  // gone); the doctor then goes on to the other checks.
+  double dataset_timeout_s = 30;
+  // How long the running daemon has to answer (stats) before it is reported as not answering.
+  double daemon_timeout_s = 5;
 };
 // Checks the host against a daemon config before anything breaks: the config loads; shm_dir's
 // free space vs the rings of max_streams streams (capped by memory_limit); the memory cgroup's

@@ -9,10 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -280,12 +283,80 @@ Check StateDir(const server::ServerConfig& s) {
   return Ok(absl::StrCat("state_dir ", s.state_dir, ": writable"));
 }
 
-Check Dataset(const server::DaemonConfig& config, const server::DatasetConfig& dc) {
+// The daemon the config's socket belongs to, when its socket is there: it must answer. A daemon
+// that does not (hung, or stopped with SIGSTOP) fails every trainer while its socket and pid
+// look fine. Its datasets' storage must answer too (a mount gone: streams wait).
+std::vector<Check> Daemon(const server::ServerConfig& s, const DoctorOptions& options) {
+  if (!absl::StartsWith(s.listen, "unix:")) return {};
+  std::string path = s.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || ::access(path.c_str(), R_OK | W_OK) != 0) return {};
+  const std::optional<pid_t> pid = client::UnixSocketListenerPid(s.listen);
+  const std::string who = pid ? absl::StrCat("ringloaderd pid ", *pid) : "the daemon";
+  const double timeout_s = std::isfinite(options.daemon_timeout_s) && options.daemon_timeout_s > 0
+                               ? options.daemon_timeout_s
+                               : 5.0;
+  v1::GetStatsResponse stats;
+  try {
+    stats = client::FetchDaemonStats(
+        s.listen, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  } catch (const client::Error& e) {
+    if (!pid) return {};  // a socket file nobody listens on: not running (Socket says so)
+    return {Problem(absl::StrCat("daemon: ", who, " listens on ", path, " but does not answer in ",
+                                 timeout_s, " s (", e.what(), ")"),
+                    "look at its log (journalctl -u ringloaderd) and its state (grep State "
+                    "/proc/PID/status: T = stopped); restart it (systemctl restart ringloaderd)")};
+  }
+  std::vector<Check> checks;
+  checks.push_back(Ok(absl::StrCat("daemon: ", who, " answers: ",
+                                   stats.starting() ? "starting (indexing)" : "serving", ", ",
+                                   stats.streams_open(), " streams open")));
+  for (const v1::DatasetStats& d : stats.datasets()) {
+    if (!d.storage_stalled()) continue;
+    checks.push_back(Problem(
+        absl::StrFormat("dataset %s: its storage has not answered for %.0f s (%d reads waiting); "
+                        "its streams wait, nothing is skipped",
+                        d.name(), d.storage_stalled_ms() / 1000.0, d.reads_in_flight()),
+        "bring the mount back (the NFS server, the network, the FUSE daemon): the streams go on "
+        "by themselves when it answers"));
+  }
+  return checks;
+}
+
+Check Dataset(const server::DaemonConfig& config, const server::DatasetConfig& dc,
+              const DoctorOptions& options) {
   // No state_dir: the doctor writes no index cache where the daemon keeps its own.
   pipeline::DatasetSpec spec = server::DatasetSpecOf(dc, /*state_dir=*/"");
-  absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = pipeline::Dataset::Open(spec);
   const std::string head =
       absl::StrCat("dataset ", dc.name, " (", pipeline::DatasetFormatName(dc.format), " ", dc.path, ")");
+  // On a thread of its own, waited for at most the timeout: a dataset on a mount that does not
+  // answer must not hang the doctor (the thread is left behind; the process exit ends it).
+  struct Indexing {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<absl::StatusOr<std::unique_ptr<pipeline::Dataset>>> result;
+  };
+  auto indexing = std::make_shared<Indexing>();
+  std::thread([indexing, spec] {
+    absl::StatusOr<std::unique_ptr<pipeline::Dataset>> opened = pipeline::Dataset::Open(spec);
+    std::lock_guard<std::mutex> lock(indexing->mu);
+    indexing->result.emplace(std::move(opened));
+    indexing->cv.notify_all();
+  }).detach();
+  const double timeout_s =
+      std::isfinite(options.dataset_timeout_s) && options.dataset_timeout_s > 0
+          ? options.dataset_timeout_s
+          : 30.0;
+  std::unique_lock<std::mutex> lock(indexing->mu);
+  if (!indexing->cv.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+                             [&] { return indexing->result.has_value(); })) {
+    return Problem(absl::StrCat(head, ": indexing did not finish in ", timeout_s,
+                                " s: its storage does not answer (a mount gone?) or is very slow"),
+                   "check the mount (ls the path); a large dataset on a slow mount may need "
+                   "--dataset-timeout-s");
+  }
+  absl::StatusOr<std::unique_ptr<pipeline::Dataset>> ds = *std::move(indexing->result);
   if (!ds.ok()) {
     return Problem(absl::StrCat(head, ": ", wire::EscapeBytes(std::string(ds.status().message()))),
                    absl::StrCat("fix the path or the files, or remove the dataset from ",
@@ -325,7 +396,10 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
     checks.push_back(OpenFiles(s, limits));
     checks.push_back(Socket(s));
     checks.push_back(StateDir(s));
-    for (const server::DatasetConfig& dc : config->datasets) checks.push_back(Dataset(*config, dc));
+    for (Check& c : Daemon(s, options)) checks.push_back(std::move(c));
+    for (const server::DatasetConfig& dc : config->datasets) {
+      checks.push_back(Dataset(*config, dc, options));
+    }
     if (std::optional<Check> reads = Reads(s)) checks.push_back(*std::move(reads));
   }
   size_t problems = 0;

@@ -78,6 +78,12 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                              d.ignored_files() == 1 ? "" : "s");
       if (d.ignored_examples_size() > 0) out << ", e.g. " << d.ignored_examples(0);
     }
+    if (d.storage_stalled()) {
+      out << absl::StrFormat("; STORAGE STALLED for %.1f s (%d reads waiting; nothing skipped)",
+                             d.storage_stalled_ms() / 1000.0, d.reads_in_flight());
+    }
+    if (d.storage_stalls() > 0) out << absl::StrFormat("; %d storage stalls", d.storage_stalls());
+    if (d.reads_stuck() > 0) out << absl::StrFormat("; %d reads stuck", d.reads_stuck());
     out << "\n";
   }
 

@@ -105,7 +105,20 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   std::vector<image::ImageFormat> formats(ds.size(), image::ImageFormat::kUnknown);
   // Files are opened --io-depth at a time ahead of the decodes, in index order (a network
   // mount costs a round trip per open); the decodes take them as they come.
-  pipeline::ReadPool read_pool(std::max<uint32_t>(options.io_depth, 1));
+  // A lane as the daemon's: an overdue read is BAD only when the storage answers others.
+  pipeline::LaneOptions lane;
+  lane.probe = pipeline::SampleProbe(ds);
+  lane.on_stall_change = [&err](bool stalled, std::chrono::milliseconds stalled_for) {
+    if (stalled) {
+      err << "ringloaderctl validate: the storage does not answer (reads overdue, a probe too): "
+             "waiting for it\n";
+    } else {
+      err << "ringloaderctl validate: the storage answers again after "
+          << stalled_for.count() / 1000.0 << " s\n";
+    }
+  };
+  pipeline::ReadPool read_pool(std::max<uint32_t>(options.io_depth, 1), std::move(lane));
+  const std::chrono::milliseconds deadline(options.deadline_ms);
   const pipeline::EpochShard in_order(ds.size(), pipeline::ShardSpec{.shuffle = false});
   std::optional<pipeline::ReadAhead> ahead;
   if (options.io_depth > 0) {
@@ -115,7 +128,21 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   }
   pool.ParallelFor(ds.size(), [&](uint64_t i, uint32_t worker) {
     std::shared_ptr<pipeline::PrefetchedSample> read = ahead ? ahead->Take(0, i) : nullptr;
-    if (read != nullptr && read->WaitDone([] { return false; }) && !read->status().ok()) {
+    while (read != nullptr &&
+           !read->WaitSettledUntil(std::chrono::steady_clock::now() +
+                                   std::chrono::milliseconds(20))) {
+      if (deadline.count() > 0 &&
+          ahead->Judge(*read, deadline) == pipeline::ReadPool::Verdict::kPoison) {
+        ahead->WriteOff(*read);  // left behind: another read takes its thread
+        results[i] = image::WithReason(
+            absl::DeadlineExceededError(absl::StrCat(
+                ds.AbsolutePath(i), ": reading the file took longer than ", deadline.count(),
+                " ms (--deadline-ms) while the storage answered other reads; given up")),
+            "deadline_exceeded");
+        return;
+      }
+    }
+    if (read != nullptr && read->done() && !read->status().ok()) {
       results[i] = read->status();
       return;
     }

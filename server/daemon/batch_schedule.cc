@@ -254,6 +254,11 @@ void BatchSchedule::Stop() {
   cv_.notify_all();
 }
 
+bool BatchSchedule::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_;
+}
+
 // ---- observation ----
 
 ProducerState BatchSchedule::state() const {

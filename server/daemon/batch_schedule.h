@@ -120,6 +120,8 @@ class BatchSchedule {
   absl::Status Release(uint32_t slot, uint64_t ring_sequence, bool copied_out);
   // Wakes every waiter; AwaitSlot answers kStop, Next() Unavailable. Idempotent.
   void Stop();
+  // Stop() was called (the producer polls it while a batch waits for a stalled storage).
+  bool stopped() const;
 
   // ---- observation (stats and tests) ----
 

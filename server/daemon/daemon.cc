@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -54,6 +55,7 @@
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/pipeline/read_pool.h"
 #include "server/pipeline/worker_pool.h"
 #include "shm/ring.h"
@@ -161,7 +163,6 @@ struct DaemonState {
   DaemonStats stats;
   std::unique_ptr<HostNotifier> notifier;  // systemd and the supervisor (host_notify.h)
   std::unique_ptr<pipeline::WorkerPool> pool;
-  std::unique_ptr<pipeline::ReadPool> read_pool;  // server.io_depth > 0
   std::unique_ptr<ProgressWatch> progress;
   std::unique_ptr<pipeline::BatchFiller> filler;
   std::unique_ptr<SampleGate> gate;
@@ -182,6 +183,15 @@ struct DaemonState {
   bool own_socket = false;  // we created the socket file (a failed start must not remove another's)
   // Start-up indexing runs here while the server answers (health NOT_SERVING until it is done).
   std::thread indexer;
+  std::atomic<bool> indexer_done{false};
+  std::atomic<int> late_indexing{0};  // dataset indexing threads not yet done (OpenDatasets)
+  std::mutex strikes_mu;
+  std::vector<InFlightSample> owed_strikes ABSL_GUARDED_BY(strikes_mu);
+  bool strikes_applied ABSL_GUARDED_BY(strikes_mu) = false;
+  // A SIGHUP's reload runs here, not on the signal thread: indexing a new dataset on a mount
+  // that does not answer must not keep SIGTERM from being taken.
+  std::thread reloader;
+  std::atomic<bool> reloading{false};
   std::mutex start_mu;
   absl::Status start_failure ABSL_GUARDED_BY(start_mu);  // set, then SIGTERM to ourselves
   std::mutex reservations_mu;  // fixed_reservations, from parallel indexing threads
@@ -235,6 +245,31 @@ class IndexingMemory {
   uint64_t held_ = 0;
   std::vector<Reservation> parts_;
 };
+
+// A dataset's read lane (read_pool.h): server.io_depth threads of its own, which probe the
+// storage by opening one of its samples when a read is overdue, and log when it stalls.
+std::unique_ptr<pipeline::ReadPool> MakeLane(const DaemonState& d, const std::string& name,
+                                             const pipeline::Dataset& dataset) {
+  const ServerConfig& server = d.config.server;
+  if (server.io_depth == 0) return nullptr;
+  pipeline::LaneOptions options;
+  options.probe = pipeline::SampleProbe(dataset);  // the dataset outlives its lane
+  const uint32_t deadline_ms = server.decode_deadline_ms;
+  const std::string root = wire::EscapeBytes(dataset.root());
+  options.on_stall_change = [name, root, deadline_ms](bool stalled,
+                                                      std::chrono::milliseconds stalled_for) {
+    if (stalled) {
+      SPDLOG_WARN("dataset {}: storage stalled: reads under {} have had no answer for {} ms "
+                  "(server.decode_deadline_ms) and neither has a probe; nothing is skipped or "
+                  "struck, its streams wait until it answers",
+                  name, root, deadline_ms);
+    } else {
+      SPDLOG_WARN("dataset {}: storage answers again after {:.1f} s stalled; its streams go on",
+                  name, stalled_for.count() / 1000.0);
+    }
+  };
+  return std::make_unique<pipeline::ReadPool>(server.io_depth, std::move(options));
+}
 
 absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::string& key) {
   if (absl::Status s = CheckDatasetPath(dc, key); !s.ok()) return s;
@@ -290,7 +325,8 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
   for (const std::string& note : (*ds)->index_notes()) {
     SPDLOG_WARN("dataset {}: {}", dc.name, wire::EscapeBytes(note));
   }
-  d.datasets.Add(dc, std::move(*ds));
+  std::unique_ptr<pipeline::ReadPool> lane = MakeLane(d, dc.name, **ds);
+  d.datasets.Add(dc, std::move(*ds), std::move(lane));
   return absl::OkStatus();
 }
 
@@ -298,19 +334,80 @@ std::string DatasetKey(const DaemonState& d, size_t i) {
   return absl::StrCat(d.config.source, ": datasets[", i, "]");
 }
 
-// Indexes every configured dataset, all at once (each walk or scan waits on its own storage),
-// and returns the first failure in config order.
+absl::Status ApplyStrikesTo(DaemonState& d, const std::string& name);
+
+// How long datasets still indexing may hold up the others once those are indexed: then the daemon
+// serves without them (their storage is slow or does not answer) and each joins when indexed.
+constexpr auto kServeWithoutAfter = std::chrono::seconds(10);
+
+// Indexes every configured dataset, all at once (each walk or scan waits on its own storage).
+// Returns once all are indexed, or once the rest have taken kServeWithoutAfter longer than the
+// last that finished (those go on: DaemonState::late_indexing counts them; each is served when
+// indexed, or logged as not served). The first failure in config order among those done fails
+// the start.
 absl::Status OpenDatasets(DaemonState& d) {
+  struct Indexing {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::optional<absl::Status>> results;
+    bool started_serving = false;  // the rest are late: they report themselves
+  };
   const size_t n = d.config.datasets.size();
-  std::vector<absl::Status> results(n);
-  std::vector<std::thread> workers;
+  auto indexing = std::make_shared<Indexing>();
+  indexing->results.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    workers.emplace_back(
-        [&d, &results, i] { results[i] = OpenDataset(d, d.config.datasets[i], DatasetKey(d, i)); });
+    d.datasets.SetIndexing(d.config.datasets[i].name, true);
+    ++d.late_indexing;  // until it reports (a thread left behind keeps `d` in use)
+    std::thread([&d, indexing, i] {
+      const DatasetConfig& dc = d.config.datasets[i];
+      absl::Status s = OpenDataset(d, dc, DatasetKey(d, i));
+      d.datasets.SetIndexing(dc.name, false);
+      bool late = false;
+      {
+        std::lock_guard<std::mutex> lock(indexing->mu);
+        indexing->results[i] = s;
+        late = indexing->started_serving;
+        indexing->cv.notify_all();
+      }
+      if (late && !d.stop_indexing) {
+        if (s.ok()) {
+          if (absl::Status strikes = ApplyStrikesTo(d, dc.name); !strikes.ok()) {
+            SPDLOG_ERROR("dataset {}: {}", dc.name, Text(strikes));
+          }
+          SPDLOG_INFO("dataset {}: indexed after the daemon started serving; served from now on",
+                      dc.name);
+        } else {
+          SPDLOG_ERROR("dataset {}: not served: {}", dc.name, Text(s));
+        }
+      }
+      --d.late_indexing;
+    }).detach();
   }
-  for (std::thread& t : workers) t.join();
-  for (const absl::Status& s : results) {
-    if (!s.ok()) return s;
+  std::unique_lock<std::mutex> lock(indexing->mu);
+  auto last_done = std::chrono::steady_clock::now();
+  size_t done = 0;
+  while (true) {
+    size_t now_done = 0;
+    for (const auto& r : indexing->results) now_done += r.has_value() ? 1 : 0;
+    if (now_done != done) last_done = std::chrono::steady_clock::now();
+    done = now_done;
+    for (const auto& r : indexing->results) {
+      if (r.has_value() && !r->ok()) return *r;
+    }
+    if (done == n || d.stop_indexing) break;
+    if (done > 0 && std::chrono::steady_clock::now() - last_done >= kServeWithoutAfter) {
+      std::vector<std::string> late;
+      for (size_t i = 0; i < n; ++i) {
+        if (!indexing->results[i].has_value()) late.push_back(d.config.datasets[i].name);
+      }
+      SPDLOG_WARN("serving without dataset{} {}: still indexing {} s after the others were "
+                  "(its storage is slow or does not answer); streams of it open once it is indexed",
+                  late.size() == 1 ? "" : "s", absl::StrJoin(late, ", "),
+                  std::chrono::duration_cast<std::chrono::seconds>(kServeWithoutAfter).count());
+      indexing->started_serving = true;
+      break;
+    }
+    indexing->cv.wait_for(lock, std::chrono::milliseconds(100));
   }
   return absl::OkStatus();
 }
@@ -332,8 +429,9 @@ void CountUncleanRestart(DaemonState& d) {
   d.stats.daemon_restarts = restarts;
 }
 
-// Strikes for samples that were being decoded when the previous incarnation crashed.
-absl::Status ApplyStrikes(DaemonState& d) {
+// The strikes the previous incarnation owes: samples being decoded when it crashed (said in the
+// log), kept in DaemonState::owed_strikes until their datasets are indexed (ApplyStrikesTo).
+void TakeOwedStrikes(DaemonState& d) {
   // A fatal signal marked the journal; the OOM killer's SIGKILL cannot, but the memory cgroup
   // counts it (oom_kills.h).
   std::vector<InFlightSample> struck = d.journal->crashed_in_flight();
@@ -358,30 +456,44 @@ absl::Status ApplyStrikes(DaemonState& d) {
                 "at {}",
                 struck.size(), struck.empty() ? "an outside kill (no strikes)" : cause);
   }
-  for (const InFlightSample& s : struck) {
-    for (const ServedDataset* served : d.datasets.All()) {
-      const std::string& name = served->config.name;
-      const pipeline::Dataset* ds = served->dataset.get();
-      if (DatasetHash(name) != s.dataset_hash || s.sample_index >= ds->size()) continue;
-      const std::string path = wire::EscapeBytes(ds->relative_path(s.sample_index));
-      absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, s.sample_index, path);
-      if (!strikes.ok()) return strikes.status();
-      if (*strikes >= Quarantine::kStrikesToQuarantine) {
-        d.stats.quarantines.fetch_add(1, std::memory_order_relaxed);
-        SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
-                    "will be skipped (`ringloaderctl quarantine clear` to retry it)",
-                    name, s.sample_index, path, *strikes);
-      } else {
-        SPDLOG_WARN("dataset {}: sample {} ({}) was being decoded when ringloaderd crashed "
-                    "(strike {}/{})",
-                    name, s.sample_index, path, *strikes, Quarantine::kStrikesToQuarantine);
-      }
+  std::lock_guard<std::mutex> lock(d.strikes_mu);
+  d.owed_strikes = std::move(struck);
+}
+
+// Strikes what the previous incarnation owes for dataset `name` (now indexed). Once no dataset
+// is still indexing, the journal's pending list goes (the strikes are in quarantine.tsv).
+absl::Status ApplyStrikesTo(DaemonState& d, const std::string& name) {
+  const ServedDataset* served = d.datasets.Find(name);
+  std::lock_guard<std::mutex> lock(d.strikes_mu);
+  for (auto it = d.owed_strikes.begin(); served != nullptr && it != d.owed_strikes.end();) {
+    const pipeline::Dataset* ds = served->dataset.get();
+    if (DatasetHash(name) != it->dataset_hash || it->sample_index >= ds->size()) {
+      ++it;
+      continue;
+    }
+    const uint64_t index = it->sample_index;
+    it = d.owed_strikes.erase(it);
+    const std::string path = wire::EscapeBytes(ds->relative_path(index));
+    absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, index, path);
+    if (!strikes.ok()) return strikes.status();
+    if (*strikes >= Quarantine::kStrikesToQuarantine) {
+      d.stats.quarantines.fetch_add(1, std::memory_order_relaxed);
+      SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
+                  "will be skipped (`ringloaderctl quarantine clear` to retry it)",
+                  name, index, path, *strikes);
+    } else {
+      SPDLOG_WARN("dataset {}: sample {} ({}) was being decoded when ringloaderd crashed "
+                  "(strike {}/{})",
+                  name, index, path, *strikes, Quarantine::kStrikesToQuarantine);
     }
   }
-  // The strikes are in quarantine.tsv: the pending list can go. Failing that, the next start
-  // strikes these samples once more, which is no reason to fail this one.
-  if (absl::Status s = d.journal->StrikesApplied(); !s.ok()) {
-    SPDLOG_WARN("crash journal: {}", Text(s));
+  // Failing that, the next start strikes these samples once more, which is no reason to fail
+  // this one.
+  if (!d.datasets.AnyIndexing() && !d.strikes_applied) {
+    d.strikes_applied = true;
+    if (absl::Status s = d.journal->StrikesApplied(); !s.ok()) {
+      SPDLOG_WARN("crash journal: {}", Text(s));
+    }
   }
   return absl::OkStatus();
 }
@@ -390,9 +502,12 @@ absl::Status ApplyStrikes(DaemonState& d) {
 // the datasets, apply the previous incarnation's strikes, then serve. A failure is a failed
 // start: recorded, and SIGTERM ends the main thread's wait.
 void FinishStartUp(DaemonState& d) {
+  TakeOwedStrikes(d);
   absl::Status s = OpenDatasets(d);
   if (d.stop_indexing) return;  // told to stop: not a failed start
-  if (s.ok()) s = ApplyStrikes(d);
+  for (const ServedDataset* served : d.datasets.All()) {
+    if (s.ok()) s = ApplyStrikesTo(d, served->config.name);
+  }
   if (!s.ok()) {
     {
       std::lock_guard<std::mutex> lock(d.start_mu);
@@ -431,8 +546,16 @@ std::string StatusText(DaemonState& d, const std::optional<StuckSample>& stuck) 
                         " s (stuck after 2 x server.decode_deadline_ms = ",
                         d.progress->stuck_after().count() / 1000.0, " s)");
   }
-  return absl::StrFormat("serving: %d streams, %.0f images/s", d.streams->open_streams(),
-                         d.stats.images_per_second());
+  std::string stalled;
+  for (const ServedDataset* served : d.datasets.All()) {
+    if (served->lane == nullptr) continue;
+    if (const pipeline::ReadPool::Health h = served->lane->health(); h.stalled) {
+      absl::StrAppend(&stalled, stalled.empty() ? "; storage stalled: dataset " : ", ",
+                      served->config.name, absl::StrFormat(" (%.0f s)", h.stalled_for.count() / 1000.0));
+    }
+  }
+  return absl::StrFormat("serving: %d streams, %.0f images/s%s", d.streams->open_streams(),
+                         d.stats.images_per_second(), stalled);
 }
 
 // The admin socket: created 0600 (umask), then given to server.admin_group (0660) if set.
@@ -556,10 +679,9 @@ absl::Status StartUp(DaemonState& d) {
                                         d.pool->size(), d.stats.quarantines);
   // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
   d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
-  if (server.io_depth > 0) d.read_pool = std::make_unique<pipeline::ReadPool>(server.io_depth);
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
-                         d.started,      d.pool.get(), d.cache.get(), d.read_pool.get(),
+                         d.started,      d.pool.get(), d.cache.get(),
                          d.progress.get()};
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
@@ -640,7 +762,10 @@ absl::Status StartUp(DaemonState& d) {
   d.watchdog->Start();
   SPDLOG_INFO("ringloaderd listening on {} pid={} incarnation={:016x}: indexing {} datasets",
               listen, getpid(), d.incarnation, d.config.datasets.size());
-  d.indexer = std::thread([&d] { FinishStartUp(d); });
+  d.indexer = std::thread([&d] {
+    FinishStartUp(d);
+    d.indexer_done = true;
+  });
   return absl::OkStatus();
 }
 
@@ -650,7 +775,9 @@ void ShutDown(DaemonState& d) {
   if (d.notifier) d.notifier->Stopping();
   // A read stuck in the kernel must not hold up the exit: producers stop waiting for it.
   if (d.pool) d.pool->AbandonUncommitted();
-  if (d.read_pool) d.read_pool->Shutdown();
+  for (const ServedDataset* served : d.datasets.All()) {
+    if (served->lane) served->lane->Shutdown();
+  }
   d.main_health.SetServing(false);
   d.probe_health.SetServing(false);
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
@@ -719,6 +846,32 @@ void Reload(DaemonState& d) {
   if (!restart.empty()) {
     SPDLOG_WARN("reload: these changes need a restart to apply: {}", absl::StrJoin(restart, ", "));
   }
+}
+
+// Reloads on DaemonState::reloader; a SIGHUP while one runs waits for none (it is said, and
+// dropped: the running reload reads the file as it is now, or nearly).
+void StartReload(DaemonState& d) {
+  if (d.reloading) {
+    SPDLOG_WARN("SIGHUP while the previous reload still runs (indexing a new dataset): this one "
+                "is dropped; send SIGHUP again once it is done");
+    return;
+  }
+  if (d.reloader.joinable()) d.reloader.join();
+  d.reloading = true;
+  d.reloader = std::thread([&d] {
+    Reload(d);
+    d.reloading = false;
+  });
+}
+
+// Polls `done` every 20 ms for up to `timeout`.
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 sigset_t StopSignals() {
@@ -792,7 +945,7 @@ int RunDaemon(const DaemonOptions& options) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
     if (d.ready) {
-      Reload(d);
+      StartReload(d);
       continue;
     }
     // Remembered, and applied once serving: FinishStartUp raises it again when it sees the
@@ -800,17 +953,31 @@ int RunDaemon(const DaemonOptions& options) {
     SPDLOG_INFO("SIGHUP while the datasets are still being indexed: the reload follows once "
                 "serving");
     d.reload_pending = true;
-    if (d.ready && d.reload_pending.exchange(false)) Reload(d);
+    if (d.ready && d.reload_pending.exchange(false)) StartReload(d);
   }
-  // Indexing still running: it stops between class folders and files (a single directory read
-  // stuck on a dead mount still holds us here).
-  if (d.indexer.joinable()) {
-    if (!d.ready) {
-      SPDLOG_INFO("stopping start-up indexing");
-      d.stop_indexing = true;
+  // Indexing still running (at start-up, or a reload's new dataset): it stops between class
+  // folders and files; one stuck in a directory read on a mount that does not answer is left
+  // behind, and the process ends without it.
+  if (!d.ready && !d.indexer_done) SPDLOG_INFO("stopping start-up indexing");
+  d.stop_indexing = true;
+  const auto indexing_over = [&d] {
+    return d.indexer_done.load() && d.late_indexing.load() == 0 && !d.reloading.load();
+  };
+  if (!WaitUntil(indexing_over, std::chrono::seconds(2))) {
+    absl::Status failure;
+    {
+      std::lock_guard<std::mutex> lock(d.start_mu);
+      failure = d.start_failure;
     }
-    d.indexer.join();
+    if (!failure.ok()) SPDLOG_ERROR("start-up failed: {}", Text(failure));
+    SPDLOG_WARN("{} while indexing a dataset whose storage does not answer: shutting down "
+                "without waiting for it", failure.ok() ? strsignal(sig) : "stopping");
+    ShutDown(d);
+    spdlog::shutdown();
+    std::_Exit(failure.ok() ? 0 : 1);
   }
+  if (d.indexer.joinable()) d.indexer.join();
+  if (d.reloader.joinable()) d.reloader.join();
   absl::Status failure;
   {
     std::lock_guard<std::mutex> lock(d.start_mu);
@@ -825,9 +992,19 @@ int RunDaemon(const DaemonOptions& options) {
   ShutDown(d);
   // Reads still in flight use the datasets and the memory budget `d` is about to free: waited
   // for briefly; one stuck on a dead mount is left behind by ending the process here.
-  if (d.read_pool && !d.read_pool->WaitIdle(std::chrono::seconds(2))) {
+  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  uint64_t still_reading = 0;
+  for (const ServedDataset* served : d.datasets.All()) {
+    if (served->lane == nullptr) continue;
+    const auto left = std::max(std::chrono::steady_clock::duration::zero(),
+                               give_up_at - std::chrono::steady_clock::now());
+    if (!served->lane->WaitIdle(std::chrono::duration_cast<std::chrono::milliseconds>(left))) {
+      still_reading += served->lane->running();
+    }
+  }
+  if (still_reading > 0) {
     SPDLOG_WARN("ringloaderd stopped; {} reads still in flight (a stuck mount?) are abandoned",
-                d.read_pool->running());
+                still_reading);
     spdlog::shutdown();
     std::_Exit(0);
   }

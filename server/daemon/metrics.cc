@@ -106,6 +106,25 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                        "Decode threads left stuck in a read past decode_deadline_ms", kCounter,
                        static_cast<double>(s.decode_threads_abandoned())));
 
+  MetricFamily stalled = Family(
+      "storage_stalled",
+      "1 while a dataset's storage does not answer (reads overdue, no witness): nothing is "
+      "skipped or struck, its streams wait", kGauge);
+  MetricFamily stalls =
+      Family("storage_stalls_total", "Times a dataset's storage stopped answering", kCounter);
+  MetricFamily stuck = Family(
+      "reads_stuck", "Reads given up as poison (past decode_deadline_ms) and still running now",
+      kGauge);
+  for (const v1::DatasetStats& d : s.datasets()) {
+    stalled.metric.push_back(Value(kGauge, d.storage_stalled() ? 1 : 0, {{"dataset", d.name()}}));
+    stalls.metric.push_back(
+        Value(kCounter, static_cast<double>(d.storage_stalls()), {{"dataset", d.name()}}));
+    stuck.metric.push_back(
+        Value(kGauge, static_cast<double>(d.reads_stuck()), {{"dataset", d.name()}}));
+  }
+  out.push_back(std::move(stalled));
+  out.push_back(std::move(stalls));
+  out.push_back(std::move(stuck));
   out.push_back(Single("serving", "1 once the datasets are indexed and streams are served", kGauge,
                        s.starting() ? 0 : 1));
   out.push_back(Single("streams_open", "Open streams", kGauge,

@@ -110,6 +110,7 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
   request.epoch = f.pos.epoch();
   request.read_ahead = read_ahead_.get();
   request.end_epoch = spec.end_epoch();
+  request.stop = [this] { return schedule_.stopped(); };
   if (!setup_.cache_key.empty()) {
     request.cache = deps_.cache;
     request.cache_key = setup_.cache_key;
@@ -119,7 +120,9 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
   if (!filled.ok()) {
     // The batches before the failure are delivered first.
     if (cursor.look_ahead) PublishFilled(cursor, *cursor.look_ahead, false, true);
-    SPDLOG_WARN("stream {} ended: {}", setup_.id, wire::EscapeBytes(Text(filled.status())));
+    if (!schedule_.stopped()) {  // else it is closing, and Fill stopped waiting for that
+      SPDLOG_WARN("stream {} ended: {}", setup_.id, wire::EscapeBytes(Text(filled.status())));
+    }
     schedule_.End(filled.status());
     return;
   }

@@ -218,6 +218,13 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   v1::StreamSpec spec = request.spec();
   if (spec.world_size() == 0) spec.set_world_size(1);
   const ServedDataset* served = deps_.datasets->Find(spec.dataset());
+  if (served == nullptr && deps_.datasets->Indexing(spec.dataset())) {
+    // Served without it: its storage is slow or does not answer. Clients retry UNAVAILABLE.
+    return Reject(absl::UnavailableError(absl::StrCat(
+        "dataset \"", Shortened(spec.dataset()),
+        "\" is still being indexed (its storage is slow or does not answer); the stream opens "
+        "once it is")));
+  }
   if (served == nullptr) {
     return Reject(absl::NotFoundError(
         absl::StrCat("unknown dataset \"", Shortened(spec.dataset()), "\"; configured: ",
@@ -365,7 +372,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints,
                          deps_.cache};
-  stream_deps.read_pool = deps_.read_pool;
+  stream_deps.read_pool = served->lane.get();
   stream_deps.memory = deps_.budget;
   stream_deps.io_retry = std::chrono::milliseconds(deps_.config->server.io_retry_ms);
   auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
@@ -682,6 +689,15 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     d->set_classes(ds.class_names().size());
     d->set_ignored_files(ds.ignored_count());
     for (const std::string& e : ds.ignored_examples()) d->add_ignored_examples(wire::EscapeBytes(e));
+    if (served->lane != nullptr) {
+      const pipeline::ReadPool::Health lane = served->lane->health();
+      d->set_storage_stalled(lane.stalled);
+      d->set_storage_stalled_ms(static_cast<uint64_t>(lane.stalled_for.count()));
+      d->set_storage_stalls(lane.stalls);
+      d->set_reads_in_flight(lane.running);
+      d->set_reads_stuck(lane.stuck);
+      response->set_reads_in_flight(response->reads_in_flight() + lane.running);
+    }
     for (const pipeline::IndexProblem& p : served->dataset->index_problems()) {
       v1::BadFile* b = response->add_damaged_files();
       b->set_dataset(served->config.name);
@@ -714,7 +730,6 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_io_depth(deps_.config->server.io_depth);
   response->set_read_ahead_bytes(deps_.budget->read_ahead());
   response->set_read_ahead_peak_bytes(deps_.budget->peak_read_ahead());
-  if (deps_.read_pool != nullptr) response->set_reads_in_flight(deps_.read_pool->running());
   response->set_requests_rejected(stats.requests_rejected.load());
   response->set_opens_abandoned(stats.opens_abandoned.load());
   response->set_batches_copied_out(stats.batches_copied_out.load());

@@ -65,7 +65,6 @@ struct StreamManagerDeps {
   std::chrono::steady_clock::time_point started;
   const pipeline::WorkerPool* pool = nullptr;  // for stats; may be null
   MemorySampleCache* cache = nullptr;           // eval cache; null = none
-  pipeline::ReadPool* read_pool = nullptr;      // server.io_depth's reads; null = none
   const ProgressWatch* progress = nullptr;      // read-wait and decode times; may be null
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/pipeline/sample_task.h"
 
 namespace ringloader::pipeline {
@@ -16,6 +17,18 @@ uint64_t AlignUp(uint64_t v) { return (v + kTensorAlign - 1) / kTensorAlign * kT
 
 // dest is only byte-aligned as far as we know, so int64 entries are written with memcpy.
 void PutI64(uint8_t* base, uint64_t i, int64_t v) { std::memcpy(base + i * 8, &v, 8); }
+
+// A sample given up at its deadline (`while_`: why it was judged so).
+absl::Status DeadlineError(const Dataset& dataset, uint64_t index,
+                           std::chrono::milliseconds deadline, const char* while_) {
+  return image::WithReason(
+      absl::DeadlineExceededError(absl::StrCat(dataset.AbsolutePath(index),
+                                               ": reading the file took longer than ",
+                                               deadline.count(),
+                                               " ms (server.decode_deadline_ms)", while_,
+                                               "; abandoned")),
+      "deadline_exceeded");
+}
 
 }  // namespace
 
@@ -148,7 +161,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
             "Fill: shard index ", shard.at(batch.pos + i), " >= dataset size ", dataset.size()));
       }
     }
-    DecodeRound(batch, observer);
+    if (absl::Status s = DecodeRound(batch, observer); !s.ok()) return s;
     if (absl::Status s = CompactRound(batch, filled); !s.ok()) return s;
     batch.pos += batch.k;
   }
@@ -164,23 +177,85 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
   return filled;
 }
 
-void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
+absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
   const FillRequest& request = batch.request;
   const size_t tensors = batch.extras.size();
   batch.statuses.assign(batch.k, absl::OkStatus());
   batch.labels.assign(batch.k, -1);
   batch.rows.assign(batch.k * tensors, 0);
   batch.prefetched.assign(batch.k, nullptr);
-  if (request.read_ahead != nullptr) {
-    for (uint64_t i = 0; i < batch.k; ++i) {
-      batch.prefetched[i] = request.read_ahead->Take(request.epoch, batch.pos + i);
+  std::vector<uint64_t> waiting, ready;
+  ReadAhead* const ahead = request.read_ahead;
+  for (uint64_t i = 0; i < batch.k; ++i) {
+    const uint64_t index = batch.shard.at(batch.pos + i);
+    if (ahead != nullptr) {
+      batch.prefetched[i] = ahead->Take(request.epoch, batch.pos + i);
+      const bool cached = batch.dataset.has_images() && request.cache != nullptr &&
+                          request.cache->Holds(request.cache_key, index);
+      if (batch.prefetched[i] == nullptr && !cached) batch.prefetched[i] = ahead->StartNow(index);
     }
+    // A quarantined sample is refused at once by its task, whatever its read does.
+    const bool refused =
+        observer != nullptr && !observer->Refused(batch.dataset, index).ok();
+    (batch.prefetched[i] != nullptr && !refused ? waiting : ready).push_back(i);
   }
+  // Waves: the samples whose reads are done go to the decode threads while the others read on.
+  while (true) {
+    std::vector<uint64_t> still;
+    for (uint64_t i : waiting) {
+      const PrefetchedSample& read = *batch.prefetched[i];
+      const PrefetchedSample::State state = read.state();
+      if (state == PrefetchedSample::State::kDone ||
+          state == PrefetchedSample::State::kCancelled) {
+        ready.push_back(i);
+      } else if (options_.deadline.count() > 0 &&
+                 ahead->Judge(read, options_.deadline) == ReadPool::Verdict::kPoison) {
+        GiveUpRead(batch, i, observer);
+      } else {
+        still.push_back(i);
+      }
+    }
+    waiting.swap(still);
+    if (!ready.empty()) {
+      RunTasks(batch, ready, observer);
+      ready.clear();
+      continue;
+    }
+    if (waiting.empty()) break;
+    if (request.stop && request.stop()) {
+      return absl::CancelledError("the batch was waiting for its reads when its stream stopped");
+    }
+    batch.prefetched[waiting.front()]->WaitSettledUntil(std::chrono::steady_clock::now() +
+                                                        std::chrono::milliseconds(10));
+  }
+  // A read its task did not wait for (the sample was refused meanwhile) and that has not
+  // finished may be stuck: another reader takes its place.
+  for (const std::shared_ptr<PrefetchedSample>& read : batch.prefetched) {
+    if (read != nullptr) ahead->WriteOff(*read);
+  }
+  batch.prefetched.clear();  // the bytes read ahead go back as their samples are done
+  return absl::OkStatus();
+}
+
+void BatchFiller::GiveUpRead(Assembly& batch, uint64_t i, SampleObserver* observer) {
+  const uint64_t index = batch.shard.at(batch.pos + i);
+  batch.request.read_ahead->WriteOff(*batch.prefetched[i]);
+  batch.prefetched[i] = nullptr;  // written off once
+  if (observer != nullptr) observer->OnAbandoned(batch.dataset, index);
+  batch.statuses[i] = DeadlineError(batch.dataset, index, options_.deadline,
+                                    " while the storage answered other reads");
+}
+
+void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
+                           SampleObserver* observer) {
+  const FillRequest& request = batch.request;
+  const size_t tensors = batch.extras.size();
   // Each sample is a SampleTask: everything it reads with is copied into its SampleJob before
   // it may be abandoned; it writes into the batch (SampleOutput) only once it has committed.
   pool_.ParallelForWithDeadline(
-      batch.k, options_.deadline,
-      [&](uint64_t i, uint32_t worker_id, TaskControl& control) {
+      which.size(), options_.deadline,
+      [&](uint64_t j, uint32_t worker_id, TaskControl& control) {
+        const uint64_t i = which[j];
         SampleJob job;
         job.dataset = &batch.dataset;
         job.index = batch.shard.at(batch.pos + i);
@@ -210,7 +285,8 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
         SampleTask task(std::move(job), control);
         task.Run(out, Worker{worker_id, *decoders_[worker_id]});
       },
-      [&](uint64_t i, uint64_t drawn, WorkerPool::Abandoned why) {
+      [&](uint64_t j, uint64_t drawn, WorkerPool::Abandoned why) {
+        const uint64_t i = which[j];
         if (drawn > 0) options_.memory->Release(drawn);
         if (batch.prefetched[i] != nullptr) {
           request.read_ahead->WriteOff(*batch.prefetched[i]);
@@ -220,19 +296,9 @@ void BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer) {
         if (observer != nullptr && why == WorkerPool::Abandoned::kPastDeadline) {
           observer->OnAbandoned(batch.dataset, batch.shard.at(batch.pos + i));
         }
-        batch.statuses[i] = image::WithReason(
-            absl::DeadlineExceededError(absl::StrCat(
-                batch.dataset.AbsolutePath(batch.shard.at(batch.pos + i)),
-                ": reading the file took longer than ", options_.deadline.count(),
-                " ms (server.decode_deadline_ms); abandoned")),
-            "deadline_exceeded");
+        batch.statuses[i] =
+            DeadlineError(batch.dataset, batch.shard.at(batch.pos + i), options_.deadline, "");
       });
-  // A read its task did not wait for (the sample was refused meanwhile) and that has not
-  // finished may be stuck: another reader takes its place.
-  for (const std::shared_ptr<PrefetchedSample>& read : batch.prefetched) {
-    if (read != nullptr) request.read_ahead->WriteOff(*read);
-  }
-  batch.prefetched.clear();  // the bytes read ahead go back as their samples are done
 }
 
 absl::Status BatchFiller::CompactRound(Assembly& batch, FilledBatch& filled) {

@@ -190,6 +190,9 @@ struct FillRequest {
   // The stream's reads ahead (read_ahead.h); null = each sample is read by its decode thread.
   ReadAhead* read_ahead = nullptr;
   uint64_t end_epoch = 0;  // the stream's: reads ahead stop before it (0 = never ends)
+  // Polled while the batch waits for its reads (a stalled storage may keep it waiting for
+  // ever): once true, Fill returns Cancelled. Empty = never.
+  std::function<bool()> stop;
 };
 
 // How a BatchFiller reads and decodes, beyond the per-dataset limits.
@@ -197,8 +200,10 @@ struct FillerOptions {
   // Each sample draws its file bytes plus its decode plan (from its header) from here before it
   // reads the file, and gives them back after decoding. nullptr = unaccounted.
   DecodeMemory* memory = nullptr;
-  // A sample whose read takes longer than this is abandoned (its thread is replaced), one whose
-  // decode does is stopped; either fails with reason "deadline_exceeded". 0 = no deadline.
+  // A sample whose read takes longer than this is abandoned (a read ahead: only while the
+  // storage answers other reads, see ReadPool::Judge; one on a decode thread: its thread is
+  // replaced), one whose decode does is stopped; either fails with reason "deadline_exceeded".
+  // 0 = no deadline.
   std::chrono::milliseconds deadline{0};
   // How long a read that fails with an I/O error that may pass (EIO, EMFILE, ENOMEM, ...) is
   // retried before the sample fails as "io_error" (server.io_retry_ms). See SampleReader.
@@ -228,8 +233,15 @@ class BatchFiller {
  private:
   struct Assembly;
   // One round: each sample still missing is a pipeline::SampleTask (sample_task.h) on the pool,
-  // decoding straight into its slot; statuses, labels and row counts go into `batch`.
-  void DecodeRound(Assembly& batch, SampleObserver* observer);
+  // decoding straight into its slot; statuses, labels and row counts go into `batch`. With
+  // read-ahead, this thread waits for the samples' reads (their lane judges a read overdue as
+  // poison or as the storage's outage) and hands the decode threads only samples already read,
+  // in waves as their reads end. Cancelled when request.stop says so while it waits.
+  absl::Status DecodeRound(Assembly& batch, SampleObserver* observer);
+  // The tasks of samples `which` (round positions), on the pool; returns when all are done.
+  void RunTasks(Assembly& batch, const std::vector<uint64_t>& which, SampleObserver* observer);
+  // Sample `i`'s read was judged poison: the sample fails as past its deadline, struck.
+  void GiveUpRead(Assembly& batch, uint64_t i, SampleObserver* observer);
   // Moves the round's good samples down in shard order and writes their labels, indices and
   // lengths; records the bad ones (DataLoss for the first with on_error = fail).
   absl::Status CompactRound(Assembly& batch, FilledBatch& filled);

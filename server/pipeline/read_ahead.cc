@@ -2,8 +2,11 @@
 #include "server/pipeline/read_ahead.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <vector>
+
+#include "shm/base/clock.h"
 
 namespace ringloader::pipeline {
 
@@ -20,6 +23,18 @@ PrefetchedSample::~PrefetchedSample() {
 PrefetchedSample::State PrefetchedSample::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_;
+}
+
+int64_t PrefetchedSample::started_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_ns_;
+}
+
+bool PrefetchedSample::WaitSettledUntil(std::chrono::steady_clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, until, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ == State::kDone || state_ == State::kCancelled;
+  });
 }
 
 std::optional<PrefetchedSample::Image> PrefetchedSample::TakeImage() {
@@ -56,12 +71,13 @@ bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
   return state_ == State::kDone;
 }
 
-void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
+bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
                             std::chrono::milliseconds io_retry, bool read_image) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ != State::kQueued) return;  // cancelled
+    if (state_ != State::kQueued) return false;  // cancelled
     state_ = State::kRunning;
+    started_ns_ = base::SteadyNowNs();
   }
   absl::Status status;
   if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
@@ -101,6 +117,17 @@ void PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
     state_ = State::kDone;
   }
   cv_.notify_all();
+  return true;
+}
+
+std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
+  return [ds = &dataset](uint64_t attempt) {
+    if (ds->size() == 0) return;
+    const uint64_t index = (ds->size() / 2 + attempt * 7919) % ds->size();
+    // Whatever it says (a bad file is an answer too); no retries: the answer is what counts.
+    (void)SampleReader::Open(*ds, index, std::numeric_limits<uint64_t>::max(),
+                             std::chrono::milliseconds(0));
+  };
 }
 
 ReadAhead::ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory,
@@ -155,7 +182,34 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) 
 }
 
 void ReadAhead::WriteOff(const PrefetchedSample& sample) {
-  if (sample.running()) pool_.WriteOff();
+  if (sample.running()) pool_.WriteOff(sample.read_id());
+}
+
+ReadPool::Verdict ReadAhead::Judge(const PrefetchedSample& sample,
+                                   std::chrono::milliseconds deadline) {
+  const int64_t started = sample.started_ns();
+  if (started == 0 || !sample.running()) return ReadPool::Verdict::kWait;
+  return pool_.Judge(started, deadline);
+}
+
+std::shared_ptr<PrefetchedSample> ReadAhead::StartNow(uint64_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dataset_ == nullptr || index >= dataset_->size()) return nullptr;
+  std::shared_ptr<PrefetchedSample> read = Submit(index);
+  if (read != nullptr) ++started_;
+  return read;
+}
+
+std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
+  auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_);
+  // The lane's thread holds the read alive; the task may have taken and dropped it already.
+  const uint64_t id = pool_.Submit([read, observer = observer_, max = max_file_bytes_,
+                                    io_retry = io_retry_, images = dataset_->has_images()] {
+    return read->Read(observer, max, io_retry, images);
+  });
+  if (id == 0) return nullptr;
+  read->set_read_id(id);
+  return read;
 }
 
 uint64_t ReadAhead::started() const {
@@ -189,13 +243,8 @@ void ReadAhead::StartMore() {
     const uint64_t index = shard->at(key.second);
     if (index >= dataset_->size()) continue;  // Fill refuses the batch itself
     if (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) continue;
-    auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_);
-    // The pool thread holds the read alive; the task may have taken and dropped it already.
-    const bool submitted = pool_.Submit(
-        [read, observer = observer_, max = max_file_bytes_, io_retry = io_retry_, images] {
-          read->Read(observer, max, io_retry, images);
-        });
-    if (!submitted) return;
+    std::shared_ptr<PrefetchedSample> read = Submit(index);
+    if (read == nullptr) return;
     reads_.emplace(key, std::move(read));
     ++started_;
   }

@@ -14,12 +14,14 @@
 // pressure and never takes memory a decode needs. The bytes go back when the sample is done.
 //
 // Guarantees are the task's: what a sample reads, when it fails and why is decided exactly as
-// without read-ahead (the same SampleReader calls, the observer's BeforeRead first); a task
-// waiting on a read stuck on a dead mount is abandoned at its own deadline (and WriteOff() gives
-// the pool another thread). Nothing here decides which samples a batch has.
+// without read-ahead (the same SampleReader calls, the observer's BeforeRead first). The batch
+// waits for its reads on the filling thread, never on a decode thread; it gives one up only
+// when the lane judges it poison (Judge: the storage answers others while it hangs), and
+// WriteOff() then gives the lane another thread. Nothing here decides which samples a batch has.
 //
-// Thread-safety: Advance from the stream's producer; Take from decode threads; both locked.
+// Thread-safety: Advance, Take and StartNow from the stream's producer; the rest from anywhere.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -70,9 +72,16 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   // Waits until the read is done (true), `give_up()` (polled every few ms) says stop, or it was
   // cancelled (false).
   bool WaitDone(const std::function<bool()>& give_up);
+  // Waits until the read is done or cancelled (true), or `until` passes (false).
+  bool WaitSettledUntil(std::chrono::steady_clock::time_point until);
   bool done() const { return state() == State::kDone; }
   // Started and not finished: its thread may be stuck (see ReadAhead::WriteOff).
   bool running() const { return state() == State::kRunning; }
+  // When it started running (base::SteadyNowNs); 0 before.
+  int64_t started_ns() const;
+  // Its lane's id (ReadPool::Submit), for WriteOff.
+  uint64_t read_id() const { return read_id_.load(); }
+  void set_read_id(uint64_t id) { read_id_.store(id); }
 
   // After WaitDone: the read's result. OK with TakeReader() set (and the image when the bytes
   // were read), or the error the sample fails with.
@@ -88,8 +97,9 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   };
   std::optional<Image> TakeImage();
 
-  // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes.
-  void Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
+  // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes. False when
+  // it did nothing (cancelled before it began).
+  bool Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
             bool read_image);
 
  private:
@@ -101,12 +111,19 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kQueued;
+  int64_t started_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> read_id_{0};  // set once, by ReadAhead right after it submits the read
   // Written by the reading thread before kDone; read by the taker after it.
   absl::Status status_;
   std::optional<SampleReader> reader_;
   std::optional<ImageBytes> image_ ABSL_GUARDED_BY(mu_);  // also cleared by Evict
   uint64_t hold_ ABSL_GUARDED_BY(mu_) = 0;  // memory_'s read-ahead hold for image_; 0 = none
 };
+
+// A read lane's probe (LaneOptions::probe) for `dataset`: opens one of its samples, spread over
+// the dataset by `attempt` (so a probe stuck on one bad file is followed by one elsewhere).
+// REQUIRES: `dataset` outlives every probe.
+std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset);
 
 class ReadAhead {
  public:
@@ -129,9 +146,16 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
+  // A read of sample `index` outside the window (the batch needs it now and none was started):
+  // submitted at once. Null when the lane is shut down.
+  // REQUIRES: Advance was called.
+  std::shared_ptr<PrefetchedSample> StartNow(uint64_t index);
   // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
   // still running may be stuck, and another thread takes its place.
   void WriteOff(const PrefetchedSample& sample);
+  // Whether a taker waiting for `sample` should give up on it (poison) or wait (ReadPool::Judge;
+  // kWait for a read still queued: the deadline is for reading, not for queueing).
+  ReadPool::Verdict Judge(const PrefetchedSample& sample, std::chrono::milliseconds deadline);
 
   uint64_t started() const;  // reads started so far
 
@@ -142,6 +166,8 @@ class ReadAhead {
   // The shard of epoch `epoch` (the stream's, or the next one built here); null past the end.
   const EpochShard* ShardOf(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submits the read of `index` to the lane; null when it is shut down.
+  std::shared_ptr<PrefetchedSample> Submit(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ReadPool& pool_;
   const uint64_t window_;

@@ -55,7 +55,8 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
   std::filesystem::create_directories(mountpoint_);
   std::vector<std::string> argv = {DelayFsPath(), source,          mountpoint_,
                                    "--open-delay-ms", std::to_string(open_delay.count()),
-                                   "--stats",         mountpoint_ + ".stats"};
+                                   "--stats",         mountpoint_ + ".stats",
+                                   "--held",          mountpoint_ + ".held"};
   if (!hang_glob.empty()) argv.insert(argv.end(), {"--hang", hang_glob});
   delayfs_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{},
                                           mountpoint_ + ".log");
@@ -64,6 +65,20 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
                  ReadFile(mountpoint_ + ".log").c_str());
     std::abort();
   }
+}
+
+void DelayMount::Stall() { delayfs_->Kill(SIGUSR1); }
+
+void DelayMount::Answer() { delayfs_->Kill(SIGUSR2); }
+
+int DelayMount::Held() const {
+  int n = 0;
+  std::sscanf(ReadFile(mountpoint_ + ".held").c_str(), "%d", &n);
+  return n;
+}
+
+bool DelayMount::AwaitHeld(int n, std::chrono::milliseconds timeout) const {
+  return WaitFor([&] { return Held() >= n; }, timeout);
 }
 
 DelayMount::Peaks DelayMount::Unmount() {

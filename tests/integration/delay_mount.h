@@ -25,6 +25,13 @@ class DelayMount {
              std::chrono::milliseconds open_delay, const std::string& hang_glob = "");
   ~DelayMount();
   const std::string& path() const { return mountpoint_; }
+  // The whole mount stops answering (every open, listing and read that reaches delayfs waits),
+  // as an NFS server that goes away; Answer() answers them all and goes on.
+  void Stall();
+  void Answer();
+  // Requests waiting unanswered now (while stalled); AwaitHeld waits until at least `n` do.
+  int Held() const;
+  bool AwaitHeld(int n, std::chrono::milliseconds timeout) const;
   // Unmounts, and says how many opens of files and of directories waited at once at most.
   struct Peaks {
     int files = 0;

@@ -45,7 +45,9 @@ TEST_CASE("12.5: doctor on a good config prints one ok line per check and exits 
   REQUIRE(daemon.Start());
   const CommandResult running = RunCommand({CtlPath(), "doctor", "--config", daemon.config_path()});
   CHECK(running.exit_code == 0);
-  CHECK_THAT(running.output, Catch::Contains("may connect"));
+  CHECK_THAT(running.output, Catch::Contains("may connect") &&
+                                 Catch::Contains("ok: daemon: ringloaderd pid ") &&
+                                 Catch::Contains(" answers: serving"));
   CHECK(daemon.Stop() == 0);
 }
 

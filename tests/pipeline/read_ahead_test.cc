@@ -16,6 +16,7 @@
 #include "server/daemon/memory_budget.h"
 #include "server/image/synthetic.h"
 #include "server/pipeline/sample_task.h"
+#include "tests/support/latch.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::pipeline {
@@ -23,32 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A gate that opens once: threads wait at it until the test lets them through.
-class Latch {
- public:
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  // Blocks until `n` threads wait at the latch.
-  void AwaitWaiting(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return waiting_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int waiting_ = 0;
-};
+using testing::Latch;
 
 // At the end of a test, before the pool and the fixture go: every read has finished and let go
 // of its sample (reads in flight outlive a ReadAhead; the daemon's datasets outlive them).
@@ -167,23 +143,31 @@ TEST_CASE("ReadPool: runs depth reads at once, and a written-off read lets anoth
   ReadPool pool(2);
   Latch hold;
   std::atomic<int> done{0};
+  std::vector<uint64_t> ids;
   for (int i = 0; i < 3; ++i) {
-    REQUIRE(pool.Submit([&] {
+    ids.push_back(pool.Submit([&] {
       hold.Wait();
       ++done;
+      return true;
     }));
+    REQUIRE(ids.back() != 0);
   }
   hold.AwaitWaiting(2);
   CHECK(pool.running() == 2);
   CHECK(pool.queued() == 1);  // the third waits for a thread
-  pool.WriteOff();            // one of the two may be stuck for good: a third thread runs
+  pool.WriteOff(ids[2]);      // not running: nothing to write off
+  CHECK(pool.written_off() == 0);
+  pool.WriteOff(ids[0]);      // may be stuck for good: a third thread runs
+  pool.WriteOff(ids[0]);      // once
   hold.AwaitWaiting(3);
   CHECK(pool.running() == 3);
   CHECK(pool.written_off() == 1);
   hold.Open();
   CHECK(testing::WaitFor([&] { return done.load() == 3; }, std::chrono::seconds(10)));
+  // What is stuck now, not in the lane's life: the written-off read ended.
+  CHECK(testing::WaitFor([&] { return pool.written_off() == 0; }, std::chrono::seconds(10)));
   pool.Shutdown();
-  CHECK_FALSE(pool.Submit([] {}));
+  CHECK(pool.Submit([] { return true; }) == 0);
 }
 
 TEST_CASE("ReadAhead: a sample read ahead decodes to the same bytes, read once, its file bytes "

@@ -8,8 +8,8 @@ open, as NFS), in a memory cgroup of its own where the host has one; eight train
 in batches of 64 to 256 (the float32 batch of 256 is a 462 MB ring), some holding batches, one
 pausing, one resized mid-epoch. Meanwhile faults drawn from --seed: the daemon SIGKILLed, OOM
 killed by its cgroup, reloaded with SIGHUP, a trainer SIGKILLed and restarted at once, /metrics
-and stats scraped. (The whole mount not answering for 45 s is --faults stall: a stalled store
-strikes samples today; issue 38.)
+and stats scraped, and the whole mount not answering for 45 s (delayfs stopped, as an NFS server
+gone: the daemon must wait it out, striking and skipping nothing).
 
 At the end, checked:
   - every trainer took each sample of each epoch it finished exactly once, and of the epoch it
@@ -22,7 +22,8 @@ At the end, checked:
 A one-page report goes to stdout (and --report). Exit 0 when every check passed, 1 otherwise;
 the same --seed draws the same faults at the same moments.
 
-  tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape] [--keep]
+  tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape,stall]
+                     [--keep]
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ IMAGES = 768
 CLASSES = 8
 WARMUP_FRACTION = 0.25
 ALL_FAULTS = ("kill", "oom", "hup", "trainer", "scrape", "stall")
-DEFAULT_FAULTS = ("kill", "oom", "hup", "trainer", "scrape")
+DEFAULT_FAULTS = ALL_FAULTS
+STALL_SECONDS = 45.0  # shortened to end at least AFTER_STALL_SECONDS before the run does
+AFTER_STALL_SECONDS = 20.0
 
 
 @dataclass
@@ -375,8 +378,6 @@ def main() -> int:
     for f in faults:
         if f not in ALL_FAULTS:
             p.error(f"--faults: unknown fault {f!r} (of {', '.join(ALL_FAULTS)})")
-    if "stall" in faults:
-        p.error("--faults stall: not yet (a stalled mount strikes samples until issue 38)")
     if os.geteuid() != 0:
         print("soak: SKIPPED: needs root (a FUSE mount, a memory cgroup)")
         return 77
@@ -410,6 +411,9 @@ def main() -> int:
                 time.sleep(0.05)
             data = mount
             mount_note = "delayfs, 5 ms per open"
+        elif "stall" in faults:
+            log("stall fault skipped: no delay mount here")
+            faults.remove("stall")
         if "oom" in faults:
             cgroup = MemoryCgroup(f"ringloader-soak-{os.getpid()}")
             if cgroup.path is None:
@@ -444,6 +448,25 @@ def main() -> int:
         next_sample = 0.0
         events: List[str] = []
         oom_before = cgroup.oom_kills() if cgroup else 0
+        stall_until: Optional[float] = None  # the mount answers nothing until then
+        # Samples each trainer had taken when the mount last answered again: each must take
+        # more after it (the streams go on by themselves).
+        taken_at_answer: Dict[str, int] = {}
+
+        def taken(t: Trainer) -> int:
+            try:
+                with open(t.samples_path(work), "rb") as f:
+                    return sum(1 for _ in f)
+            except FileNotFoundError:
+                return 0
+
+        def answer_mount() -> None:
+            nonlocal stall_until, taken_at_answer
+            if stall_until is not None:
+                delayfs_proc.send_signal(signal.SIGUSR2)
+                stall_until = None
+                events.append(f"{elapsed():6.1f} s  the mount answers again")
+                taken_at_answer = {t.name: taken(t) for t in TRAINERS}
 
         def elapsed() -> float:
             return time.monotonic() - t0
@@ -461,6 +484,8 @@ def main() -> int:
                                     f"{now:.0f} s (see {work}/{t.name}.log)")
                     start_trainer(t, work, endpoint, epochs_cap)
                     t.restarts += 1
+            if stall_until is not None and now >= stall_until:
+                answer_mount()
             if schedule and schedule[0][0] <= now:
                 _, kind = schedule.pop(0)
                 done[kind] = done.get(kind, 0) + 1
@@ -484,6 +509,16 @@ def main() -> int:
                     t.process.wait()
                     start_trainer(t, work, endpoint, epochs_cap)
                     t.restarts += 1
+                elif kind == "stall":
+                    length = min(STALL_SECONDS, duration - AFTER_STALL_SECONDS - now)
+                    if stall_until is not None:
+                        events[-1] += " (already stalled)"
+                    elif length < 10:
+                        events[-1] += " (too near the end: not made)"
+                    else:
+                        delayfs_proc.send_signal(signal.SIGUSR1)  # every request waits
+                        stall_until = now + length
+                        events[-1] += f" (the whole mount answers nothing for {length:.0f} s)"
                 elif kind == "scrape":
                     try:
                         urllib.request.urlopen(f"http://{daemon.metrics}/metrics", timeout=10).read()
@@ -493,6 +528,10 @@ def main() -> int:
                         events.append(f"{now:6.1f} s  scrape failed: {e}")
             time.sleep(0.05)
 
+        answer_mount()  # (a stall is made to end before the run does)
+        for t in TRAINERS:
+            if t.name in taken_at_answer and taken(t) <= taken_at_answer[t.name]:
+                failures.append(f"{t.name} took no sample after the mount answered again")
         # The end: trainers stop where they are; the daemon's last word.
         for t in TRAINERS:
             t.process.kill()
@@ -587,6 +626,14 @@ def main() -> int:
         if final.get("decode_errors", 0):
             failures.append(f"{final['decode_errors']} good samples skipped as bad: "
                             f"{final.get('decode_errors_by_reason')}")
+        # Every incarnation's log (the supervisor's file): a read given up at its deadline is a
+        # skipped (and struck) good sample, whichever incarnation gave it up.
+        daemon_log = daemon.log()
+        given_up = daemon_log.count("abandoned past decode_deadline_ms")
+        if given_up:
+            failures.append(f"{given_up} good samples given up at their deadline (struck): see "
+                            f"{daemon.log_path}")
+        stalls_said = daemon_log.count("storage stalled:")
         if "oom" in faults and done.get("oom", 0) and oom_kills < done["oom"]:
             failures.append(f"{done['oom']} OOM faults but the cgroup counted {oom_kills} OOM kills")
 
@@ -605,6 +652,8 @@ def main() -> int:
             f"daemon restarts: {final.get('daemon_restarts', 0)}, batches served (last "
             f"incarnation): {final.get('batches_served', 0)}, opens abandoned: "
             f"{final.get('opens_abandoned', 0)}",
+            f"storage stalls said in the log: {stalls_said} (of {done.get('stall', 0)} stall "
+            f"faults; one met by a kill before its deadline passed is not said)",
             "faults in order:", *[f"  {e}" for e in events[:30]],
             *([f"  ... and {len(events) - 30} more"] if len(events) > 30 else []),
             "verdict: " + ("PASSED" if not failures else f"FAILED ({len(failures)})"),
@@ -616,6 +665,8 @@ def main() -> int:
         failures.append(f"the soak could not run: {type(e).__name__}: {e}")
         report += [f"soak: FAILED: {failures[-1]}"]
     finally:
+        if delayfs_proc and delayfs_proc.poll() is None:
+            delayfs_proc.send_signal(signal.SIGUSR2)  # a stall in effect ends with the run
         for t in TRAINERS:
             if t.process and t.process.poll() is None:
                 t.process.kill()

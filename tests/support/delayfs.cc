@@ -4,13 +4,18 @@
 // bench/storage_bench. Not part of the daemon.
 //
 //   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N] [--stats FILE]
+//           [--held FILE]
 //
 // The delay applies to every open of a file or a directory (a listing costs a round trip too).
 // --stats FILE: written at exit: "files N dirs M", the most opens of files (of directories) that
 // waited at once: 1 means the reader opened one after another.
 // --hang GLOB: opening a file whose path (relative to SOURCE, fnmatch) matches never answers,
 // like a dead mount, until the caller is killed (EINTR: as NFS's killable waits) or delayfs
-// exits (ENOTCONN). Runs in the
+// exits (ENOTCONN).
+// SIGUSR1: the whole mount stops answering, as an NFS server that goes away: every open, listing
+// and read that reaches delayfs waits (pages the kernel cached still read) until SIGUSR2 answers
+// them all again, the caller is killed (EINTR) or delayfs exits (ENOTCONN).
+// --held FILE: how many requests wait unanswered now, rewritten whenever it changes. Runs in the
 // foreground; SIGTERM or SIGINT unmounts and exits. Multithreaded (--threads, default 256), so
 // concurrent opens wait their delays side by side, as on a real mount.
 #define FUSE_USE_VERSION 314
@@ -24,6 +29,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <mutex>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +54,22 @@ struct Concurrency {
   std::atomic<int> peak{0};
 };
 Concurrency files, dirs;
+std::atomic<bool> stopped{false};  // SIGUSR1 sets, SIGUSR2 clears
+std::string held_path;
+std::mutex held_mu;
+int held = 0;  // requests waiting while stopped
+
+void WriteHeld(int delta) {
+  std::lock_guard<std::mutex> lock(held_mu);
+  held += delta;
+  if (held_path.empty()) return;
+  const std::string tmp = held_path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fprintf(f, "%d\n", held);
+    std::fclose(f);
+    std::rename(tmp.c_str(), held_path.c_str());
+  }
+}
 
 // The delay, counted among the opens (of `kind`) waiting at once.
 void Delay(Concurrency& kind) {
@@ -65,11 +88,25 @@ bool Exiting() {
   return context == nullptr || fuse_session_exited(fuse_get_session(context->fuse)) != 0;
 }
 
+// While the mount is stopped (SIGUSR1): waits for SIGUSR2. 0 to go on, or the error to answer
+// (the caller was killed, or delayfs exits).
+int HoldWhileStopped() {
+  if (!stopped.load()) return 0;
+  WriteHeld(+1);
+  while (stopped.load() && !Exiting() && fuse_interrupted() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  WriteHeld(-1);
+  if (!stopped.load()) return 0;
+  return fuse_interrupted() != 0 ? -EINTR : -ENOTCONN;
+}
+
 int GetAttr(const char* path, struct stat* st, fuse_file_info*) {
   return lstat(Source(path).c_str(), st) == 0 ? 0 : -errno;
 }
 
 int OpenDir(const char* path, fuse_file_info*) {
+  if (const int held_error = HoldWhileStopped(); held_error != 0) return held_error;
   Delay(dirs);
   struct stat st {};
   return lstat(Source(path).c_str(), &st) == 0 ? 0 : -errno;
@@ -99,6 +136,7 @@ int Open(const char* path, fuse_file_info* fi) {
     }
     return fuse_interrupted() != 0 ? -EINTR : -ENOTCONN;
   }
+  if (const int held_error = HoldWhileStopped(); held_error != 0) return held_error;
   Delay(files);
   const int fd = open(Source(path).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
@@ -110,6 +148,7 @@ int Open(const char* path, fuse_file_info* fi) {
 }
 
 int Read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+  if (const int held_error = HoldWhileStopped(); held_error != 0) return held_error;
   const ssize_t n = pread(static_cast<int>(fi->fh), buf, size, offset);
   return n < 0 ? -errno : static_cast<int>(n);
 }
@@ -126,7 +165,7 @@ int StatFs(const char* path, struct statvfs* st) {
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "delayfs: %s\nusage: delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] "
-               "[--threads N] [--stats FILE]\n",
+               "[--threads N] [--stats FILE] [--held FILE]\n",
                why);
   std::exit(2);
 }
@@ -148,6 +187,8 @@ int main(int argc, char** argv) {
       settings.hang_glob = value();
     } else if (arg == "--stats") {
       settings.stats_path = value();
+    } else if (arg == "--held") {
+      held_path = value();
     } else if (arg == "--threads") {
       threads = static_cast<unsigned>(std::stoul(value()));
     } else if (!arg.empty() && arg[0] == '-') {
@@ -187,6 +228,9 @@ int main(int argc, char** argv) {
   }
   fuse_session* session = fuse_get_session(fs);
   if (fuse_set_signal_handlers(session) != 0) return 1;
+  signal(SIGUSR1, [](int) { stopped.store(true); });
+  signal(SIGUSR2, [](int) { stopped.store(false); });
+  WriteHeld(0);
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, threads);
   fuse_loop_cfg_set_idle_threads(config, threads);  // threads kept, not made anew per burst

@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 38: a mount that stops answering is an outage, not poison, and it stays in its lane.
+// Through the real daemon reading a real FUSE mount (delayfs) that stops answering every
+// request, as an NFS server that goes away: the mounted dataset's stream waits and loses
+// nothing, the daemon says its storage is stalled, a local dataset's streams flow meanwhile, the
+// stream goes on exactly when the mount answers, and SIGTERM during the outage is prompt (also
+// while a reload or the start-up indexes the dead mount); a daemon started during the outage
+// serves its other datasets; doctor and validate answer within their timeouts. Skipped, saying
+// why, where no FUSE mount can be made.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/delay_mount.h"
+#include "tests/integration/storage_data.h"
+
+namespace ringloader::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+v1::DatasetStats DatasetStatsOf(const std::string& endpoint, const std::string& name) {
+  const v1::GetStatsResponse stats = Stats(endpoint);
+  for (const v1::DatasetStats& d : stats.datasets()) {
+    if (d.name() == name) return d;
+  }
+  FAIL("no dataset " << name << " in the stats");
+  return {};
+}
+
+// SIGTERM stops the daemon cleanly within seconds, however many of its reads hang.
+void StopsPromptly(DaemonFixture& daemon) {
+  const auto stopping = std::chrono::steady_clock::now();
+  CHECK(daemon.Stop() == 0);
+  CHECK(std::chrono::steady_clock::now() - stopping < seconds(8));
+}
+
+int ThreadsOf(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_CASE("38.1: the whole mount not answering is an outage: its stream waits and loses "
+          "nothing, the storage is said stalled, a local dataset flows meanwhile, the stream goes "
+          "on exactly when it answers, and SIGTERM during the outage is prompt",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  WriteDataset(data.Join("images"), 120);
+  DelayMount mount(data.Join("images"), data.path(), milliseconds(5));
+  DaemonFixtureOptions options;
+  options.images = 120;  // "synth": local
+  // The outage below lasts several deadlines: a read that waits for it is not poison.
+  options.server_extra = "decode_deadline_ms = 1000\nio_depth = 16";
+  // "direct": the very files, not through the mount (the reference).
+  options.config_extra =
+      DatasetTable("mounted", mount.path()) + DatasetTable("direct", data.Join("images"));
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  client::Client c(daemon.endpoint());
+  const std::vector<std::string> reference = Lines(*c.Open(Options("direct", 2)));
+  REQUIRE(reference.size() == 240);
+
+  // The mount stops answering after the stream's third batch.
+  std::atomic<int> batches{0};
+  std::vector<std::string> got;
+  std::thread consumer([&] {
+    got = Lines(*c.Open(Options("mounted", 2)), [&] {
+      if (++batches == 3) mount.Stall();
+    });
+  });
+  REQUIRE(mount.AwaitHeld(1, seconds(30)));
+  CHECK(WaitFor([&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled(); },
+                seconds(30)));
+  // Its stall stays in its lane: a local dataset streams a whole epoch meanwhile.
+  CHECK(Lines(*c.Open(Options("synth", 1))).size() == 120);
+  const CommandResult stats = daemon.Ctl({"stats"});
+  CHECK_THAT(stats.output, Catch::Contains("dataset mounted") &&
+                               Catch::Contains("STORAGE STALLED"));
+  // It lasts several deadlines; the daemon's threads do not grow meanwhile.
+  REQUIRE(WaitFor(
+      [&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled_ms() >= 3000; },
+      seconds(60)));
+  const int threads = ThreadsOf(daemon.ServingPid());
+  REQUIRE(WaitFor(
+      [&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled_ms() >= 5000; },
+      seconds(60)));
+  const int threads_later = ThreadsOf(daemon.ServingPid());
+  INFO("threads " << threads << " then " << threads_later);
+  // At most a few more probes of the storage (ReadPool::kMaxProbes), not a thread per deadline.
+  CHECK(threads_later <= threads + 4);
+  CHECK(threads_later < 150);  // 2 decode + 3 lanes x 16 reads + gRPC's
+  CHECK(batches.load() < 30);  // it did wait (30 batches is the whole run)
+
+  mount.Answer();
+  consumer.join();
+  CHECK(got == reference);  // every sample, once, byte for byte: nothing skipped
+  const v1::GetStatsResponse after = Stats(daemon.endpoint());
+  CHECK(after.decode_errors() == 0);
+  CHECK(after.quarantines() == 0);
+  CHECK(after.decode_threads_abandoned() == 0);
+  const v1::DatasetStats mounted = DatasetStatsOf(daemon.endpoint(), "mounted");
+  CHECK_FALSE(mounted.storage_stalled());
+  CHECK(mounted.storage_stalls() == 1);
+  CHECK(mounted.reads_stuck() == 0);
+  CHECK(DatasetStatsOf(daemon.endpoint(), "synth").storage_stalls() == 0);
+  const std::string log = daemon.Log();
+  CHECK_THAT(log, Catch::Contains("dataset mounted: storage stalled") &&
+                      Catch::Contains("dataset mounted: storage answers again after"));
+  CHECK_THAT(log, !Catch::Contains("strike"));
+
+  // SIGTERM while the mount is gone again, with a stream's reads waiting on it: prompt.
+  mount.Stall();
+  std::unique_ptr<client::Stream> waiting = c.Open(Options("mounted", 1));
+  REQUIRE(mount.AwaitHeld(1, seconds(30)));
+  StopsPromptly(daemon);
+  mount.Answer();
+}
+
+TEST_CASE("38.1: doctor says a daemon that does not answer and a dataset whose mount does not "
+          "answer, within its timeouts, and validate gives a hung file up at --deadline-ms",
+          "[integration][storage][doctor]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  WriteDataset(data.Join("images"), 40);
+  DelayMount mount(data.Join("images"), data.path(), milliseconds(5), "class_01/img_000005.jpg");
+
+  // validate: the hung file is BAD once the storage answered other reads past its deadline.
+  const auto validating = std::chrono::steady_clock::now();
+  const CommandResult validated = RunCommand(
+      {CtlPath(), "validate", "--path", mount.path(), "--jobs", "2", "--deadline-ms", "1000"});
+  INFO(validated.output);
+  CHECK(validated.exit_code == 1);
+  CHECK_THAT(validated.output,
+             Catch::Contains("BAD class_01/img_000005.jpg: deadline_exceeded") &&
+                 Catch::Contains("checked 40 files: 39 good, 1 bad"));
+  CHECK(std::chrono::steady_clock::now() - validating < seconds(30));
+
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.config_extra = DatasetTable("mounted", mount.path());
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  // The mount answers nothing: the dataset's check says so after its timeout; the rest go on.
+  mount.Stall();
+  auto started = std::chrono::steady_clock::now();
+  const CommandResult stalled = RunCommand({CtlPath(), "doctor", "--config",
+                                            daemon.config_path(), "--dataset-timeout-s", "2"});
+  INFO(stalled.output);
+  CHECK(stalled.exit_code == 1);
+  CHECK_THAT(stalled.output,
+             Catch::Contains("problem: dataset mounted (imagefolder " + mount.path() +
+                             "): indexing did not finish in 2 s") &&
+                 Catch::Contains("ok: dataset synth") && Catch::Contains("ok: daemon: "));
+  CHECK(std::chrono::steady_clock::now() - started < seconds(20));
+  mount.Answer();
+
+  // A daemon that does not answer (stopped) is a problem, not "all checks passed".
+  const pid_t pid = daemon.ServingPid();
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  started = std::chrono::steady_clock::now();
+  const CommandResult stopped = RunCommand(
+      {CtlPath(), "doctor", "--config", daemon.config_path(), "--daemon-timeout-s", "2"});
+  REQUIRE(kill(pid, SIGCONT) == 0);
+  INFO(stopped.output);
+  CHECK(stopped.exit_code == 1);
+  CHECK_THAT(stopped.output,
+             Catch::Contains("problem: daemon: ringloaderd pid " + std::to_string(pid) +
+                             " listens on ") &&
+                 Catch::Contains("but does not answer in 2 s"));
+  CHECK_THAT(stopped.output, !Catch::Contains("all checks passed"));
+  CHECK(std::chrono::steady_clock::now() - started < seconds(30));
+  CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("38.1: SIGTERM while a reload or the start-up indexes a dataset on a mount that does "
+          "not answer stops the daemon within seconds",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  WriteDataset(data.Join("images"), 20);
+  {
+    DelayMount mount(data.Join("images"), data.path(), milliseconds(5));
+    DaemonFixtureOptions options;
+    options.images = 8;
+    DaemonFixture daemon(options);
+    REQUIRE(daemon.Start());
+    mount.Stall();
+    {
+      std::ofstream config(daemon.config_path(), std::ios::app);
+      config << "\n" << DatasetTable("mounted", mount.path());
+    }
+    REQUIRE(kill(daemon.ServingPid(), SIGHUP) == 0);
+    REQUIRE(mount.AwaitHeld(1, seconds(30)));  // the reload's walk waits on the mount
+    // The daemon still answers meanwhile.
+    CHECK(daemon.Ctl({"health"}).exit_code == 0);
+    StopsPromptly(daemon);
+    CHECK_THAT(daemon.Log(), Catch::Contains("shutting down without waiting for it"));
+    mount.Answer();
+  }
+  {
+    DelayMount mount(data.Join("images"), data.path(), milliseconds(5));
+    mount.Stall();
+    DaemonFixtureOptions options;
+    options.images = 8;
+    options.config_extra = DatasetTable("mounted", mount.path());
+    DaemonFixture daemon(options);
+    daemon.Launch();
+    REQUIRE(mount.AwaitHeld(1, seconds(30)));  // the start-up walk waits on the mount
+    StopsPromptly(daemon);
+    mount.Answer();
+  }
+}
+
+TEST_CASE("38.1: a daemon started while one dataset's mount does not answer serves the others, "
+          "and that dataset once the mount answers",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  WriteDataset(data.Join("images"), 20);
+  DelayMount mount(data.Join("images"), data.path(), milliseconds(5));
+  mount.Stall();
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.config_extra = DatasetTable("mounted", mount.path());
+  DaemonFixture daemon(options);
+  daemon.Launch();
+  REQUIRE(mount.AwaitHeld(1, seconds(30)));  // its index waits on the mount
+  REQUIRE(WaitFor([&] { return daemon.Ctl({"health"}).exit_code == 0; }, seconds(60)));
+  client::Client c(daemon.endpoint());
+  CHECK(Lines(*c.Open(Options("synth", 1))).size() == 8);
+  client::StreamOptions not_yet = Options("mounted", 1);
+  not_yet.reconnect_deadline = seconds(1);
+  CHECK_THROWS_WITH(c.Open(not_yet), Catch::Contains("still being indexed"));
+  CHECK_THAT(daemon.Log(), Catch::Contains("serving without dataset mounted"));
+  mount.Answer();
+  REQUIRE(WaitFor(
+      [&] {
+        return daemon.Log().find("dataset mounted: indexed after the daemon started serving") !=
+               std::string::npos;
+      },
+      seconds(30)));
+  CHECK(Lines(*c.Open(Options("mounted", 1))).size() == 20);
+  CHECK(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace ringloader::testing
