@@ -42,6 +42,16 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
         1000 * s.decode_seconds() / s.samples_decoded(), s.io_depth(), s.reads_in_flight(),
         base::FormatBytes(s.read_ahead_bytes()));
   }
+  if (s.read_files_limit() > 0) {
+    out << absl::StrFormat("%-20s %d of %d for reads ahead (at most %d so far%s); limit %d\n",
+                           "open files", s.read_files_held(), s.read_files_limit(),
+                           s.read_files_peak(),
+                           s.read_files_refused() > 0
+                               ? absl::StrFormat(", %d reads waited for one",
+                                                 s.read_files_refused())
+                               : "",
+                           s.open_files_limit());
+  }
   std::vector<std::string> reasons;
   std::map<std::string, uint64_t> by_reason(s.decode_errors_by_reason().begin(),
                                             s.decode_errors_by_reason().end());

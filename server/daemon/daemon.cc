@@ -46,6 +46,7 @@
 #include "server/daemon/logging.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/metrics.h"
+#include "server/daemon/open_files.h"
 #include "server/daemon/oom_kills.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/request_guard.h"
@@ -55,6 +56,7 @@
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/file_budget.h"
 #include "server/pipeline/read_ahead.h"
 #include "server/pipeline/read_pool.h"
 #include "server/pipeline/worker_pool.h"
@@ -167,6 +169,8 @@ struct DaemonState {
   std::unique_ptr<pipeline::BatchFiller> filler;
   std::unique_ptr<SampleGate> gate;
   std::unique_ptr<MemorySampleCache> cache;  // eval cache of datasets with cache = "memory"
+  OpenFilesPlan open_files;                  // RLIMIT_NOFILE shared out (open_files.h)
+  std::unique_ptr<pipeline::FileBudget> read_files;  // the reads ahead's share; null: io_depth 0
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
   ProbeHealthService main_health;  // the main server's grpc.health.v1
@@ -679,10 +683,25 @@ absl::Status StartUp(DaemonState& d) {
                                         d.pool->size(), d.stats.quarantines);
   // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
   d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
+  // The open-file limit shared out, said once: past it reads would fail with EMFILE.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    d.open_files = PlanOpenFiles(files.rlim_cur == RLIM_INFINITY ? (1u << 20) : files.rlim_cur,
+                                 d.config);
+    if (d.open_files.short_of_wanted()) {
+      SPDLOG_WARN("{}", d.open_files.Describe());
+    } else {
+      SPDLOG_INFO("{}", d.open_files.Describe());
+    }
+    if (server.io_depth > 0) {
+      d.read_files = std::make_unique<pipeline::FileBudget>(d.open_files.read_files);
+    }
+  }
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
                          d.started,      d.pool.get(), d.cache.get(),
                          d.progress.get()};
+  deps.read_files = d.read_files.get();
+  deps.read_window = d.open_files.window;
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   const std::string admin_listen =
@@ -728,7 +747,11 @@ absl::Status StartUp(DaemonState& d) {
   }
   if (d.server && !server.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-        MetricsEndpoint::Start(server.metrics_listen, MetricsSources{d.streams.get(), d.progress.get()});
+        MetricsEndpoint::Start(server.metrics_listen,
+                               MetricsSources{d.streams.get(), d.progress.get()},
+                               d.open_files.metrics_connections != 0
+                                   ? static_cast<unsigned>(d.open_files.metrics_connections)
+                                   : HttpEndpoint::kMaxConnections);
     if (!metrics.ok()) {
       return absl::Status(metrics.status().code(),
                           absl::StrCat(d.config.source, ": ", metrics.status().message()));

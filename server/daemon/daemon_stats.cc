@@ -7,22 +7,25 @@
 
 namespace ringloader::server {
 
-bool DaemonStats::RecordBadFile(uint64_t sample_index, BadFileRecord record) {
+DaemonStats::BadFileNews DaemonStats::RecordBadFile(uint64_t sample_index,
+                                                    BadFileRecord record) {
   std::lock_guard<std::mutex> lock(mu_);
   ++errors_;
   ++by_reason_[record.reason];
-  bool is_new = true;
   auto key = std::make_pair(record.dataset, sample_index);
-  if (seen_.count(key)) {
-    is_new = false;
-  } else if (seen_.size() < kMaxRememberedBadFiles) {
-    seen_.insert(std::move(key));
-  }
-  if (is_new) {
-    recent_.push_back(std::move(record));
-    if (recent_.size() > kRecentBadFiles) recent_.pop_front();
-  }
-  return is_new;
+  if (seen_.count(key)) return BadFileNews::kSeenBefore;
+  recent_.push_back(std::move(record));
+  if (recent_.size() > kRecentBadFiles) recent_.pop_front();
+  if (seen_.size() >= kMaxRememberedBadFiles) return BadFileNews::kNotRemembered;
+  seen_.insert(std::move(key));
+  return BadFileNews::kFirstTime;
+}
+
+void DaemonStats::CountBadFiles(const std::string& reason, uint64_t n) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  errors_ += n;
+  by_reason_[reason] += n;
 }
 
 uint64_t DaemonStats::decode_errors() const {

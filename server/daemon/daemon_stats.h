@@ -31,8 +31,9 @@ struct BadFileRecord {
 class DaemonStats {
  public:
   static constexpr size_t kRecentBadFiles = 32;
-  // Bound on remembered (dataset, sample) pairs used to log each bad file once; past it, files
-  // are still counted but may be logged again (memory stays bounded whatever the dataset).
+  // Bound on remembered (dataset, sample) pairs used to log each bad file once; past it, new bad
+  // files are counted and not logged one by one (streams say how many, once per epoch): memory
+  // stays bounded whatever the dataset, and no file is logged twice.
   static constexpr size_t kMaxRememberedBadFiles = 100'000;
 
   std::atomic<uint64_t> images_decoded{0};
@@ -47,8 +48,13 @@ class DaemonStats {
   std::atomic<uint64_t> opens_abandoned{0};
   std::atomic<uint64_t> batches_copied_out{0};  // held batches clients copied out of their rings
 
-  // Returns true when this (dataset, sample) was not seen before (the caller logs it then).
-  bool RecordBadFile(uint64_t sample_index, BadFileRecord record);
+  // Counts a bad file. kFirstTime: not seen before (the caller logs it); kSeenBefore: logged
+  // already; kNotRemembered: past kMaxRememberedBadFiles (the caller counts it for a summary).
+  enum class BadFileNews { kFirstTime, kSeenBefore, kNotRemembered };
+  BadFileNews RecordBadFile(uint64_t sample_index, BadFileRecord record);
+  // Counts `n` bad files of `reason` known only by their number (FilledBatch::skipped_by_reason
+  // beyond its errors).
+  void CountBadFiles(const std::string& reason, uint64_t n);
 
   uint64_t decode_errors() const;
   std::map<std::string, uint64_t> errors_by_reason() const;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/http_endpoint.h"
 
+#include <algorithm>
+
 #include <microhttpd.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -42,7 +44,8 @@ bool SplitHostPort(const std::string& listen, std::string* host, std::string* po
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& listen,
-                                                                   Page page) {
+                                                                   Page page,
+                                                                   unsigned max_connections) {
   std::string host, port;
   if (!SplitHostPort(listen, &host, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("'", listen, "' is not HOST:PORT"));
@@ -80,7 +83,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   };
   endpoint->daemon_ = MHD_start_daemon(
       flags, 0, nullptr, nullptr, handler, endpoint.get(), MHD_OPTION_SOCK_ADDR, found->ai_addr,
-      MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT,
+      MHD_OPTION_CONNECTION_LIMIT, std::clamp(max_connections, 1u, kMaxConnections),
+      MHD_OPTION_CONNECTION_TIMEOUT,
       kIdleTimeoutSeconds, MHD_OPTION_END);
   ::freeaddrinfo(found);
   if (endpoint->daemon_ == nullptr) {  // (libmicrohttpd does not say why; errno is not reliable)

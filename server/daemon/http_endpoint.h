@@ -20,7 +20,7 @@ namespace ringloader::server {
 
 class HttpEndpoint {
  public:
-  static constexpr unsigned kMaxConnections = 1024;
+  static constexpr unsigned kMaxConnections = 1024;  // the most Start() allows
   static constexpr unsigned kIdleTimeoutSeconds = 10;
 
   struct Page {
@@ -29,10 +29,11 @@ class HttpEndpoint {
     std::function<std::string()> respond;
   };
 
-  // Listens on `listen` ("HOST:PORT", "[V6]:PORT"). Unavailable naming the address and why when
-  // it cannot (address in use, unknown host).
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& listen,
-                                                             Page page);
+  // Listens on `listen` ("HOST:PORT", "[V6]:PORT"), with up to `max_connections` connections at
+  // once (each an open file; at most kMaxConnections). Unavailable naming the address and why
+  // when it cannot (address in use, unknown host).
+  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
+      const std::string& listen, Page page, unsigned max_connections = kMaxConnections);
   ~HttpEndpoint();  // stops the thread and closes every connection; no response runs past it
   HttpEndpoint(const HttpEndpoint&) = delete;
   HttpEndpoint& operator=(const HttpEndpoint&) = delete;

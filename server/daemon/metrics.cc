@@ -105,6 +105,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
   out.push_back(Single("decode_threads_abandoned_total",
                        "Decode threads left stuck in a read past decode_deadline_ms", kCounter,
                        static_cast<double>(s.decode_threads_abandoned())));
+  out.push_back(Single("decode_threads_stuck", "Of those, the threads still stuck now", kGauge,
+                       static_cast<double>(s.decode_threads_stuck())));
 
   MetricFamily stalled = Family(
       "storage_stalled",
@@ -172,8 +174,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen,
-                                                                        MetricsSources sources) {
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& listen, MetricsSources sources, unsigned max_connections) {
   auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
   HttpEndpoint::Page page;
   page.path = "/metrics";
@@ -181,7 +183,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   page.respond = [sources] {
     return prometheus::TextSerializer().Serialize(CollectMetrics(sources));
   };
-  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(listen, std::move(page));
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(listen, std::move(page),
+                                                                         max_connections);
   if (!http.ok()) {
     return absl::UnavailableError(
         absl::StrCat("server.metrics_listen: ", http.status().message()));

@@ -45,8 +45,10 @@ std::vector<prometheus::MetricFamily> CollectMetrics(const MetricsSources& sourc
 class MetricsEndpoint {
  public:
   // Listens on `listen` ("HOST:PORT"). Unavailable naming the address when it cannot.
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen,
-                                                                MetricsSources sources);
+  // `max_connections`: scrapers' connections at once (each an open file; open_files.h).
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+      const std::string& listen, MetricsSources sources,
+      unsigned max_connections = HttpEndpoint::kMaxConnections);
   ~MetricsEndpoint();  // stops serving before the sources go
   int port() const;
 

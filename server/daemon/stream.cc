@@ -33,10 +33,12 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
       deps_(deps),
       read_ahead_(deps.read_pool == nullptr
                       ? nullptr
-                      // As many outstanding as the pool runs at once: each holds an open file.
+                      // As many outstanding as the lane runs at once, or the stream's share of
+                      // the open files: each holds one.
                       : std::make_unique<pipeline::ReadAhead>(
-                            *deps.read_pool, deps.read_pool->depth(), deps.memory,
-                            deps.observer, deps.io_retry)),
+                            *deps.read_pool,
+                            deps.read_window != 0 ? deps.read_window : deps.read_pool->depth(),
+                            deps.memory, deps.observer, deps.io_retry, deps.files)),
       schedule_(setup_.id, *ring_, setup_.start),
       last_activity_ns_(base::SteadyNowNs()) {}
 
@@ -51,7 +53,10 @@ void Stream::Start() {
 
 void Stream::Stop() {
   schedule_.Stop();
-  if (producer_.joinable()) producer_.join();
+  if (producer_.joinable()) {
+    producer_.join();
+    SayUnlogged();  // the producer is gone: its counts are ours
+  }
 }
 
 std::chrono::steady_clock::time_point Stream::last_activity() const {
@@ -126,7 +131,7 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
     schedule_.End(filled.status());
     return;
   }
-  RecordSkipped(*filled);
+  RecordSkipped(*filled, f.pos.epoch());
   deps_.stats->images_decoded.fetch_add(filled->count, std::memory_order_relaxed);
   const uint64_t batch_size = spec.batch_size();
   const bool dropped = spec.drop_last() && filled->count < batch_size;
@@ -219,14 +224,46 @@ bool Stream::FinishEpoch(ProducerCursor& cursor) {
   return true;
 }
 
-void Stream::RecordSkipped(const pipeline::FilledBatch& filled) {
+void Stream::RecordSkipped(const pipeline::FilledBatch& filled, uint64_t epoch) {
+  if (epoch != unlogged_epoch_) SayUnlogged();
+  unlogged_epoch_ = epoch;
+  std::map<std::string, uint64_t> kept;  // by reason
   for (const pipeline::SampleError& e : filled.errors) {
+    ++kept[e.reason];
     BadFileRecord record{setup_.dataset->name(), e.relative_path, e.reason, e.message};
-    if (deps_.stats->RecordBadFile(e.sample_index, std::move(record))) {
-      SPDLOG_WARN("dataset {}: skipping sample {} ({}): {}", setup_.dataset->name(),
-                  e.sample_index, e.reason, wire::EscapeBytes(e.message));
+    switch (deps_.stats->RecordBadFile(e.sample_index, std::move(record))) {
+      case DaemonStats::BadFileNews::kFirstTime:
+        SPDLOG_WARN("dataset {}: skipping sample {} ({}): {}", setup_.dataset->name(),
+                    e.sample_index, e.reason, wire::EscapeBytes(e.message));
+        break;
+      case DaemonStats::BadFileNews::kSeenBefore:
+        break;
+      case DaemonStats::BadFileNews::kNotRemembered:
+        ++unlogged_[e.reason];
+        break;
     }
   }
+  for (const auto& [reason, count] : filled.skipped_by_reason) {
+    const uint64_t rest = count - std::min(count, kept[reason]);
+    deps_.stats->CountBadFiles(reason, rest);
+    if (rest > 0) unlogged_[reason] += rest;
+  }
+}
+
+void Stream::SayUnlogged() {
+  if (unlogged_.empty()) return;
+  uint64_t total = 0;
+  std::string by_reason;
+  for (const auto& [reason, count] : unlogged_) {
+    total += count;
+    absl::StrAppend(&by_reason, by_reason.empty() ? "" : ", ", reason, " ", count);
+  }
+  SPDLOG_WARN("dataset {}: stream {} skipped {} more bad samples in epoch {} without a line each "
+              "({}; each batch's first {} and the daemon's first {} bad files are logged one by "
+              "one; `ringloaderctl stats` counts them all)",
+              setup_.dataset->name(), setup_.id, total, unlogged_epoch_, by_reason,
+              pipeline::FilledBatch::kMaxErrorsKept, DaemonStats::kMaxRememberedBadFiles);
+  unlogged_.clear();
 }
 
 namespace {

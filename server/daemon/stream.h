@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -85,6 +86,10 @@ struct StreamDeps {
   pipeline::ReadPool* read_pool = nullptr;
   pipeline::DecodeMemory* memory = nullptr;
   std::chrono::milliseconds io_retry{30'000};
+  // The files reads ahead may hold, shared by all streams (null: no limit), and this stream's
+  // window (reads started ahead, not yet taken; 0 = the lane's depth).
+  pipeline::FileBudget* files = nullptr;
+  uint64_t read_window = 0;
 };
 
 class Stream {
@@ -153,7 +158,11 @@ class Stream {
   // The rest of cursor.next's epoch yields nothing: on to the next epoch's start (true), or End()
   // the stream when the whole epoch yielded no batch (false).
   bool FinishEpoch(ProducerCursor& cursor);
-  void RecordSkipped(const pipeline::FilledBatch& filled);
+  // Counts the batch's skipped samples and logs each bad file once; those not logged one by one
+  // (past a batch's kept errors or the daemon's remembered files) are summed per epoch and said
+  // in one line when the epoch changes (and when the stream stops).
+  void RecordSkipped(const pipeline::FilledBatch& filled, uint64_t epoch);
+  void SayUnlogged();
   v1::BatchHandle MakeHandle(uint32_t slot, uint64_t ring_sequence, const v1::Position& position,
                              const v1::Position& next, const pipeline::FilledBatch& filled,
                              bool last_in_epoch, std::span<const uint8_t> payload) const;
@@ -166,6 +175,10 @@ class Stream {
   const std::unique_ptr<pipeline::ReadAhead> read_ahead_;
   BatchSchedule schedule_;  // the producer's state and the hand-over to NextBatch
   std::thread producer_;
+  // Bad samples skipped without a line each (RecordSkipped), by reason, in epoch
+  // unlogged_epoch_; the producer's only.
+  std::map<std::string, uint64_t> unlogged_;
+  uint64_t unlogged_epoch_ = 0;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<bool> in_next_{false};  // a NextBatch call is in progress
 };

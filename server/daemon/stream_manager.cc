@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/stream_manager.h"
 
+#include <sys/resource.h>
+
 #include <grp.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -374,6 +376,8 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
                          deps_.cache};
   stream_deps.read_pool = served->lane.get();
   stream_deps.memory = deps_.budget;
+  stream_deps.files = deps_.read_files;
+  stream_deps.read_window = deps_.read_window;
   stream_deps.io_retry = std::chrono::milliseconds(deps_.config->server.io_retry_ms);
   auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
                                          std::move(*reservation), stream_deps);
@@ -718,7 +722,10 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_memory_reserved_peak_bytes(deps_.budget->peak_reserved());
   response->set_memory_decoding_bytes(deps_.budget->decoding());
   response->set_rss_peak_bytes(PeakRssBytes());
-  if (deps_.pool != nullptr) response->set_decode_threads_abandoned(deps_.pool->abandoned());
+  if (deps_.pool != nullptr) {
+    response->set_decode_threads_abandoned(deps_.pool->abandoned());
+    response->set_decode_threads_stuck(deps_.pool->stuck());
+  }
   if (deps_.progress != nullptr) {
     const LatencySnapshot read_wait = deps_.progress->read_wait();
     const LatencySnapshot decode = deps_.progress->latency();
@@ -728,6 +735,15 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     response->set_samples_decoded(decode.count);
   }
   response->set_io_depth(deps_.config->server.io_depth);
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    response->set_open_files_limit(files.rlim_cur);
+  }
+  if (deps_.read_files != nullptr) {
+    response->set_read_files_limit(deps_.read_files->limit());
+    response->set_read_files_held(deps_.read_files->held());
+    response->set_read_files_peak(deps_.read_files->peak());
+    response->set_read_files_refused(deps_.read_files->refused());
+  }
   response->set_read_ahead_bytes(deps_.budget->read_ahead());
   response->set_read_ahead_peak_bytes(deps_.budget->peak_read_ahead());
   response->set_requests_rejected(stats.requests_rejected.load());

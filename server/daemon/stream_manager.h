@@ -66,6 +66,8 @@ struct StreamManagerDeps {
   const pipeline::WorkerPool* pool = nullptr;  // for stats; may be null
   MemorySampleCache* cache = nullptr;           // eval cache; null = none
   const ProgressWatch* progress = nullptr;      // read-wait and decode times; may be null
+  pipeline::FileBudget* read_files = nullptr;   // files reads ahead may hold; null = no limit
+  uint64_t read_window = 0;                     // each stream's reads ahead; 0 = io_depth
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,12 @@ absl::Status DeadlineError(const Dataset& dataset, uint64_t index,
 }
 
 }  // namespace
+
+uint64_t FilledBatch::skipped() const {
+  uint64_t n = 0;
+  for (const auto& [reason, count] : skipped_by_reason) n += count;
+  return n;
+}
 
 const TensorPlacement* BatchLayout::Find(std::string_view name) const {
   for (const TensorPlacement& t : tensors) {
@@ -184,24 +191,37 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   batch.labels.assign(batch.k, -1);
   batch.rows.assign(batch.k * tensors, 0);
   batch.prefetched.assign(batch.k, nullptr);
-  std::vector<uint64_t> waiting, ready;
+  // unstarted: reads not started yet for want of a file (FileBudget); waiting: reads running.
+  std::vector<uint64_t> unstarted, waiting, ready;
   ReadAhead* const ahead = request.read_ahead;
   for (uint64_t i = 0; i < batch.k; ++i) {
     const uint64_t index = batch.shard.at(batch.pos + i);
+    // A quarantined sample is refused at once by its task, whatever its read does; a cached one
+    // is not read.
+    const bool refused = observer != nullptr && !observer->Refused(batch.dataset, index).ok();
+    const bool cached = batch.dataset.has_images() && request.cache != nullptr &&
+                        request.cache->Holds(request.cache_key, index);
     if (ahead != nullptr) {
       batch.prefetched[i] = ahead->Take(request.epoch, batch.pos + i);
-      const bool cached = batch.dataset.has_images() && request.cache != nullptr &&
-                          request.cache->Holds(request.cache_key, index);
-      if (batch.prefetched[i] == nullptr && !cached) batch.prefetched[i] = ahead->StartNow(index);
+      if (batch.prefetched[i] == nullptr && !cached && !refused) {
+        batch.prefetched[i] = ahead->StartNow(index);
+        if (batch.prefetched[i] == nullptr) {
+          unstarted.push_back(i);
+          continue;
+        }
+      }
     }
-    // A quarantined sample is refused at once by its task, whatever its read does.
-    const bool refused =
-        observer != nullptr && !observer->Refused(batch.dataset, index).ok();
     (batch.prefetched[i] != nullptr && !refused ? waiting : ready).push_back(i);
   }
   // Waves: the samples whose reads are done go to the decode threads while the others read on.
   while (true) {
     std::vector<uint64_t> still;
+    for (uint64_t i : unstarted) {  // files given back since
+      batch.prefetched[i] = ahead->StartNow(batch.shard.at(batch.pos + i));
+      (batch.prefetched[i] != nullptr ? waiting : still).push_back(i);
+    }
+    unstarted.swap(still);
+    still.clear();
     for (uint64_t i : waiting) {
       const PrefetchedSample& read = *batch.prefetched[i];
       const PrefetchedSample::State state = read.state();
@@ -218,22 +238,28 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
     waiting.swap(still);
     if (!ready.empty()) {
       RunTasks(batch, ready, observer);
+      // Done with their files: given back now, for the rest of the batch (a read its task did
+      // not wait for, refused meanwhile, may be stuck: another reader takes its place).
+      for (uint64_t i : ready) {
+        if (batch.prefetched[i] == nullptr) continue;
+        ahead->WriteOff(*batch.prefetched[i]);
+        batch.prefetched[i] = nullptr;
+      }
       ready.clear();
       continue;
     }
-    if (waiting.empty()) break;
+    if (waiting.empty() && unstarted.empty()) break;
     if (request.stop && request.stop()) {
       return absl::CancelledError("the batch was waiting for its reads when its stream stopped");
     }
-    batch.prefetched[waiting.front()]->WaitSettledUntil(std::chrono::steady_clock::now() +
-                                                        std::chrono::milliseconds(10));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+    if (!waiting.empty()) {
+      batch.prefetched[waiting.front()]->WaitSettledUntil(until);
+    } else {
+      std::this_thread::sleep_until(until);  // for a file (other streams' samples end)
+    }
   }
-  // A read its task did not wait for (the sample was refused meanwhile) and that has not
-  // finished may be stuck: another reader takes its place.
-  for (const std::shared_ptr<PrefetchedSample>& read : batch.prefetched) {
-    if (read != nullptr) ahead->WriteOff(*read);
-  }
-  batch.prefetched.clear();  // the bytes read ahead go back as their samples are done
+  batch.prefetched.clear();
   return absl::OkStatus();
 }
 
@@ -316,9 +342,12 @@ absl::Status BatchFiller::CompactRound(Assembly& batch, FilledBatch& filled) {
         return image::WithReason(absl::DataLossError(status.message()),
                                  image::ErrorReason(status));
       }
-      filled.errors.push_back(SampleError{index, std::string(dataset.relative_path(index)),
-                                          std::string(image::ErrorReason(status)),
-                                          std::string(status.message())});
+      const std::string reason(image::ErrorReason(status));
+      ++filled.skipped_by_reason[reason];
+      if (filled.errors.size() < FilledBatch::kMaxErrorsKept) {
+        filled.errors.push_back(SampleError{index, std::string(dataset.relative_path(index)),
+                                            reason, std::string(status.message())});
+      }
       continue;
     }
     if (write != slot) {

@@ -18,8 +18,9 @@
 // Only the first `count` entries of each are meaningful; the rest are zero.
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <span>
@@ -73,9 +74,17 @@ struct SampleError {
 };
 
 struct FilledBatch {
+  // Skipped samples kept whole (path and message) per batch: a shard of 50,000 empty members
+  // between two good samples costs counts, not 50,000 messages outside memory_limit.
+  static constexpr size_t kMaxErrorsKept = 64;
+
   uint32_t count = 0;        // good samples written (< batch_size only at the end of the shard)
   uint64_t next_cursor = 0;  // shard position after the last sample consumed (good or bad)
-  std::vector<SampleError> errors;  // samples skipped in this batch, in shard order
+  // The first kMaxErrorsKept samples skipped in this batch, in shard order.
+  std::vector<SampleError> errors;
+  // Every sample skipped in this batch, counted by reason (`errors` among them).
+  std::map<std::string, uint64_t> skipped_by_reason;
+  uint64_t skipped() const;
 };
 
 // Hooks the daemon uses around each decode (in-flight records for crash strikes, quarantine,

@@ -18,6 +18,7 @@ PrefetchedSample::~PrefetchedSample() {
     hold = hold_;
   }
   if (hold != 0) memory_->ReleaseReadAhead(hold);
+  if (file_ != nullptr) file_->Give();  // its reader (and file) went with it, or to its task's end
 }
 
 PrefetchedSample::State PrefetchedSample::state() const {
@@ -131,12 +132,14 @@ std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
 }
 
 ReadAhead::ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory,
-                     SampleObserver* observer, std::chrono::milliseconds io_retry)
+                     SampleObserver* observer, std::chrono::milliseconds io_retry,
+                     FileBudget* files)
     : pool_(pool),
       window_(std::max<uint64_t>(window, 1)),
       memory_(memory),
       observer_(observer),
-      io_retry_(io_retry) {}
+      io_retry_(io_retry),
+      files_(files) {}
 
 ReadAhead::~ReadAhead() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -201,7 +204,9 @@ std::shared_ptr<PrefetchedSample> ReadAhead::StartNow(uint64_t index) {
 }
 
 std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
-  auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_);
+  if (files_ != nullptr && !files_->TryTake()) return nullptr;
+  // It gives the file back at its end (also when not submitted).
+  auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_, files_);
   // The lane's thread holds the read alive; the task may have taken and dropped it already.
   const uint64_t id = pool_.Submit([read, observer = observer_, max = max_file_bytes_,
                                     io_retry = io_retry_, images = dataset_->has_images()] {
@@ -239,12 +244,16 @@ void ReadAhead::StartMore() {
       continue;
     }
     const Key key = next_;
-    ++next_.second;
     const uint64_t index = shard->at(key.second);
-    if (index >= dataset_->size()) continue;  // Fill refuses the batch itself
-    if (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) continue;
+    if (index >= dataset_->size() ||  // Fill refuses the batch itself
+        (cache_ != nullptr && images && cache_->Holds(cache_key_, index))) {
+      ++next_.second;
+      continue;
+    }
+    // No file left: this position is tried again on the next Advance or Take.
     std::shared_ptr<PrefetchedSample> read = Submit(index);
     if (read == nullptr) return;
+    ++next_.second;
     reads_.emplace(key, std::move(read));
     ++started_;
   }

@@ -38,6 +38,7 @@
 #include "server/image/sample_decoder.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/file_budget.h"
 #include "server/pipeline/read_pool.h"
 #include "server/pipeline/sample_reader.h"
 #include "server/pipeline/sampler.h"
@@ -53,8 +54,10 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
  public:
   enum class State { kQueued, kRunning, kDone, kCancelled };
 
-  PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory)
-      : dataset_(dataset), index_(index), memory_(memory) {}
+  // `file`: the FileBudget it took a file from, given back at its end (null: none taken).
+  PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory,
+                   FileBudget* file = nullptr)
+      : dataset_(dataset), index_(index), memory_(memory), file_(file) {}
   ~PrefetchedSample();
   PrefetchedSample(const PrefetchedSample&) = delete;
   PrefetchedSample& operator=(const PrefetchedSample&) = delete;
@@ -108,6 +111,7 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   const Dataset& dataset_;
   const uint64_t index_;
   DecodeMemory* const memory_;
+  FileBudget* const file_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kQueued;
@@ -128,9 +132,10 @@ std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset);
 class ReadAhead {
  public:
   // `window`: reads started and not yet taken, at most (each holds an open file). `memory` may
-  // be null (unaccounted: the bytes are never read ahead, only the files opened).
+  // be null (unaccounted: the bytes are never read ahead, only the files opened). `files` may be
+  // null (no limit); else each read takes a file from it first, and is not started without one.
   ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory, SampleObserver* observer,
-            std::chrono::milliseconds io_retry);
+            std::chrono::milliseconds io_retry, FileBudget* files = nullptr);
   // Queued reads are cancelled; reads in flight finish on their own, never waited for (one may
   // be stuck on a dead mount). REQUIRES: the dataset, observer and memory outlive them.
   ~ReadAhead();
@@ -147,7 +152,8 @@ class ReadAhead {
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
   // A read of sample `index` outside the window (the batch needs it now and none was started):
-  // submitted at once. Null when the lane is shut down.
+  // submitted at once. Null when no file is left (FileBudget: try again as others end) or the
+  // lane is shut down.
   // REQUIRES: Advance was called.
   std::shared_ptr<PrefetchedSample> StartNow(uint64_t index);
   // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
@@ -166,7 +172,7 @@ class ReadAhead {
   // The shard of epoch `epoch` (the stream's, or the next one built here); null past the end.
   const EpochShard* ShardOf(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Submits the read of `index` to the lane; null when it is shut down.
+  // Submits the read of `index` to the lane; null when no file is left or it is shut down.
   std::shared_ptr<PrefetchedSample> Submit(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ReadPool& pool_;
@@ -174,6 +180,7 @@ class ReadAhead {
   DecodeMemory* const memory_;
   SampleObserver* const observer_;
   const std::chrono::milliseconds io_retry_;
+  FileBudget* const files_;
   mutable std::mutex mu_;
   const Dataset* dataset_ ABSL_GUARDED_BY(mu_) = nullptr;
   const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream's, of epoch_

@@ -48,8 +48,8 @@ constexpr uint64_t kGeneration = 0x100;
 uint64_t PhaseOf(uint64_t word) { return word & kPhaseMask; }
 uint64_t WithPhase(uint64_t word, Phase phase) { return (word & ~kPhaseMask) | phase; }
 
-// At most this many threads are ever left stuck; past it, late tasks are waited for instead.
-constexpr uint64_t kMaxAbandoned = 1024;
+// At most this many threads are left stuck at once; past it, late tasks are waited for instead.
+constexpr uint64_t kMaxStuck = 1024;
 
 // How often a caller with deadline tasks looks at them even when nothing finished.
 constexpr std::chrono::milliseconds kCheckInterval{100};
@@ -62,6 +62,9 @@ struct TaskControl::State {
   std::atomic<uint64_t> drawn{0};        // see TaskControl::SetDrawn
   uint64_t index = 0;
   uint32_t worker_id = 0;
+  // The pool's count of abandoned threads still stuck: the thread of an abandoned task takes
+  // itself off when its task returns (the pool may be gone by then; this count is not).
+  std::shared_ptr<std::atomic<uint64_t>> stuck_now;
 
   // kStarting or kRunning -> `to` for the current generation; false in any other phase.
   bool FromActive(Phase to) {
@@ -118,7 +121,8 @@ struct WorkerPool::Impl {
   std::condition_variable work_available;
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // index = worker id
   std::atomic<bool> abandon_uncommitted{false};
-  std::atomic<uint64_t> abandoned{0};
+  std::atomic<uint64_t> abandoned{0};  // in the pool's life
+  std::shared_ptr<std::atomic<uint64_t>> stuck_now = std::make_shared<std::atomic<uint64_t>>(0);
 
   void WorkerLoop(uint32_t worker_id);
   // Gives `worker_id` to a new thread; the stuck one is detached.
@@ -140,6 +144,7 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       auto state = std::make_shared<TaskControl::State>();
       state->index = i;
       state->worker_id = worker_id;
+      state->stuck_now = stuck_now;
       state->start_ns.store(base::SteadyNowNs());
       job->running.push_back(state);
       const auto* fn = job->fn_control;
@@ -150,7 +155,10 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       uint64_t w = state->word.load();
       while (PhaseOf(w) != kAbandoned && !state->word.compare_exchange_weak(w, WithPhase(w, kDone))) {
       }
-      if (PhaseOf(w) == kAbandoned) return;
+      if (PhaseOf(w) == kAbandoned) {
+        state->stuck_now->fetch_sub(1);
+        return;
+      }
       lock.lock();
       std::erase(job->running, state);
     } else {
@@ -243,8 +251,13 @@ void WorkerPool::ParallelForWithDeadline(
       const bool late =
           PhaseOf(w) == kRunning &&
           (abandon_all || (deadline_ns > 0 && now - task.start_ns.load() >= deadline_ns));
-      if (late && impl_->abandoned.load() < kMaxAbandoned &&
-          task.word.compare_exchange_strong(w, WithPhase(w, kAbandoned))) {
+      // Counted stuck before the task can see itself abandoned (and take itself off).
+      bool abandon = late && impl_->stuck_now->fetch_add(1) < kMaxStuck;
+      if (abandon && !task.word.compare_exchange_strong(w, WithPhase(w, kAbandoned))) {
+        abandon = false;
+      }
+      if (late && !abandon) impl_->stuck_now->fetch_sub(1);
+      if (abandon) {
         impl_->ReplaceWorker(task.worker_id);
         abandoned.emplace_back(task.index, task.drawn.load());
         --job.remaining;
@@ -276,5 +289,7 @@ void WorkerPool::ParallelForWithDeadline(
 void WorkerPool::AbandonUncommitted() { impl_->abandon_uncommitted.store(true); }
 
 uint64_t WorkerPool::abandoned() const { return impl_->abandoned.load(); }
+
+uint64_t WorkerPool::stuck() const { return impl_->stuck_now->load(); }
 
 }  // namespace ringloader::pipeline

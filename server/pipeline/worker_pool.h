@@ -81,8 +81,9 @@ class WorkerPool {
   // As ParallelFor, with a deadline per task (0 = none) counted from the task's start until it
   // calls TaskControl::Commit(). An abandoned task's index, the bytes it had drawn
   // (TaskControl::SetDrawn) and why are passed to on_abandoned (on the caller's thread, without
-  // the pool's lock), and the call does not wait for it. At most 1024 threads are ever left
-  // stuck: past that, late tasks are waited for like committed ones.
+  // the pool's lock), and the call does not wait for it. At most 1024 threads are left stuck at
+  // once (an abandoned thread counts until its task returns): past that, late tasks are waited
+  // for like committed ones.
   void ParallelForWithDeadline(
       uint64_t n, std::chrono::milliseconds deadline,
       const std::function<void(uint64_t i, uint32_t worker_id, TaskControl& control)>& fn,
@@ -91,8 +92,9 @@ class WorkerPool {
   // From now on every uncommitted task is abandoned at once (shutdown: a stuck read must not
   // hold up the exit). Irreversible.
   void AbandonUncommitted();
-  // Tasks abandoned so far (each left one thread stuck).
+  // Tasks abandoned so far (each left one thread stuck), and those threads still stuck now.
   uint64_t abandoned() const;
+  uint64_t stuck() const;
 
  private:
   struct Impl;

@@ -18,6 +18,20 @@
 
 namespace ringloader::testing {
 
+int OpenIdleTcp(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  if (!bytes.empty()) (void)!::write(fd, bytes.data(), bytes.size());
+  return fd;
+}
+
 int FreeTcpPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -88,7 +102,10 @@ bool DaemonFixture::Start() {
 }
 
 void DaemonFixture::Launch() {
-  std::vector<std::string> argv = {DaemonPath(), "--config", config_path()};
+  std::vector<std::string> argv = options_.command_prefix;
+  for (std::string arg : {DaemonPath(), std::string("--config"), config_path()}) {
+    argv.push_back(std::move(arg));
+  }
   if (options_.supervise) argv.push_back("--supervise");
   process_ = std::make_unique<Subprocess>(argv, options_.env, log_path());
 }

@@ -29,6 +29,9 @@ struct DaemonFixtureOptions {
   // Listen on TCP 127.0.0.1 at a free port instead of the Unix socket in the temp dir.
   bool tcp = false;
   std::map<std::string, std::string> env;
+  // Runs the daemon through this command (it must exec it: the pid stays), e.g.
+  // {"prlimit", "--nofile=1024:1024", "--"} for a host's open-file limit.
+  std::vector<std::string> command_prefix;
 };
 
 class DaemonFixture {
@@ -92,6 +95,9 @@ v1::GetStatsResponse Stats(const std::string& endpoint);
 
 // A TCP port on 127.0.0.1 that nobody listens on right now (the kernel's pick for port 0).
 int FreeTcpPort();
+// A TCP connection to 127.0.0.1:`port` that sends `bytes` (maybe nothing) and is left open, as
+// an idle or slow client; -1 when the connection is refused.
+int OpenIdleTcp(int port, const std::string& bytes);
 std::string DaemonPath();
 
 }  // namespace ringloader::testing

@@ -153,20 +153,6 @@ TEST_CASE("12.2: daemon_restarts counts every start after an unclean exit, whoev
 }
 
 // A TCP connection to 127.0.0.1:`port` that sends `bytes` and then stays open, saying nothing.
-int OpenIdle(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  if (!bytes.empty()) (void)!::write(fd, bytes.data(), bytes.size());
-  return fd;
-}
-
 TEST_CASE("28.2: scrapes are answered under 256 idle and 32 trickling connections, "
           "gRPC and health unaffected, and health_listen registers its service once",
           "[integration][metrics]") {
@@ -182,9 +168,9 @@ TEST_CASE("28.2: scrapes are answered under 256 idle and 32 trickling connection
   CHECK_THAT(daemon.Log(), !Catch::Contains("duplicate registration"));
 
   std::vector<int> held;
-  for (int i = 0; i < 256; ++i) held.push_back(OpenIdle(port, ""));
+  for (int i = 0; i < 256; ++i) held.push_back(OpenIdleTcp(port, ""));
   // Slow clients: a request line sent one piece at a time (never finished).
-  for (int i = 0; i < 32; ++i) held.push_back(OpenIdle(port, "GET /metr"));
+  for (int i = 0; i < 32; ++i) held.push_back(OpenIdleTcp(port, "GET /metr"));
   CHECK(std::count(held.begin(), held.end(), -1) == 0);
   for (int round = 0; round < 3; ++round) {
     INFO("round " << round);

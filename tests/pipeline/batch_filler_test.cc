@@ -297,6 +297,30 @@ TEST_CASE("BatchFiller: with on_error = fail the first bad sample ends it as Dat
   CHECK_FALSE(image::ErrorReason(r.status()).empty());
 }
 
+TEST_CASE("BatchFiller: a batch past hundreds of bad samples keeps the first few whole and "
+          "counts every one by reason",
+          "[pipeline]") {
+  // Issue 38.3: what skipped samples keep is bounded, however many lie between good ones.
+  TempDir dir;
+  fs::create_directories(dir.Join("c"));
+  WriteBytes(dir.Join("c/a_good.jpg"), SmallJpeg(1));
+  for (int i = 0; i < 300; ++i) WriteBytes(dir.Join("c/b_empty_" + std::to_string(1000 + i) + ".jpg"), {});
+  for (int i = 0; i < 3; ++i) WriteBytes(dir.Join("c/c_good_" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+  auto ds = OpenFolder(dir.path());
+  ShardSpec s;
+  s.shuffle = false;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  Filled f = FillOne(filler, *ds, shard, 0, 4);
+  CHECK(f.batch.count == 4);
+  CHECK(f.batch.next_cursor == ds->size());
+  CHECK(f.batch.errors.size() == FilledBatch::kMaxErrorsKept);
+  CHECK(f.batch.errors.front().relative_path == "c/b_empty_1000.jpg");  // the first, in order
+  CHECK(f.batch.skipped_by_reason == std::map<std::string, uint64_t>{{"empty", 300}});
+  CHECK(f.batch.skipped() == 300);
+}
+
 TEST_CASE("BatchFiller: a file deleted after Open fails only that sample", "[pipeline]") {
   TempDir dir;
   fs::create_directories(dir.Join("c"));

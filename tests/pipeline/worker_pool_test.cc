@@ -77,8 +77,8 @@ TEST_CASE("WorkerPool: many threads may call ParallelFor concurrently", "[pipeli
   for (int c = 0; c < kCallers; ++c) CHECK(sums[c].load() == kCalls);
 }
 
-TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadline and its worker "
-          "id goes to a new thread",
+TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadline, its worker "
+          "id goes to a new thread, and it counts as stuck until it returns",
           "[pipeline]") {
   WorkerPool pool(2);
   // The stuck task blocks until released, as a read from a hung mount would; the others commit.
@@ -116,6 +116,7 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
   CHECK(took >= std::chrono::milliseconds(300));
   CHECK(took < std::chrono::seconds(5));
   CHECK(pool.abandoned() == 1);
+  CHECK(pool.stuck() == 1);
   // Both worker ids still run tasks (the stuck one's id has a new thread).
   std::vector<std::atomic<int>> by_worker(pool.size());
   pool.ParallelFor(200, [&](uint64_t, uint32_t worker) {
@@ -131,6 +132,9 @@ TEST_CASE("WorkerPool: a task stuck before it commits is abandoned at the deadli
   cv.notify_all();
   CHECK(WaitUntil([&] { return stuck_commit_result.load() != -1; }));
   CHECK(stuck_commit_result.load() == 0);
+  // Stuck is what is stuck now (the cap on stuck threads counts these), abandoned a counter.
+  CHECK(WaitUntil([&] { return pool.stuck() == 0; }));
+  CHECK(pool.abandoned() == 1);
 }
 
 TEST_CASE("WorkerPool: a task waiting for memory is not abandoned, and a committed one never is",

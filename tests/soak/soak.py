@@ -209,6 +209,9 @@ class Daemon:
             f'state_dir = "{self.work}/state"',
             'memory_limit = "3GiB"',
             "max_streams = 16",
+            # A third of the default, so that a stall of the mount outlasts it even in a short
+            # run: the outage is then told from poison (and said), not just waited out.
+            "decode_deadline_ms = 10000",
             f'metrics_listen = "{self.metrics}"',
             "",
             "[[datasets]]",

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 38, items 2 and 3: what a stream may take is bounded by the host's limits, not by the
+// load or the data. Through the real daemon run under `prlimit --nofile=1024:1024` (a
+// container's usual limit): eight streams with io_depth 256 (2,048 reads ahead wanted) and a
+// scraper leaving hundreds of /metrics connections open lose no sample, and the daemon says at
+// start how it shares the limit. Bad samples in bulk: each bad file is logged once at most, the
+// rest summed in one line per epoch, and every one counted.
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/storage_data.h"
+
+namespace ringloader::testing {
+namespace {
+
+TEST_CASE("38.2: with an open-file limit of 1,024, eight streams reading 256 ahead and 300 idle "
+          "/metrics connections lose no sample, and the daemon says how it shares the limit",
+          "[integration][limits]") {
+  if (::access("/usr/bin/prlimit", X_OK) != 0) RINGLOADER_SKIP("no /usr/bin/prlimit");
+  const int metrics_port = FreeTcpPort();
+  DaemonFixtureOptions options;
+  options.images = 600;  // more than a window per stream: every stream's window fills
+  options.server_extra = "max_streams = 8\nio_depth = 256\nmetrics_listen = \"127.0.0.1:" +
+                         std::to_string(metrics_port) + "\"";
+  options.command_prefix = {"/usr/bin/prlimit", "--nofile=1024:1024", "--"};
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  const std::string log = daemon.Log();
+  CHECK_THAT(log, Catch::Contains("open files: limit 1024: ") &&
+                      Catch::Contains("max_streams x io_depth would want 2048: reads ahead "
+                                      "shrink to fit"));
+  // A scraper that leaves its connections open: they take /metrics' share, not the reads'.
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(OpenIdleTcp(metrics_port, ""));
+  std::atomic<int> short_epochs{0};
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 8; ++t) {
+    trainers.emplace_back([&, t] {
+      client::Client c(daemon.endpoint());
+      client::StreamOptions o = Options("synth", 2);
+      o.seed = 100 + t;
+      if (Lines(*c.Open(o)).size() != 1200) ++short_epochs;
+    });
+  }
+  for (std::thread& t : trainers) t.join();
+  CHECK(short_epochs.load() == 0);
+  const v1::GetStatsResponse stats = Stats(daemon.endpoint());
+  CHECK(stats.decode_errors() == 0);
+  CHECK(stats.open_files_limit() == 1024);
+  CHECK(stats.read_files_limit() > 0);
+  CHECK(stats.read_files_limit() < 1024);
+  CHECK(stats.read_files_peak() <= stats.read_files_limit());
+  CHECK_THAT(daemon.Ctl({"stats"}).output, Catch::Contains("open files"));
+  CHECK_THAT(daemon.Log(), !Catch::Contains("Too many open files"));
+  for (int fd : idle) {
+    if (fd >= 0) ::close(fd);
+  }
+  CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("38.3: a dataset with 500 empty files among 8 good logs each bad file once at most, "
+          "sums the rest in one line per epoch and counts every one",
+          "[integration][limits]") {
+  DaemonFixtureOptions options;
+  options.images = 8;
+  DaemonFixture daemon(options);
+  for (int i = 0; i < 500; ++i) {
+    std::ofstream(daemon.dataset_root() + "/class_00/empty_" + std::to_string(i) + ".jpg");
+  }
+  REQUIRE(daemon.Start());
+  const CommandResult r = daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "4",
+                                      "--image-size", "32", "--epochs", "2"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const v1::GetStatsResponse stats = Stats(daemon.endpoint());
+  CHECK(stats.decode_errors() == 1000);  // every one, both epochs
+  CHECK(stats.decode_errors_by_reason().at("empty") == 1000);
+  // Lines: no file twice; far fewer than the bad samples (a batch keeps its first 64 whole).
+  std::map<std::string, int> logged;
+  std::istringstream log(daemon.Log());
+  int summaries = 0;
+  for (std::string line; std::getline(log, line);) {
+    if (const size_t at = line.find("skipping sample "); at != std::string::npos) {
+      ++logged[line.substr(at, line.find(' ', at + 16) - at)];
+    }
+    if (line.find("more bad samples in epoch") != std::string::npos) ++summaries;
+  }
+  for (const auto& [what, times] : logged) {
+    INFO(what);
+    CHECK(times == 1);
+  }
+  CHECK(logged.size() < 500);
+  CHECK(summaries >= 1);
+  CHECK(summaries <= 2);  // one per epoch at most, for one stream
+  CHECK_THAT(daemon.Log(), Catch::Contains("without a line each (empty "));
+  CHECK(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace ringloader::testing
