@@ -250,6 +250,48 @@ class IndexingMemory {
   std::vector<Reservation> parts_;
 };
 
+// Strikes what the previous incarnation owes for dataset `name` (indexed as `ds`, not served
+// yet: a sample that crashed it is struck before any stream can read it again).
+absl::Status ApplyStrikesTo(DaemonState& d, const std::string& name,
+                            const pipeline::Dataset& ds) {
+  std::lock_guard<std::mutex> lock(d.strikes_mu);
+  for (auto it = d.owed_strikes.begin(); it != d.owed_strikes.end();) {
+    if (DatasetHash(name) != it->dataset_hash || it->sample_index >= ds.size()) {
+      ++it;
+      continue;
+    }
+    const uint64_t index = it->sample_index;
+    it = d.owed_strikes.erase(it);
+    const std::string path = wire::EscapeBytes(ds.relative_path(index));
+    absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, index, path);
+    if (!strikes.ok()) return strikes.status();
+    if (*strikes >= Quarantine::kStrikesToQuarantine) {
+      d.stats.quarantines.fetch_add(1, std::memory_order_relaxed);
+      SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
+                  "will be skipped (`ringloaderctl quarantine clear` to retry it)",
+                  name, index, path, *strikes);
+    } else {
+      SPDLOG_WARN("dataset {}: sample {} ({}) was being decoded when ringloaderd crashed "
+                  "(strike {}/{})",
+                  name, index, path, *strikes, Quarantine::kStrikesToQuarantine);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Once every dataset is indexed or failed, the owed strikes are all in quarantine.tsv: the
+// journal's pending list goes. (Failing that, the next start strikes them once more, which is
+// no reason to fail this one.)
+void StrikesSettled(DaemonState& d) {
+  if (d.datasets.AnyIndexing()) return;
+  std::lock_guard<std::mutex> lock(d.strikes_mu);
+  if (d.strikes_applied) return;
+  d.strikes_applied = true;
+  if (absl::Status s = d.journal->StrikesApplied(); !s.ok()) {
+    SPDLOG_WARN("crash journal: {}", Text(s));
+  }
+}
+
 // A dataset's read lane (read_pool.h): server.io_depth threads of its own, which probe the
 // storage by opening one of its samples when a read is overdue, and log when it stalls.
 std::unique_ptr<pipeline::ReadPool> MakeLane(const DaemonState& d, const std::string& name,
@@ -329,6 +371,7 @@ absl::Status OpenDataset(DaemonState& d, const DatasetConfig& dc, const std::str
   for (const std::string& note : (*ds)->index_notes()) {
     SPDLOG_WARN("dataset {}: {}", dc.name, wire::EscapeBytes(note));
   }
+  if (absl::Status s = ApplyStrikesTo(d, dc.name, **ds); !s.ok()) return s;
   std::unique_ptr<pipeline::ReadPool> lane = MakeLane(d, dc.name, **ds);
   d.datasets.Add(dc, std::move(*ds), std::move(lane));
   return absl::OkStatus();
@@ -338,7 +381,6 @@ std::string DatasetKey(const DaemonState& d, size_t i) {
   return absl::StrCat(d.config.source, ": datasets[", i, "]");
 }
 
-absl::Status ApplyStrikesTo(DaemonState& d, const std::string& name);
 
 // How long datasets still indexing may hold up the others once those are indexed: then the daemon
 // serves without them (their storage is slow or does not answer) and each joins when indexed.
@@ -373,11 +415,9 @@ absl::Status OpenDatasets(DaemonState& d) {
         late = indexing->started_serving;
         indexing->cv.notify_all();
       }
+      if (late) StrikesSettled(d);
       if (late && !d.stop_indexing) {
         if (s.ok()) {
-          if (absl::Status strikes = ApplyStrikesTo(d, dc.name); !strikes.ok()) {
-            SPDLOG_ERROR("dataset {}: {}", dc.name, Text(strikes));
-          }
           SPDLOG_INFO("dataset {}: indexed after the daemon started serving; served from now on",
                       dc.name);
         } else {
@@ -464,44 +504,6 @@ void TakeOwedStrikes(DaemonState& d) {
   d.owed_strikes = std::move(struck);
 }
 
-// Strikes what the previous incarnation owes for dataset `name` (now indexed). Once no dataset
-// is still indexing, the journal's pending list goes (the strikes are in quarantine.tsv).
-absl::Status ApplyStrikesTo(DaemonState& d, const std::string& name) {
-  const ServedDataset* served = d.datasets.Find(name);
-  std::lock_guard<std::mutex> lock(d.strikes_mu);
-  for (auto it = d.owed_strikes.begin(); served != nullptr && it != d.owed_strikes.end();) {
-    const pipeline::Dataset* ds = served->dataset.get();
-    if (DatasetHash(name) != it->dataset_hash || it->sample_index >= ds->size()) {
-      ++it;
-      continue;
-    }
-    const uint64_t index = it->sample_index;
-    it = d.owed_strikes.erase(it);
-    const std::string path = wire::EscapeBytes(ds->relative_path(index));
-    absl::StatusOr<uint32_t> strikes = d.quarantine->Strike(name, index, path);
-    if (!strikes.ok()) return strikes.status();
-    if (*strikes >= Quarantine::kStrikesToQuarantine) {
-      d.stats.quarantines.fetch_add(1, std::memory_order_relaxed);
-      SPDLOG_WARN("dataset {}: sample {} ({}) quarantined: being decoded at {} crashes; it "
-                  "will be skipped (`ringloaderctl quarantine clear` to retry it)",
-                  name, index, path, *strikes);
-    } else {
-      SPDLOG_WARN("dataset {}: sample {} ({}) was being decoded when ringloaderd crashed "
-                  "(strike {}/{})",
-                  name, index, path, *strikes, Quarantine::kStrikesToQuarantine);
-    }
-  }
-  // Failing that, the next start strikes these samples once more, which is no reason to fail
-  // this one.
-  if (!d.datasets.AnyIndexing() && !d.strikes_applied) {
-    d.strikes_applied = true;
-    if (absl::Status s = d.journal->StrikesApplied(); !s.ok()) {
-      SPDLOG_WARN("crash journal: {}", Text(s));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The slow half of the start, on DaemonState::indexer while the server already answers: index
 // the datasets, apply the previous incarnation's strikes, then serve. A failure is a failed
 // start: recorded, and SIGTERM ends the main thread's wait.
@@ -509,9 +511,7 @@ void FinishStartUp(DaemonState& d) {
   TakeOwedStrikes(d);
   absl::Status s = OpenDatasets(d);
   if (d.stop_indexing) return;  // told to stop: not a failed start
-  for (const ServedDataset* served : d.datasets.All()) {
-    if (s.ok()) s = ApplyStrikesTo(d, served->config.name);
-  }
+  if (s.ok()) StrikesSettled(d);  // (with datasets still indexing, the last of them does it)
   if (!s.ok()) {
     {
       std::lock_guard<std::mutex> lock(d.start_mu);
@@ -702,6 +702,7 @@ absl::Status StartUp(DaemonState& d) {
                          d.progress.get()};
   deps.read_files = d.read_files.get();
   deps.read_window = d.open_files.window;
+  deps.read_stream_files = d.open_files.stream_files;
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   const std::string admin_listen =
@@ -847,6 +848,11 @@ void Reload(DaemonState& d) {
   for (size_t i = 0; i < fresh->datasets.size(); ++i) {
     const DatasetConfig& dc = fresh->datasets[i];
     const ServedDataset* served = d.datasets.Find(dc.name);
+    if (served == nullptr && d.datasets.Indexing(dc.name)) {
+      restart.push_back(absl::StrCat("datasets[", i, "] (", dc.name,
+                                     ") is still being indexed since the start: unchanged"));
+      continue;
+    }
     if (served == nullptr) {
       const std::string key = absl::StrCat(fresh->source, ": datasets[", i, "]");
       if (absl::Status s = OpenDataset(d, dc, key); !s.ok()) {
@@ -1017,16 +1023,19 @@ int RunDaemon(const DaemonOptions& options) {
   // for briefly; one stuck on a dead mount is left behind by ending the process here.
   const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   uint64_t still_reading = 0;
+  bool idle = true;  // no read or probe runs (one would use what `d` is about to free)
   for (const ServedDataset* served : d.datasets.All()) {
     if (served->lane == nullptr) continue;
     const auto left = std::max(std::chrono::steady_clock::duration::zero(),
                                give_up_at - std::chrono::steady_clock::now());
     if (!served->lane->WaitIdle(std::chrono::duration_cast<std::chrono::milliseconds>(left))) {
+      idle = false;
       still_reading += served->lane->running();
     }
   }
-  if (still_reading > 0) {
-    SPDLOG_WARN("ringloaderd stopped; {} reads still in flight (a stuck mount?) are abandoned",
+  if (!idle) {
+    SPDLOG_WARN("ringloaderd stopped; {} reads (and probes of the storage) still in flight (a "
+                "stuck mount?) are abandoned",
                 still_reading);
     spdlog::shutdown();
     std::_Exit(0);

@@ -94,6 +94,19 @@ absl::Status MemoryBudget::Acquire(uint64_t bytes) {
   return absl::OkStatus();
 }
 
+bool MemoryBudget::TryAcquire(uint64_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (queue_.empty()) {  // never ahead of a waiter
+    if (fixed_ + decoding_ + bytes <= limit_) {
+      decoding_ += bytes;
+      peak_ = std::max(peak_, fixed_ + decoding_);
+      return true;
+    }
+    if (!EvictOne(lock)) return false;
+  }
+  return false;
+}
+
 void MemoryBudget::Release(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   decoding_ -= bytes;

@@ -56,6 +56,7 @@ class MemoryBudget final : public pipeline::DecodeMemory {
 
   // pipeline::DecodeMemory: a decode's draw, waiting while the budget is short.
   absl::Status Acquire(uint64_t bytes) override;
+  bool TryAcquire(uint64_t bytes) override;
   void Release(uint64_t bytes) override;
   // Read-ahead bytes: only while no decode waits, and at most half the limit in all (the rest
   // of a decode's room comes from evicting them).

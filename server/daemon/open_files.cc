@@ -38,6 +38,7 @@ OpenFilesPlan PlanOpenFiles(uint64_t limit, const DaemonConfig& config) {
   // Each stream's window: io_depth, or its share of half the files (the other half is for the
   // reads a batch starts when it needs them, so a stream whose client pauses cannot starve
   // the others).
+  plan.stream_files = std::max<uint64_t>(plan.read_files / std::max<uint32_t>(s.max_streams, 1), 2);
   plan.window = std::clamp<uint64_t>(plan.read_files / (2 * std::max<uint32_t>(s.max_streams, 1)),
                                      1, s.io_depth);
   return plan;

@@ -21,6 +21,7 @@ struct OpenFilesPlan {
   uint64_t read_files = 0;           // files the reads ahead may hold, all datasets together
   uint64_t wanted = 0;               // what they would hold with no limit: max_streams x io_depth
   uint64_t window = 0;               // each stream's reads ahead: io_depth, or its share
+  uint64_t stream_files = 0;         // the most one stream's reads may hold: its share
   bool short_of_wanted() const { return read_files < wanted; }
   // One line for the log: the numbers, and what to raise when reads are short.
   std::string Describe() const;

@@ -38,7 +38,8 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
                       : std::make_unique<pipeline::ReadAhead>(
                             *deps.read_pool,
                             deps.read_window != 0 ? deps.read_window : deps.read_pool->depth(),
-                            deps.memory, deps.observer, deps.io_retry, deps.files)),
+                            deps.memory, deps.observer, deps.io_retry, deps.files,
+                            deps.max_files)),
       schedule_(setup_.id, *ring_, setup_.start),
       last_activity_ns_(base::SteadyNowNs()) {}
 

@@ -90,6 +90,7 @@ struct StreamDeps {
   // window (reads started ahead, not yet taken; 0 = the lane's depth).
   pipeline::FileBudget* files = nullptr;
   uint64_t read_window = 0;
+  uint64_t max_files = 0;  // of `files`, what this stream may hold (0 = no cap of its own)
 };
 
 class Stream {

@@ -378,6 +378,7 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   stream_deps.memory = deps_.budget;
   stream_deps.files = deps_.read_files;
   stream_deps.read_window = deps_.read_window;
+  stream_deps.max_files = deps_.read_stream_files;
   stream_deps.io_retry = std::chrono::milliseconds(deps_.config->server.io_retry_ms);
   auto stream = std::make_shared<Stream>(std::move(setup), std::move(*ring),
                                          std::move(*reservation), stream_deps);

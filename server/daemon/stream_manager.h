@@ -68,6 +68,7 @@ struct StreamManagerDeps {
   const ProgressWatch* progress = nullptr;      // read-wait and decode times; may be null
   pipeline::FileBudget* read_files = nullptr;   // files reads ahead may hold; null = no limit
   uint64_t read_window = 0;                     // each stream's reads ahead; 0 = io_depth
+  uint64_t read_stream_files = 0;               // files one stream's reads may hold; 0 = any
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host

@@ -136,6 +136,12 @@ class DecodeMemory {
   virtual ~DecodeMemory() = default;
   // Blocks until `bytes` are granted; ResourceExhausted (naming the sizes) when they never can be.
   virtual absl::Status Acquire(uint64_t bytes) = 0;
+  // `bytes` at once (evicting read-ahead bytes if that makes room) or not at all: false when
+  // they would wait. Default: never at once.
+  virtual bool TryAcquire(uint64_t bytes) {
+    (void)bytes;
+    return false;
+  }
   virtual void Release(uint64_t bytes) = 0;
   // Bytes read ahead (ReadAhead), outside the decodes' queue: a hold granted at once or not
   // at all (id 0), and only while no Acquire waits. Default: never (the rest is then unused).

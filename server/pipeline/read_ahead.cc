@@ -18,7 +18,14 @@ PrefetchedSample::~PrefetchedSample() {
     hold = hold_;
   }
   if (hold != 0) memory_->ReleaseReadAhead(hold);
-  if (file_ != nullptr) file_->Give();  // its reader (and file) went with it, or to its task's end
+  ReleaseFile();  // its reader (and file) went with it, or to its task's end
+}
+
+void PrefetchedSample::ReleaseFile() {
+  if (FileBudget* file = file_.exchange(nullptr)) {
+    file->Give();
+    if (stream_files_ != nullptr) stream_files_->fetch_sub(1);
+  }
 }
 
 PrefetchedSample::State PrefetchedSample::state() const {
@@ -82,6 +89,8 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   }
   absl::Status status;
   if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
+  // Refused unread (quarantined): no answer from the storage, so no witness that it answers.
+  const bool reached_storage = status.ok();
   if (status.ok()) {
     absl::StatusOr<SampleReader> reader =
         SampleReader::Open(dataset_, index_, max_file_bytes, io_retry);
@@ -118,28 +127,30 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
     state_ = State::kDone;
   }
   cv_.notify_all();
-  return true;
+  return reached_storage;
 }
 
-std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
+std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
   return [ds = &dataset](uint64_t attempt) {
-    if (ds->size() == 0) return;
+    if (ds->size() == 0) return false;
     const uint64_t index = (ds->size() / 2 + attempt * 7919) % ds->size();
     // Whatever it says (a bad file is an answer too); no retries: the answer is what counts.
     (void)SampleReader::Open(*ds, index, std::numeric_limits<uint64_t>::max(),
                              std::chrono::milliseconds(0));
+    return true;
   };
 }
 
 ReadAhead::ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory,
                      SampleObserver* observer, std::chrono::milliseconds io_retry,
-                     FileBudget* files)
+                     FileBudget* files, uint64_t max_files)
     : pool_(pool),
       window_(std::max<uint64_t>(window, 1)),
       memory_(memory),
       observer_(observer),
       io_retry_(io_retry),
-      files_(files) {}
+      files_(files),
+      max_files_(max_files) {}
 
 ReadAhead::~ReadAhead() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -184,8 +195,10 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) 
   return read;
 }
 
-void ReadAhead::WriteOff(const PrefetchedSample& sample) {
-  if (sample.running()) pool_.WriteOff(sample.read_id());
+void ReadAhead::WriteOff(PrefetchedSample& sample) {
+  if (!sample.running()) return;
+  pool_.WriteOff(sample.read_id());
+  sample.ReleaseFile();
 }
 
 ReadPool::Verdict ReadAhead::Judge(const PrefetchedSample& sample,
@@ -204,9 +217,14 @@ std::shared_ptr<PrefetchedSample> ReadAhead::StartNow(uint64_t index) {
 }
 
 std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
-  if (files_ != nullptr && !files_->TryTake()) return nullptr;
+  if (files_ != nullptr) {
+    if (max_files_ != 0 && files_held_->load() >= max_files_) return nullptr;
+    if (!files_->TryTake()) return nullptr;
+    files_held_->fetch_add(1);
+  }
   // It gives the file back at its end (also when not submitted).
-  auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_, files_);
+  auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_, files_,
+                                                 files_ != nullptr ? files_held_ : nullptr);
   // The lane's thread holds the read alive; the task may have taken and dropped it already.
   const uint64_t id = pool_.Submit([read, observer = observer_, max = max_file_bytes_,
                                     io_retry = io_retry_, images = dataset_->has_images()] {

@@ -54,10 +54,16 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
  public:
   enum class State { kQueued, kRunning, kDone, kCancelled };
 
-  // `file`: the FileBudget it took a file from, given back at its end (null: none taken).
+  // `file`: the FileBudget it took a file from, given back at its end (null: none taken), and
+  // `stream_files` the count of its stream's files, taken off then too (may be null).
   PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory,
-                   FileBudget* file = nullptr)
-      : dataset_(dataset), index_(index), memory_(memory), file_(file) {}
+                   FileBudget* file = nullptr,
+                   std::shared_ptr<std::atomic<uint64_t>> stream_files = nullptr)
+      : dataset_(dataset),
+        index_(index),
+        memory_(memory),
+        file_(file),
+        stream_files_(std::move(stream_files)) {}
   ~PrefetchedSample();
   PrefetchedSample(const PrefetchedSample&) = delete;
   PrefetchedSample& operator=(const PrefetchedSample&) = delete;
@@ -82,6 +88,8 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   bool running() const { return state() == State::kRunning; }
   // When it started running (base::SteadyNowNs); 0 before.
   int64_t started_ns() const;
+  // Gives its file back now (once): a read written off (maybe stuck for good) must not keep one.
+  void ReleaseFile();
   // Its lane's id (ReadPool::Submit), for WriteOff.
   uint64_t read_id() const { return read_id_.load(); }
   void set_read_id(uint64_t id) { read_id_.store(id); }
@@ -101,7 +109,7 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   std::optional<Image> TakeImage();
 
   // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes. False when
-  // it did nothing (cancelled before it began).
+  // it got no answer from the storage (cancelled before it began, or refused unread).
   bool Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
             bool read_image);
 
@@ -111,7 +119,8 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   const Dataset& dataset_;
   const uint64_t index_;
   DecodeMemory* const memory_;
-  FileBudget* const file_;
+  std::atomic<FileBudget*> file_;
+  const std::shared_ptr<std::atomic<uint64_t>> stream_files_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kQueued;
@@ -127,15 +136,18 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
 // A read lane's probe (LaneOptions::probe) for `dataset`: opens one of its samples, spread over
 // the dataset by `attempt` (so a probe stuck on one bad file is followed by one elsewhere).
 // REQUIRES: `dataset` outlives every probe.
-std::function<void(uint64_t attempt)> SampleProbe(const Dataset& dataset);
+std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset);
 
 class ReadAhead {
  public:
   // `window`: reads started and not yet taken, at most (each holds an open file). `memory` may
   // be null (unaccounted: the bytes are never read ahead, only the files opened). `files` may be
-  // null (no limit); else each read takes a file from it first, and is not started without one.
+  // null (no limit); else each read takes a file from it first, and is not started without one,
+  // nor while this stream holds `max_files` (0 = no cap of its own: its share, so that streams
+  // whose storage stalls cannot take every other stream's files).
   ReadAhead(ReadPool& pool, uint64_t window, DecodeMemory* memory, SampleObserver* observer,
-            std::chrono::milliseconds io_retry, FileBudget* files = nullptr);
+            std::chrono::milliseconds io_retry, FileBudget* files = nullptr,
+            uint64_t max_files = 0);
   // Queued reads are cancelled; reads in flight finish on their own, never waited for (one may
   // be stuck on a dead mount). REQUIRES: the dataset, observer and memory outlive them.
   ~ReadAhead();
@@ -157,8 +169,8 @@ class ReadAhead {
   // REQUIRES: Advance was called.
   std::shared_ptr<PrefetchedSample> StartNow(uint64_t index);
   // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
-  // still running may be stuck, and another thread takes its place.
-  void WriteOff(const PrefetchedSample& sample);
+  // still running may be stuck, and another thread takes its place (and its file is given back).
+  void WriteOff(PrefetchedSample& sample);
   // Whether a taker waiting for `sample` should give up on it (poison) or wait (ReadPool::Judge;
   // kWait for a read still queued: the deadline is for reading, not for queueing).
   ReadPool::Verdict Judge(const PrefetchedSample& sample, std::chrono::milliseconds deadline);
@@ -181,6 +193,9 @@ class ReadAhead {
   SampleObserver* const observer_;
   const std::chrono::milliseconds io_retry_;
   FileBudget* const files_;
+  const uint64_t max_files_;
+  const std::shared_ptr<std::atomic<uint64_t>> files_held_ =
+      std::make_shared<std::atomic<uint64_t>>(0);  // this stream's, from files_
   mutable std::mutex mu_;
   const Dataset* dataset_ ABSL_GUARDED_BY(mu_) = nullptr;
   const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream's, of epoch_

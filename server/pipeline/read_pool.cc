@@ -74,11 +74,28 @@ struct ReadPool::Impl {
         std::chrono::nanoseconds(now - stalled_since_ns));
     stalled_since_ns = 0;
     resumed_ns = now;  // reads in flight count their deadlines afresh from here
+    last_stall_length = stalled_for;
     return stalled_for;
   }
 
-  void Tell(bool stalled, std::chrono::milliseconds stalled_for) const {
-    if (options.on_stall_change) options.on_stall_change(stalled, stalled_for);
+  // Says the lane's state to on_stall_change when it differs from what was said last (a resume
+  // and a stall seen by two threads are said in the order they hold now).
+  std::mutex tell_mu;
+  bool told_stalled = false;  // guarded by tell_mu
+  std::chrono::milliseconds last_stall_length{0};  // guarded by mu: the stall that ended last
+  void Tell() {
+    if (!options.on_stall_change) return;
+    std::lock_guard<std::mutex> told(tell_mu);
+    bool stalled = false;
+    std::chrono::milliseconds stalled_for{0};
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stalled = stalled_since_ns != 0;
+      stalled_for = last_stall_length;
+    }
+    if (stalled == told_stalled) return;
+    told_stalled = stalled;
+    options.on_stall_change(stalled, stalled ? std::chrono::milliseconds(0) : stalled_for);
   }
 
   void Loop(){
@@ -106,9 +123,10 @@ struct ReadPool::Impl {
       idle_cv.notify_all();
       if (resumed) {
         lock.unlock();
-        Tell(false, *resumed);
+        Tell();
         lock.lock();
       }
+      if (threads > Allowed()) break;  // it ran in a stuck read's place, which has ended
     }
     --threads;
   }
@@ -119,15 +137,15 @@ struct ReadPool::Impl {
     try {
       std::thread([self, attempt, now] {
         pthread_setname_np(pthread_self(), "rl-probe");
-        self->options.probe(attempt);
+        const bool answered = self->options.probe(attempt);
         std::optional<std::chrono::milliseconds> resumed;
         {
           std::lock_guard<std::mutex> lock(self->mu);
           --self->probes_running;
-          resumed = self->Answered(now);
+          if (answered) resumed = self->Answered(now);
           self->idle_cv.notify_all();
         }
-        if (resumed) self->Tell(false, *resumed);
+        if (resumed) self->Tell();
       }).detach();
       ++probes_running;
       last_probe_ns = now;
@@ -225,7 +243,7 @@ ReadPool::Verdict ReadPool::Judge(int64_t started_ns, std::chrono::milliseconds 
       became_stalled = true;
     }
   }
-  if (became_stalled) lane.Tell(true, std::chrono::milliseconds(0));
+  if (became_stalled) lane.Tell();
   return Verdict::kWait;
 }
 

@@ -34,8 +34,9 @@ namespace ringloader::pipeline {
 struct LaneOptions {
   // Touches the storage the way a read does (opens one of the dataset's samples; `attempt`
   // picks which, so a probe stuck on one bad file is followed by one on another), on a thread of
-  // its own. Null: no probes (an overdue read is poison only when another read witnesses).
-  std::function<void(uint64_t attempt)> probe;
+  // its own; returns whether it got an answer from the storage (false: it could not ask).
+  // Null: no probes (an overdue read is poison only when another read witnesses).
+  std::function<bool(uint64_t attempt)> probe;
   // The lane became stalled (true) or answers again (false; `stalled_for` how long it did not).
   // Called without the lane's lock, from the thread that saw the change.
   std::function<void(bool stalled, std::chrono::milliseconds stalled_for)> on_stall_change;

@@ -168,12 +168,25 @@ bool SampleTask::DrawMemory() {
     if (whole || image::ErrorReason(plan.status()) != "truncated") return Fail(plan.status());
     plan = image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform);
   }
-  const uint64_t need = (image_ ? 0 : reader_->read_bytes()) + plan->bytes();
+  uint64_t need = (image_ ? 0 : reader_->read_bytes()) + plan->bytes();
   if (!gate_.BeginWait()) {
     state_ = State::kAbandoned;
     return false;
   }
-  absl::Status granted = job_.memory->Acquire(need);
+  absl::Status granted;
+  bool drawn_at_once = false;
+  if (image_ && read_ahead_hold_ != 0) {
+    drawn_at_once = job_.memory->TryAcquire(need);
+    if (!drawn_at_once) {
+      // Waiting with bytes pinned could wait for ever: with every decode thread waiting so,
+      // each holding bytes nobody may evict, no draw ever ends. They go back, and are waited
+      // for with the rest (and read again below, from the open file).
+      image_.reset();
+      GiveBackReadAhead();
+      need += reader_->read_bytes();
+    }
+  }
+  if (!drawn_at_once) granted = job_.memory->Acquire(need);
   if (granted.ok()) {
     gate_.SetDrawn(need);  // whoever abandons us gives it back
     drawn_ = need;

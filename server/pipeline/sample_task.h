@@ -10,7 +10,8 @@
 // which nothing abandons it.
 //
 //   kReading ─Open, DrawMemory, ReadImage─► kRead ─Commit─► kCommitted ─Complete─► kDone
-//   kReading ─DrawMemory waits for memory_limit (the deadline paused meanwhile)─► kReading
+//   kReading ─DrawMemory waits for memory_limit (the deadline paused meanwhile; bytes read ahead
+//             are given back first and read again after: a wait never pins memory)─► kReading
 //   kReading ─a step fails (the file, its header, memory refused)─► kFailed
 //   kFailed ─Commit─► kCommitted ─Complete (writes the error only)─► kDone
 //   kReading, kFailed, kRead ─the gate says abandoned─► kAbandoned: return at once

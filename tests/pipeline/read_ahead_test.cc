@@ -7,8 +7,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -242,7 +244,7 @@ TEST_CASE("ReadAhead: while a decode waits for memory_limit, reads take none of 
 }
 
 TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back instead of waiting, "
-          "never those a task took, and with none left to take it waits",
+          "never those a task took, and a task that must wait gives its own back first",
           "[pipeline][read_ahead]") {
   Fixture f;
   ReadPool pool(2);
@@ -274,13 +276,14 @@ TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back inste
     REQUIRE(f.memory.Acquire(other).ok());
     CHECK(f.memory.read_ahead() == file0);
     CHECK_FALSE(read1->TakeImage().has_value());  // evicted: its task will read them itself
-    // The task's own draw finds nothing left to take back: it waits, its bytes untouched.
+    // The task's own draw finds nothing left to take back: it must wait, and gives its bytes
+    // back first (a wait never pins memory), to read them again from its open file.
     bool drew = false;
     std::thread drawing([&] { drew = task.DrawMemory(); });
     CHECK(testing::WaitFor([&] { return f.memory.waiting() == 1; }, std::chrono::seconds(30)));
     CHECK(gate.waiting);
-    CHECK(f.memory.read_ahead() == file0);
-    CHECK(f.memory.decoding() == other + file0);
+    CHECK(f.memory.read_ahead() == 0);
+    CHECK(f.memory.decoding() == other);
     f.memory.Release(other);
     drawing.join();
     CHECK(drew);
@@ -297,6 +300,85 @@ TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back inste
   // Every draw and every hold went back.
   CHECK(testing::WaitFor([&] { return f.memory.decoding() == 0; }, std::chrono::seconds(10)));
   CHECK(f.memory.read_ahead() == 0);
+}
+
+TEST_CASE("ReadAhead: decodes that each hold bytes read ahead and all wait for memory never "
+          "wait for ever",
+          "[pipeline][read_ahead]") {
+  // Issue 38.2: two tasks each took their sample's bytes read ahead (pinned: not evictable), and
+  // memory_limit has room for either's decode only once the other's bytes are back. Each waiting
+  // with its bytes pinned, neither draw could ever be granted.
+  Fixture f;
+  ReadPool pool(2);
+  WaitIdle idle{pool};
+  const EpochShard shard(f.dataset->size(), ShardSpec{.shuffle = false});
+  const auto plan_of = [&](uint64_t index) {
+    const std::string path = f.dataset->AbsolutePath(index);
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+    auto plan = image::SampleDecoder::PlanFromHeader(bytes, path, image::DecodeLimits{},
+                                                     f.transform);
+    REQUIRE(plan.ok());
+    return std::make_pair(uint64_t{bytes.size()}, plan->bytes());
+  };
+  // Two samples and a room X for decodes such that neither plan fits in X (both pinned) but
+  // each fits once both gave their bytes back: max(p0 - h1, p1 - h0) <= X < min(p0, p1).
+  const auto [h0, p0] = plan_of(shard.at(0));
+  const auto [h1, p1] = plan_of(shard.at(1));
+  const uint64_t low = std::max({p0 > h1 ? p0 - h1 : 0, p1 > h0 ? p1 - h0 : 0, uint64_t{0}});
+  INFO("h0 " << h0 << " p0 " << p0 << " h1 " << h1 << " p1 " << p1);
+  REQUIRE(low < std::min(p0, p1));
+  const uint64_t room = low;
+  std::vector<std::vector<uint8_t>> reference;
+  for (uint64_t pos : {0, 1}) {
+    Gate plain;
+    reference.push_back(f.Run(f.Job(shard.at(pos)), plain));
+    REQUIRE_FALSE(reference.back().empty());
+  }
+  {
+    ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.Advance(*f.dataset, shard, 0, 0, 1, 1 << 30, nullptr, "");
+    std::vector<std::unique_ptr<Gate>> gates;
+    std::vector<std::unique_ptr<SampleTask>> tasks;
+    for (uint64_t pos : {0, 1}) {
+      std::shared_ptr<PrefetchedSample> read = ahead.Take(0, pos);
+      REQUIRE(read != nullptr);
+      REQUIRE(read->WaitDone([] { return false; }));
+      SampleJob job = f.Job(shard.at(pos));
+      job.prefetched = read;
+      gates.push_back(std::make_unique<Gate>());
+      tasks.push_back(std::make_unique<SampleTask>(std::move(job), *gates.back()));
+      REQUIRE(tasks.back()->Open());  // its bytes pinned
+    }
+    REQUIRE(f.memory.read_ahead() >= h0 + h1);
+    // Rings and indexes take the rest: what is left beside the pinned bytes is `room`.
+    const uint64_t evictable = f.memory.read_ahead() - h0 - h1;  // reads the window started
+    auto fixed = f.memory.Reserve(f.memory.limit() - f.memory.decoding() + evictable - room, "rings");
+    REQUIRE(fixed.ok());
+    std::atomic<bool> drew[2] = {false, false};
+    std::vector<std::thread> drawing;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      drawing.emplace_back([&, i] {
+        if (tasks[i]->DrawMemory() && tasks[i]->ReadImage()) drew[i] = true;
+      });
+    }
+    // One draw is granted; its decode gives it back, and the other's is granted then.
+    const bool one = testing::WaitFor([&] { return drew[0] || drew[1]; }, std::chrono::seconds(30));
+    CHECK(one);
+    if (!one) *fixed = server::Reservation();  // deadlocked: its bytes back, to let the test end
+    bool finished[2] = {false, false};
+    for (size_t i = 0; i < 2; ++i) {
+      if (!drew[i]) continue;
+      CHECK(f.Finish(*tasks[i]) == reference[i]);
+      finished[i] = true;
+    }
+    for (std::thread& t : drawing) t.join();
+    CHECK((drew[0] && drew[1]));
+    for (size_t i = 0; i < 2; ++i) {
+      if (drew[i] && !finished[i]) CHECK(f.Finish(*tasks[i]) == reference[i]);
+    }
+  }
+  CHECK(testing::WaitFor([&] { return f.memory.decoding() == 0; }, std::chrono::seconds(10)));
 }
 
 TEST_CASE("ReadAhead: a task waiting on a read stuck on a dead mount is abandoned by its gate",

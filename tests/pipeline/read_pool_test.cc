@@ -29,6 +29,7 @@ struct Lane {
       options.probe = [this](uint64_t) {
         ++probes_started;
         probe.Wait();
+        return true;
       };
     }
     options.on_stall_change = [this](bool stalled, milliseconds) {
