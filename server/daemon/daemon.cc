@@ -188,7 +188,7 @@ struct DaemonState {
   // Start-up indexing runs here while the server answers (health NOT_SERVING until it is done).
   std::thread indexer;
   std::atomic<bool> indexer_done{false};
-  std::atomic<int> late_indexing{0};  // dataset indexing threads not yet done (OpenDatasets)
+  std::atomic<int> indexing_threads{0};  // OpenDatasets' threads still running (late ones too)
   std::mutex strikes_mu;
   std::vector<InFlightSample> owed_strikes ABSL_GUARDED_BY(strikes_mu);
   bool strikes_applied ABSL_GUARDED_BY(strikes_mu) = false;
@@ -388,7 +388,7 @@ constexpr auto kServeWithoutAfter = std::chrono::seconds(10);
 
 // Indexes every configured dataset, all at once (each walk or scan waits on its own storage).
 // Returns once all are indexed, or once the rest have taken kServeWithoutAfter longer than the
-// last that finished (those go on: DaemonState::late_indexing counts them; each is served when
+// last that finished (those go on, counted in DaemonState::indexing_threads; each is served when
 // indexed, or logged as not served). The first failure in config order among those done fails
 // the start.
 absl::Status OpenDatasets(DaemonState& d) {
@@ -403,7 +403,7 @@ absl::Status OpenDatasets(DaemonState& d) {
   indexing->results.resize(n);
   for (size_t i = 0; i < n; ++i) {
     d.datasets.SetIndexing(d.config.datasets[i].name, true);
-    ++d.late_indexing;  // until it reports (a thread left behind keeps `d` in use)
+    ++d.indexing_threads;  // until it reports (a thread left behind keeps `d` in use)
     std::thread([&d, indexing, i] {
       const DatasetConfig& dc = d.config.datasets[i];
       absl::Status s = OpenDataset(d, dc, DatasetKey(d, i));
@@ -424,7 +424,7 @@ absl::Status OpenDatasets(DaemonState& d) {
           SPDLOG_ERROR("dataset {}: not served: {}", dc.name, Text(s));
         }
       }
-      --d.late_indexing;
+      --d.indexing_threads;
     }).detach();
   }
   std::unique_lock<std::mutex> lock(indexing->mu);
@@ -684,17 +684,16 @@ absl::Status StartUp(DaemonState& d) {
   // The eval cache may take up to half of memory_limit, never by waiting (sample_cache.h).
   d.cache = std::make_unique<MemorySampleCache>(*d.budget, server.memory_limit_bytes / 2);
   // The open-file limit shared out, said once: past it reads would fail with EMFILE.
-  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0) {
-    d.open_files = PlanOpenFiles(files.rlim_cur == RLIM_INFINITY ? (1u << 20) : files.rlim_cur,
-                                 d.config);
-    if (d.open_files.short_of_wanted()) {
-      SPDLOG_WARN("{}", d.open_files.Describe());
-    } else {
-      SPDLOG_INFO("{}", d.open_files.Describe());
-    }
-    if (server.io_depth > 0) {
-      d.read_files = std::make_unique<pipeline::FileBudget>(d.open_files.read_files);
-    }
+  rlimit files{};
+  const bool known = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY;
+  d.open_files = PlanOpenFiles(known ? files.rlim_cur : (1u << 20), d.config);
+  if (d.open_files.short_of_wanted()) {
+    SPDLOG_WARN("{}", d.open_files.Describe());
+  } else {
+    SPDLOG_INFO("{}", d.open_files.Describe());
+  }
+  if (server.io_depth > 0) {
+    d.read_files = std::make_unique<pipeline::FileBudget>(d.open_files.read_files);
   }
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
@@ -750,9 +749,7 @@ absl::Status StartUp(DaemonState& d) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
         MetricsEndpoint::Start(server.metrics_listen,
                                MetricsSources{d.streams.get(), d.progress.get()},
-                               d.open_files.metrics_connections != 0
-                                   ? static_cast<unsigned>(d.open_files.metrics_connections)
-                                   : HttpEndpoint::kMaxConnections);
+                               static_cast<unsigned>(d.open_files.metrics_connections));
     if (!metrics.ok()) {
       return absl::Status(metrics.status().code(),
                           absl::StrCat(d.config.source, ": ", metrics.status().message()));
@@ -990,7 +987,7 @@ int RunDaemon(const DaemonOptions& options) {
   if (!d.ready && !d.indexer_done) SPDLOG_INFO("stopping start-up indexing");
   d.stop_indexing = true;
   const auto indexing_over = [&d] {
-    return d.indexer_done.load() && d.late_indexing.load() == 0 && !d.reloading.load();
+    return d.indexer_done.load() && d.indexing_threads.load() == 0 && !d.reloading.load();
   };
   if (!WaitUntil(indexing_over, std::chrono::seconds(2))) {
     absl::Status failure;

@@ -201,22 +201,17 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
     const bool refused = observer != nullptr && !observer->Refused(batch.dataset, index).ok();
     const bool cached = batch.dataset.has_images() && request.cache != nullptr &&
                         request.cache->Holds(request.cache_key, index);
-    if (ahead != nullptr) {
-      batch.prefetched[i] = ahead->Take(request.epoch, batch.pos + i);
-      if (batch.prefetched[i] == nullptr && !cached && !refused) {
-        batch.prefetched[i] = ahead->StartNow(index);
-        if (batch.prefetched[i] == nullptr) {
-          unstarted.push_back(i);
-          continue;
-        }
-      }
+    if (ahead != nullptr) batch.prefetched[i] = ahead->Take(request.epoch, batch.pos + i);
+    if (ahead != nullptr && batch.prefetched[i] == nullptr && !cached && !refused) {
+      unstarted.push_back(i);  // started below (a read the window did not reach)
+    } else {
+      (batch.prefetched[i] != nullptr && !refused ? waiting : ready).push_back(i);
     }
-    (batch.prefetched[i] != nullptr && !refused ? waiting : ready).push_back(i);
   }
   // Waves: the samples whose reads are done go to the decode threads while the others read on.
   while (true) {
     std::vector<uint64_t> still;
-    for (uint64_t i : unstarted) {  // files given back since
+    for (uint64_t i : unstarted) {  // (again when no file was left: others give theirs back)
       batch.prefetched[i] = ahead->StartNow(batch.shard.at(batch.pos + i));
       (batch.prefetched[i] != nullptr ? waiting : still).push_back(i);
     }
