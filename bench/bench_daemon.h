@@ -52,10 +52,11 @@ inline bool AddHardLinkedSamples(const std::string& root, int images, uint64_t s
 
 // Prints the reason and returns pid -1 when the dataset cannot be written. `samples` > images:
 // AddHardLinkedSamples makes the dataset that large. `dataset_extra`: more keys of its
-// [[datasets]] table (e.g. cache = "memory").
+// [[datasets]] table (e.g. cache = "memory"). `large_fraction`: the share of images above 2 MP.
 inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string& name, int images,
                                     const std::string& memory_limit, bool supervise,
-                                    uint64_t samples = 0, const std::string& dataset_extra = "") {
+                                    uint64_t samples = 0, const std::string& dataset_extra = "",
+                                    double large_fraction = 0.01) {
   BenchDaemon d;
   std::string tmpl = "/tmp/ringloader-" + name + "-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
@@ -68,6 +69,7 @@ inline BenchDaemon StartBenchDaemon(const std::string& binary, const std::string
   image::SyntheticDatasetOptions dataset;
   dataset.out_dir = d.dir + "/data";
   dataset.count = images;
+  dataset.large_fraction = large_fraction;
   if (auto written = image::WriteSyntheticDataset(dataset); !written.ok()) {
     std::fprintf(stderr, "%s\n", written.status().ToString().c_str());
     return d;

@@ -31,10 +31,15 @@
 #include "client/client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ringloader.grpc.pb.h"
+#include "bench/proc_memory.h"
 #include "server/image/synthetic.h"
 
 namespace {
 
+using ringloader::bench::MiB;
+using ringloader::bench::ParseSize;
+using ringloader::bench::ProcMemory;
+using ringloader::bench::ReadProcMemory;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -49,52 +54,6 @@ struct Options {
   std::string memory_limit = "512MiB";
   std::string daemon_path = RINGLOADERD_PATH;
 };
-
-// Fields of /proc/<pid>/status, in bytes; false once the process is gone.
-struct ProcMemory {
-  uint64_t vm_rss = 0, vm_hwm = 0, rss_anon = 0, rss_file = 0, rss_shmem = 0;
-};
-
-bool ReadProcMemory(pid_t pid, ProcMemory* out) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  if (!in) return false;
-  std::string line;
-  bool any = false;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string key;
-    uint64_t kib = 0;
-    fields >> key >> kib;
-    uint64_t* slot = key == "VmRSS:"      ? &out->vm_rss
-                     : key == "VmHWM:"    ? &out->vm_hwm
-                     : key == "RssAnon:"  ? &out->rss_anon
-                     : key == "RssFile:"  ? &out->rss_file
-                     : key == "RssShmem:" ? &out->rss_shmem
-                                          : nullptr;
-    if (slot != nullptr) {
-      *slot = kib * 1024;
-      any = true;
-    }
-  }
-  return any;
-}
-
-double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-// memory_limit as the config parses it ("512MiB", "1GiB", "100MB" or bytes), for the yes/no.
-uint64_t ParseSize(const std::string& text) {
-  size_t used = 0;
-  const double value = std::stod(text, &used);
-  const std::string unit = text.substr(used);
-  double scale = 1;
-  if (unit == "KiB") scale = 1024.0;
-  if (unit == "MiB") scale = 1024.0 * 1024;
-  if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  if (unit == "KB") scale = 1e3;
-  if (unit == "MB") scale = 1e6;
-  if (unit == "GB") scale = 1e9;
-  return static_cast<uint64_t>(value * scale);
-}
 
 // Writes `count` JPEGs of about width x height into dir/class_XX/, returns their relative paths.
 std::vector<std::string> WriteImages(const std::string& dir, const Options& o) {

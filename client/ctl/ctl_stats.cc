@@ -63,6 +63,11 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
     out << absl::StrFormat("%-20s %d\n", "opens abandoned", s.opens_abandoned());
   }
   out << absl::StrFormat("%-20s %s\n", "rss", base::FormatBytes(s.rss_bytes()));
+  if (s.heap_bytes() > 0) {
+    out << absl::StrFormat("%-20s %s from the system, %s of it free; %d arenas\n", "heap",
+                           base::FormatBytes(s.heap_bytes()), base::FormatBytes(s.heap_free_bytes()),
+                           s.heap_arenas());
+  }
   out << absl::StrFormat("%-20s %s reserved of %s\n", "memory limit",
                          base::FormatBytes(s.memory_reserved_bytes()),
                          s.memory_limit_bytes() == 0 ? "unlimited" : base::FormatBytes(s.memory_limit_bytes()));

@@ -13,6 +13,7 @@
 #include "ringloader_version.h"
 #include "server/daemon/config.h"
 #include "server/daemon/daemon.h"
+#include "server/daemon/heap.h"
 #include "server/daemon/supervisor.h"
 
 // Before main() and this binary's other static initializers (priority 101 runs first; shared
@@ -25,6 +26,7 @@ __attribute__((constructor(101))) static void HoldSignalsFirst() {
 }
 
 int main(int argc, char** argv) {
+  ringloader::server::LimitHeapArenas();  // before any thread starts: see heap.h
   ringloader::server::DaemonOptions options;
   bool supervise = false;
   pid_t parent_pid = 0;

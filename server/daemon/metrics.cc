@@ -162,6 +162,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                        kGauge, static_cast<double>(s.memory_decoding_bytes())));
   out.push_back(Single("resident_memory_bytes", "Resident set size of the daemon", kGauge,
                        static_cast<double>(s.rss_bytes())));
+  out.push_back(Single("heap_bytes", "Bytes malloc took from the system (arenas and mmapped blocks)",
+                       kGauge, static_cast<double>(s.heap_bytes())));
+  out.push_back(Single("heap_free_bytes",
+                       "Of heap_bytes, free in malloc's arenas: kept for reuse, or fragmented",
+                       kGauge, static_cast<double>(s.heap_free_bytes())));
   if (sources.progress != nullptr) {
     out.push_back(Histogram("decode_duration_seconds",
                             "Time from a sample's committed read to its decoded pixels in the slot",

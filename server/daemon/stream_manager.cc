@@ -17,6 +17,7 @@
 #include "proto/resume_limits.h"
 #include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
+#include "server/daemon/heap.h"
 #include "server/daemon/resume_position.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
@@ -723,6 +724,10 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   response->set_memory_reserved_peak_bytes(deps_.budget->peak_reserved());
   response->set_memory_decoding_bytes(deps_.budget->decoding());
   response->set_rss_peak_bytes(PeakRssBytes());
+  const HeapUse heap = ReadHeapUse();
+  response->set_heap_arenas(heap.arenas);
+  response->set_heap_bytes(heap.system_bytes);
+  response->set_heap_free_bytes(heap.free_bytes);
   if (deps_.pool != nullptr) {
     response->set_decode_threads_abandoned(deps_.pool->abandoned());
     response->set_decode_threads_stuck(deps_.pool->stuck());

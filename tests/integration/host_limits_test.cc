@@ -68,6 +68,57 @@ TEST_CASE("38.2: with an open-file limit of 1,024, eight streams reading 256 ahe
   CHECK(daemon.Stop() == 0);
 }
 
+// Reads allocate a file's bytes on the lane's threads and decodes free them: with an arena per
+// thread (glibc's default, up to 8 per core) each arena keeps what it freed and the heap grew
+// epoch after epoch. The daemon caps them (server/daemon/heap.h); the operator's MALLOC_ARENA_MAX
+// wins. Shape: eight streams, io_depth 16 (dozens of threads that allocate).
+TEST_CASE("38.2: eight streams keep the daemon's heap in 2 arenas (MALLOC_ARENA_MAX wins), and "
+          "stats, ctl and /metrics say what the heap holds",
+          "[integration][limits]") {
+  const bool from_environment = GENERATE(false, true);
+  CAPTURE(from_environment);
+  const int metrics_port = FreeTcpPort();
+  DaemonFixtureOptions options;
+  options.images = 64;
+  options.server_extra = "max_streams = 8\nio_depth = 16\nmetrics_listen = \"127.0.0.1:" +
+                         std::to_string(metrics_port) + "\"";
+  if (from_environment) options.command_prefix = {"/usr/bin/env", "MALLOC_ARENA_MAX=3"};
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  std::atomic<int> short_runs{0};
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 8; ++t) {
+    trainers.emplace_back([&, t] {
+      client::Client c(daemon.endpoint());
+      client::StreamOptions o = Options("synth", 3);
+      o.seed = 200 + t;
+      if (Lines(*c.Open(o)).size() != 3 * 64) ++short_runs;
+    });
+  }
+  for (std::thread& t : trainers) t.join();
+  CHECK(short_runs.load() == 0);
+  const v1::GetStatsResponse stats = Stats(daemon.endpoint());
+  // Dozens of threads allocated: without the cap each would have had an arena (16 here).
+  if (from_environment) {
+    CHECK(stats.heap_arenas() == 3);
+  } else {
+    CHECK(stats.heap_arenas() >= 1);
+    CHECK(stats.heap_arenas() <= 2);
+  }
+  CHECK(stats.heap_bytes() > 0);
+  CHECK(stats.heap_free_bytes() < stats.heap_bytes());
+  CHECK(stats.heap_bytes() < stats.rss_bytes() + (64u << 20));
+  CHECK_THAT(daemon.Ctl({"stats"}).output,
+             Catch::Contains("heap") && Catch::Contains(std::to_string(stats.heap_arenas()) +
+                                                        " arenas"));
+  const CommandResult scrape =
+      RunCommand({"/usr/bin/curl", "--silent", "--show-error", "--max-time", "10",
+                  "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics"});
+  CHECK_THAT(scrape.output, Catch::Contains("\nringloader_heap_bytes ") &&
+                                Catch::Contains("\nringloader_heap_free_bytes "));
+  CHECK(daemon.Stop() == 0);
+}
+
 TEST_CASE("38.3: a dataset with 500 empty files among 8 good logs each bad file once at most, "
           "sums the rest in one line per epoch and counts every one",
           "[integration][limits]") {
