@@ -19,6 +19,7 @@
 #include "server/pipeline/index_cache.h"
 #include "tests/support/libjpeg_encode.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/memory_cgroup.h"
 
 namespace ringloader::testing {
 namespace {
@@ -230,36 +231,6 @@ TEST_CASE("15.5: an I/O error that outlasts io_retry_ms fails its samples as io_
   CHECK_THAT(json.output, Catch::Contains("\"io_error\": \"10\""));
 }
 
-// A child memory cgroup (v1) of this process's own, removed when done.
-class MemoryCgroup {
- public:
-  explicit MemoryCgroup(uint64_t limit_bytes) {
-    const std::string self = ReadFile("/proc/self/cgroup");
-    const size_t at = self.find(":memory:");
-    if (at == std::string::npos) return;
-    const size_t end = self.find('\n', at);
-    path_ = "/sys/fs/cgroup/memory" + self.substr(at + 8, end - at - 8) + "/rl-test-" +
-            std::to_string(::getpid());
-    std::error_code ec;
-    if (!fs::create_directory(path_, ec) || ec) {
-      path_.clear();
-      return;
-    }
-    WriteFile(path_ + "/memory.limit_in_bytes", std::to_string(limit_bytes));
-    if (fs::exists(path_ + "/memory.memsw.limit_in_bytes")) {  // no escape into swap
-      WriteFile(path_ + "/memory.memsw.limit_in_bytes", std::to_string(limit_bytes));
-    }
-  }
-  ~MemoryCgroup() {
-    if (!path_.empty()) ::rmdir(path_.c_str());
-  }
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 TEST_CASE("15.3: in a memory cgroup, a sample that gets the decoder OOM-killed is struck and "
           "quarantined, and the epoch completes without it",
           "[integration][oom]") {
@@ -324,12 +295,6 @@ TEST_CASE("15.3: a SIGKILL from anyone else strikes nothing", "[integration][oom
   CHECK(daemon.Log().find("killed by the OOM killer") == std::string::npos);
 }
 
-uint64_t OomKillsOf(const MemoryCgroup& cgroup) {
-  const std::string text = ReadFile(cgroup.path() + "/memory.oom_control");
-  const size_t at = text.find("oom_kill ");
-  return at == std::string::npos ? 0 : std::stoull(text.substr(at + 9));
-}
-
 TEST_CASE("15.4: 38-megapixel progressive CMYK, progressive 4:4:4 and baseline JPEGs decode on 4 "
           "threads within memory_limit = 384MiB plus 128 MiB: no OOM kill, every sample served",
           "[integration][memory]") {
@@ -390,7 +355,7 @@ TEST_CASE("15.4: 38-megapixel progressive CMYK, progressive 4:4:4 and baseline J
                         {}, daemon.log_path());
   REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
                   std::chrono::seconds(60)));
-  const uint64_t oom_before = OomKillsOf(cgroup);
+  const uint64_t oom_before = cgroup.oom_kills();
   const std::string out = daemon.dir() + "/big.tsv";
   const CommandResult r =
       daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "2", "--epochs", "1",
@@ -401,7 +366,7 @@ TEST_CASE("15.4: 38-megapixel progressive CMYK, progressive 4:4:4 and baseline J
   INFO(log);
   REQUIRE(r.exit_code == 0);
   CHECK(ReadSamplesOut(out).size() == 6);
-  CHECK(OomKillsOf(cgroup) == oom_before);
+  CHECK(cgroup.oom_kills() == oom_before);
   CHECK(log.find("died while serving") == std::string::npos);
   // The real peak, measured by the kernel for the process, within the promise.
   const CommandResult stats = daemon.Ctl({"stats", "--json"});
