@@ -3,7 +3,8 @@
 """The soak: ringloader at the shape users run it, under a seeded schedule of faults.
 
 One supervised ringloaderd over a dataset on a delay mount (tests/support/delayfs: 5 ms per
-open, as NFS), in a memory cgroup of its own where the host has one; eight trainers at once, C++
+open, as NFS), in a memory cgroup of its own where the host has one and under a container's
+open-file limit (1,024, with io_depth 64 x 16 streams wanting them all); eight trainers at once, C++
 (`ringloaderctl consume`) and Python (tests/soak/trainer.py), mixing uint8 and float32 at 224 px
 in batches of 64 to 256 (the float32 batch of 256 is a 462 MB ring), some holding batches, one
 pausing, one resized mid-epoch. Meanwhile faults drawn from --seed: the daemon SIGKILLed, OOM
@@ -23,7 +24,7 @@ A one-page report goes to stdout (and --report). Exit 0 when every check passed,
 the same --seed draws the same faults at the same moments.
 
   tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape,stall]
-                     [--keep]
+                     [--nofile 1024] [--keep]
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Daemon:
     """ringloaderd --supervise with the soak's config, in the cgroup when there is one."""
 
     def __init__(self, work: Path, data: Path, cgroup: Optional[MemoryCgroup], metrics_port: int,
-                 name: str):
+                 name: str, nofile: int = 0):
         self.work = work / name
         self.work.mkdir()
         self.endpoint = f"unix:{self.work}/ringloader.sock"
@@ -186,8 +187,10 @@ class Daemon:
         prefix = ""
         if cgroup is not None and cgroup.path is not None:
             prefix = f"echo $$ > {cgroup.path}/cgroup.procs && "
+        # A container's open-file limit (soft and hard: the daemon cannot raise it).
+        limit = f"/usr/bin/prlimit --nofile={nofile}:{nofile} -- " if nofile else ""
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", prefix + 'exec "$0" --supervise --config "$1" >"$2" 2>&1',
+            ["/bin/sh", "-c", prefix + f'exec {limit}"$0" --supervise --config "$1" >"$2" 2>&1',
              rl.find_binary("ringloaderd"), str(self.config), str(self.log_path)],
             start_new_session=True)
         deadline = time.monotonic() + 120
@@ -209,6 +212,9 @@ class Daemon:
             f'state_dir = "{self.work}/state"',
             'memory_limit = "3GiB"',
             "max_streams = 16",
+            # 16 x 64 reads ahead would want every descriptor of a 1,024 limit (--nofile): the
+            # daemon must share them out, not run into EMFILE.
+            "io_depth = 64",
             # A third of the default, so that a stall of the mount outlasts it even in a short
             # run: the outage is then told from poison (and said), not just waited out.
             "decode_deadline_ms = 10000",
@@ -374,6 +380,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
                    help=f"comma-separated, of {','.join(ALL_FAULTS)}")
+    p.add_argument("--nofile", type=int, default=1024,
+                   help="the daemon's open-file limit, as a container's (0: the host's)")
     p.add_argument("--report", help="also write the report here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     a = p.parse_args()
@@ -424,7 +432,7 @@ def main() -> int:
                 faults.remove("oom")
                 cgroup = None
         metrics_port = free_port()
-        daemon = Daemon(work, data, cgroup, metrics_port, "daemon")
+        daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile)
         endpoint = daemon.endpoint
         epochs_cap = 1_000_000  # the clock ends the run, not the epochs
         for t in TRAINERS:
@@ -636,6 +644,12 @@ def main() -> int:
         if given_up:
             failures.append(f"{given_up} good samples given up at their deadline (struck): see "
                             f"{daemon.log_path}")
+        if "Too many open files" in daemon_log:
+            failures.append(f"the daemon ran out of open files (limit {a.nofile}): see "
+                            f"{daemon.log_path}")
+        if a.nofile and int(final.get("open_files_limit", 0)) != a.nofile:
+            failures.append(f"stats open_files_limit {final.get('open_files_limit')}, not the "
+                            f"{a.nofile} the daemon was started with")
         stalls_said = daemon_log.count("storage stalled:")
         if "oom" in faults and done.get("oom", 0) and oom_kills < done["oom"]:
             failures.append(f"{done['oom']} OOM faults but the cgroup counted {oom_kills} OOM kills")
