@@ -6,9 +6,21 @@
 #include <memory>
 #include <vector>
 
+#include "server/image/sample_decoder.h"
+#include "server/image/splitmix64.h"
 #include "shm/base/clock.h"
 
 namespace ringloader::pipeline {
+namespace {
+
+// Whether a read's outcome is the storage's answer: a success or the sample's own error (not
+// found, corrupt, too large); not a transient error (EIO: the storage failing), nor retries of
+// them that ran out (io_error).
+bool StorageAnswered(const absl::Status& status) {
+  return status.ok() || (!image::IsTransient(status) && image::ErrorReason(status) != "io_error");
+}
+
+}  // namespace
 
 PrefetchedSample::~PrefetchedSample() {
   uint64_t hold = 0;
@@ -80,7 +92,8 @@ bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
 }
 
 bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
-                            std::chrono::milliseconds io_retry, bool read_image) {
+                            std::chrono::milliseconds io_retry, bool read_image,
+                            std::function<bool(int64_t since_ns)> witness) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kQueued) return false;  // cancelled
@@ -90,10 +103,10 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   absl::Status status;
   if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
   // Refused unread (quarantined): no answer from the storage, so no witness that it answers.
-  const bool reached_storage = status.ok();
+  const bool asked_storage = status.ok();
   if (status.ok()) {
     absl::StatusOr<SampleReader> reader =
-        SampleReader::Open(dataset_, index_, max_file_bytes, io_retry);
+        SampleReader::Open(dataset_, index_, max_file_bytes, io_retry, std::move(witness));
     if (reader.ok()) {
       reader_.emplace(*std::move(reader));
     } else {
@@ -121,23 +134,26 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
       reader_.reset();
     }
   }
+  const bool answered = asked_storage && StorageAnswered(status);
   status_ = std::move(status);
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_ = State::kDone;
   }
   cv_.notify_all();
-  return reached_storage;
+  return answered;
 }
 
 std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
   return [ds = &dataset](uint64_t attempt) {
     if (ds->size() == 0) return false;
-    const uint64_t index = (ds->size() / 2 + attempt * 7919) % ds->size();
-    // Whatever it says (a bad file is an answer too); no retries: the answer is what counts.
-    (void)SampleReader::Open(*ds, index, std::numeric_limits<uint64_t>::max(),
-                             std::chrono::milliseconds(0));
-    return true;
+    // Spread over the dataset: a probe after one that met a failing file is unlikely to meet
+    // that file's neighbours (a bad directory, a bad shard's range).
+    const uint64_t index = image::SplitMix64Mix(attempt + 1) % ds->size();
+    // A bad file is an answer too, an EIO is not; no retries: the answer is what counts.
+    return StorageAnswered(SampleReader::Open(*ds, index, std::numeric_limits<uint64_t>::max(),
+                                              std::chrono::milliseconds(0))
+                               .status());
   };
 }
 
@@ -227,8 +243,9 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
                                                  files_ != nullptr ? files_held_ : nullptr);
   // The lane's thread holds the read alive; the task may have taken and dropped it already.
   const uint64_t id = pool_.Submit([read, observer = observer_, max = max_file_bytes_,
-                                    io_retry = io_retry_, images = dataset_->has_images()] {
-    return read->Read(observer, max, io_retry, images);
+                                    io_retry = io_retry_, images = dataset_->has_images(),
+                                    witness = pool_.Witness()] {
+    return read->Read(observer, max, io_retry, images, witness);
   });
   if (id == 0) return nullptr;
   read->set_read_id(id);

@@ -4,9 +4,9 @@
 //
 // A stream's future order is known (its shard is a pure function of seed and epoch), so while its
 // samples are decoded, the next ones are opened and read on the ReadPool, in that order and on
-// across epoch boundaries: up to `window` reads outstanding (started, not yet taken). A sample's SampleTask then finds its file open and
-// (memory permitting) its bytes in memory (Take), instead of paying the mount's latency on a
-// decode thread.
+// across epoch boundaries: up to `window` reads outstanding (started, not yet taken). A sample's
+// SampleTask then finds its file open and (memory permitting) its bytes in memory (Take),
+// instead of paying the mount's latency on a decode thread.
 //
 // Memory: the bytes a read holds are drawn from DecodeMemory::TryAcquire, which grants them only
 // while no decode waits and some of memory_limit stays free for decodes; refused, the read keeps
@@ -109,9 +109,11 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   std::optional<Image> TakeImage();
 
   // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes. False when
-  // it got no answer from the storage (cancelled before it began, or refused unread).
+  // it got no answer from the storage (cancelled before it began, refused unread, or transient
+  // errors to the end: an EIO is the storage failing, not answering). `witness`: the lane's
+  // (ReadPool::Witness), for its retries.
   bool Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
-            bool read_image);
+            bool read_image, std::function<bool(int64_t since_ns)> witness = {});
 
  private:
   void Evict();  // DecodeMemory's eviction: drops the image (its bytes are the budget's again)

@@ -218,6 +218,20 @@ std::chrono::milliseconds ReadPool::ProbeTimeout(std::chrono::milliseconds deadl
   return std::min<std::chrono::milliseconds>(deadline, std::chrono::seconds(2));
 }
 
+std::function<bool(int64_t since_ns)> ReadPool::Witness() const {
+  return [weak = std::weak_ptr<Impl>(impl_)](int64_t since_ns) {
+    const std::shared_ptr<Impl> lane = weak.lock();
+    if (lane == nullptr) return true;
+    std::lock_guard<std::mutex> lock(lane->mu);
+    if (lane->answered_ns >= since_ns) return true;
+    // Ask the storage, unless a probe asks it now (a probe that met an error is over).
+    if (lane->probes_running == 0 || lane->last_probe_ns < since_ns) {
+      lane->StartProbe(lane, base::SteadyNowNs());
+    }
+    return false;
+  };
+}
+
 ReadPool::Verdict ReadPool::Judge(int64_t started_ns, std::chrono::milliseconds deadline) {
   Impl& lane = *impl_;
   bool became_stalled = false;

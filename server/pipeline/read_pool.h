@@ -19,7 +19,9 @@
 // or a probe the lane starts for the purpose: LaneOptions::probe). Until then it waits; when the
 // probe itself goes unanswered for the probe timeout, the lane is *stalled*. The first answer
 // after a stall resumes it, and every read in flight then counts its deadline afresh from that
-// moment (the outage was not their fault).
+// moment (the outage was not their fault). A storage that answers every request with an error
+// (EIO) answers nothing either: only a success or a sample's own error (not found, corrupt, ...)
+// is an answer, and a read retrying such errors waits the outage out (Witness()).
 //
 // Thread-safety: every method may be called from any thread.
 
@@ -82,6 +84,15 @@ class ReadPool {
   Verdict Judge(int64_t started_ns, std::chrono::milliseconds deadline);
   // How long an unanswered probe takes to make the lane stalled: `deadline`, at most 2 s.
   static std::chrono::milliseconds ProbeTimeout(std::chrono::milliseconds deadline);
+
+  // For a read that keeps failing with a transient error (EIO, ESTALE: a soft mount whose
+  // server is gone answers every request so): did the storage answer an operation that started
+  // at or after `since_ns` (when the read's previous attempt began)? When not, the failure is the
+  // storage's, not the sample's (IoRetryBudget does not count it against the sample), and a
+  // probe is started unless one is running, so that a file failing alone on a working storage
+  // is told apart even when nothing else reads: its next failure has the probe's answer as a
+  // witness. The function holds the lane weakly (true once it is gone).
+  std::function<bool(int64_t since_ns)> Witness() const;
 
   struct Health {
     bool stalled = false;

@@ -95,8 +95,9 @@ bool LoadAsInt64(const uint8_t* p, NpyType type, int64_t* out) {
 
 absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
                                                 uint64_t max_image_bytes,
-                                                std::chrono::milliseconds io_retry) {
-  IoRetryBudget budget(io_retry);
+                                                std::chrono::milliseconds io_retry,
+                                                std::function<bool(int64_t)> witness) {
+  IoRetryBudget budget(io_retry, {}, std::move(witness));
   absl::StatusOr<SampleReader> reader =
       budget.Run<SampleReader>([&] { return OpenOnce(dataset, index, max_image_bytes); });
   if (reader.ok()) reader->budget_ = budget;  // what is left of it is the reads'

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,10 +44,12 @@ class SampleReader {
   // Transient I/O errors (image::IsTransient: EIO, EMFILE, ENOMEM, ...) in Open and every read
   // below are retried with backoff from one budget of `io_retry` for the whole sample
   // (IoRetryBudget); one that outlasts it fails with reason "io_error", saying how long and how
-  // often it was tried.
+  // often it was tried. `witness` (the read lane's, ReadPool::Witness): failures while the
+  // storage answers nothing at all are waited out, not counted.
   static absl::StatusOr<SampleReader> Open(
       const Dataset& dataset, uint64_t index, uint64_t max_image_bytes,
-      std::chrono::milliseconds io_retry = std::chrono::seconds(30));
+      std::chrono::milliseconds io_retry = std::chrono::seconds(30),
+      std::function<bool(int64_t since_ns)> witness = {});
   SampleReader(SampleReader&&) noexcept = default;
   SampleReader& operator=(SampleReader&&) = delete;
   ~SampleReader() = default;

@@ -49,7 +49,8 @@ std::string DelayMount::Unavailable() {
 }
 
 DelayMount::DelayMount(const std::string& source, const std::string& parent,
-                       std::chrono::milliseconds open_delay, const std::string& hang_glob) {
+                       std::chrono::milliseconds open_delay, const std::string& hang_glob,
+                       bool stall_with_eio) {
   if (!Unavailable().empty()) std::abort();
   mountpoint_ = parent + "/" + UniqueName("delay-mount");
   std::filesystem::create_directories(mountpoint_);
@@ -58,6 +59,7 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
                                    "--stats",         mountpoint_ + ".stats",
                                    "--held",          mountpoint_ + ".held"};
   if (!hang_glob.empty()) argv.insert(argv.end(), {"--hang", hang_glob});
+  if (stall_with_eio) argv.push_back("--stop-with-eio");
   delayfs_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{},
                                           mountpoint_ + ".log");
   if (!WaitFor([&] { return IsFuseMount(mountpoint_); }, std::chrono::seconds(10))) {

@@ -19,17 +19,20 @@ class DelayMount {
   static std::string Unavailable();
 
   // Mounts `source` at a new directory under `parent` (see path()). `hang_glob`: opening a
-  // matching file (relative path) never answers until the mount goes. REQUIRES: Unavailable()
+  // matching file (relative path) never answers until the mount goes. `stall_with_eio`: Stall()
+  // fails every request at once with EIO instead (a soft NFS mount). REQUIRES: Unavailable()
   // is "" (aborts the test otherwise).
   DelayMount(const std::string& source, const std::string& parent,
-             std::chrono::milliseconds open_delay, const std::string& hang_glob = "");
+             std::chrono::milliseconds open_delay, const std::string& hang_glob = "",
+             bool stall_with_eio = false);
   ~DelayMount();
   const std::string& path() const { return mountpoint_; }
   // The whole mount stops answering (every open, listing and read that reaches delayfs waits),
   // as an NFS server that goes away; Answer() answers them all and goes on.
   void Stall();
   void Answer();
-  // Requests waiting unanswered now (while stalled); AwaitHeld waits until at least `n` do.
+  // Requests waiting unanswered now (while stalled; with stall_with_eio, failed so far);
+  // AwaitHeld waits until at least `n` do.
   int Held() const;
   bool AwaitHeld(int n, std::chrono::milliseconds timeout) const;
   // Unmounts, and says how many opens of files and of directories waited at once at most.

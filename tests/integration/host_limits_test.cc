@@ -213,7 +213,8 @@ TEST_CASE("38.3: a WebDataset shard with 50,000 empty members among 4 good, memo
           0);
   std::filesystem::remove_all(tree);
   std::string config = ReadFile(daemon.config_path());
-  config += "\n[[datasets]]\nname = \"wds\"\nformat = \"webdataset\"\nlabel_key = \"\"\npath = \"" + shard + "\"\n";
+  config += "\n[[datasets]]\nname = \"wds\"\nformat = \"webdataset\"\nlabel_key = \"\"\npath = \"" +
+            shard + "\"\n";
   WriteFile(daemon.config_path(), config);
   // The supervisor and its daemon live in the cgroup, as under a container's limit.
   Subprocess supervisor({"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" "
@@ -230,7 +231,9 @@ TEST_CASE("38.3: a WebDataset shard with 50,000 empty members among 4 good, memo
                                         out},
                                        std::chrono::seconds(240));
     INFO(r.output);
-    if (r.exit_code != 0) UNSCOPED_INFO(daemon.Ctl({"stats"}).output << daemon.Log().substr(0, 4000));
+    if (r.exit_code != 0) {
+      UNSCOPED_INFO(daemon.Ctl({"stats"}).output << daemon.Log().substr(0, 4000));
+    }
     REQUIRE(r.exit_code == 0);
     std::map<std::string, int> seen;
     for (const SampleLine& l : ReadSamplesOut(out)) ++seen[l.path.substr(l.path.find('#') + 1)];

@@ -5,8 +5,9 @@
 // nothing, the daemon says its storage is stalled, a local dataset's streams flow meanwhile, the
 // stream goes on exactly when the mount answers, and SIGTERM during the outage is prompt (also
 // while a reload or the start-up indexes the dead mount); a daemon started during the outage
-// serves its other datasets; doctor and validate answer within their timeouts. Skipped, saying
-// why, where no FUSE mount can be made.
+// serves its other datasets; doctor and validate answer within their timeouts. A mount that
+// fails every request with EIO (a soft NFS mount's outage) is waited out the same way. Skipped,
+// saying why, where no FUSE mount can be made.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -127,6 +128,67 @@ TEST_CASE("38.1: the whole mount not answering is an outage: its stream waits an
   REQUIRE(mount.AwaitHeld(1, seconds(30)));
   StopsPromptly(daemon);
   mount.Answer();
+}
+
+// A soft NFS mount whose server is gone does not hang: it fails every request with EIO. Each
+// read's retries (io_retry_ms) would run out and its sample be skipped as io_error: the outage
+// is the storage's, so it is waited out the same way, and the stream goes on exactly.
+TEST_CASE("38.1: a mount that fails every request with EIO (a soft mount's outage) is an outage "
+          "too: the stream waits past io_retry_ms and its deadlines, skips and strikes nothing, "
+          "and goes on exactly",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  WriteDataset(data.Join("images"), 120);
+  DelayMount mount(data.Join("images"), data.path(), milliseconds(5), "",
+                   /*stall_with_eio=*/true);
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.server_extra = "decode_deadline_ms = 1000\nio_retry_ms = 300\nio_depth = 16";
+  options.config_extra =
+      DatasetTable("mounted", mount.path()) + DatasetTable("direct", data.Join("images"));
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  client::Client c(daemon.endpoint());
+  const std::vector<std::string> reference = Lines(*c.Open(Options("direct", 2)));
+  REQUIRE(reference.size() == 240);
+
+  std::atomic<int> batches{0};
+  std::vector<std::string> got;
+  std::string stream_error;  // the stream ended with an error (it must not)
+  std::thread consumer([&] {
+    try {
+      got = Lines(*c.Open(Options("mounted", 2)), [&] {
+        if (++batches == 3) mount.Stall();
+      });
+    } catch (const std::exception& e) {
+      stream_error = e.what();
+      mount.Answer();
+    }
+  });
+  REQUIRE(mount.AwaitHeld(1, seconds(30)));  // reads met EIO
+  CHECK(WaitFor([&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled(); },
+                seconds(30)));
+  // Ten times io_retry_ms and three deadlines of EIO.
+  std::this_thread::sleep_for(seconds(3));
+  const int batches_during = batches.load();
+  CHECK(batches_during < 30);
+  CHECK(DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled());
+  mount.Answer();
+  consumer.join();
+  CHECK(stream_error == "");
+  CHECK(got == reference);
+  const v1::GetStatsResponse after = Stats(daemon.endpoint());
+  INFO(daemon.Ctl({"stats"}).output);
+  CHECK(after.decode_errors() == 0);
+  CHECK(after.quarantines() == 0);
+  const v1::DatasetStats mounted = DatasetStatsOf(daemon.endpoint(), "mounted");
+  CHECK_FALSE(mounted.storage_stalled());
+  CHECK(mounted.storage_stalls() >= 1);
+  const std::string log = daemon.Log();
+  CHECK_THAT(log, Catch::Contains("dataset mounted: storage stalled") &&
+                      Catch::Contains("dataset mounted: storage answers again after"));
+  CHECK_THAT(log, !Catch::Contains("strike") && !Catch::Contains("io_error"));
 }
 
 TEST_CASE("38.1: doctor says a daemon that does not answer and a dataset whose mount does not "

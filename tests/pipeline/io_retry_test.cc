@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "server/image/sample_decoder.h"
 
@@ -77,6 +78,47 @@ TEST_CASE("IoRetryBudget: only time spent failing counts, not the time between r
   int tries = 0;
   CHECK_FALSE(budget.Run<int>([&] { return FailingTransiently(tries); }).ok());
   CHECK(tries >= 3);
+}
+
+// The lane's witness (ReadPool::Witness): failures while the storage answers nothing else are
+// an outage's and spend nothing; once it answers others, the sample's own failures count.
+TEST_CASE("IoRetryBudget: with a witness, failures while the storage answers nothing are waited "
+          "out, and once it answers others they count and end in io_error",
+          "[pipeline][io_retry]") {
+  int asked = 0;
+  bool storage_answers = false;
+  std::vector<int64_t> since;
+  IoRetryBudget budget(milliseconds(50), {}, [&](int64_t since_ns) {
+    ++asked;
+    since.push_back(since_ns);
+    return storage_answers;
+  });
+  int tries = 0;
+  // Eight failures (10+20+...+1000 ms of backoff would be far past 50 ms), then success.
+  absl::StatusOr<int> r = budget.Run<int>([&]() -> absl::StatusOr<int> {
+    if (tries == 8) return 7;
+    return FailingTransiently(tries);
+  });
+  REQUIRE(r.ok());
+  CHECK(*r == 7);
+  CHECK(asked == 8);
+  // Each failure asks about the time since the attempt before it began (the first: its own).
+  REQUIRE(since.size() == 8);
+  CHECK(since[1] == since[0]);
+  for (size_t i = 2; i < since.size(); ++i) CHECK(since[i] > since[i - 1]);
+
+  // The storage answers others now: this sample's failures count, from the shortest backoff.
+  storage_answers = true;
+  tries = 0;
+  const auto start = steady_clock::now();
+  r = budget.Run<int>([&] { return FailingTransiently(tries); });
+  REQUIRE_FALSE(r.ok());
+  CHECK(image::ErrorReason(r.status()) == "io_error");
+  CHECK(tries >= 2);
+  CHECK(steady_clock::now() - start < milliseconds(1000));
+  CHECK_THAT(std::string(r.status().message()),
+             Catch::Contains("server.io_retry_ms = 50; besides ") &&
+                 Catch::Contains(" ms while the storage answered nothing)"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -29,7 +30,7 @@ struct Lane {
       options.probe = [this](uint64_t) {
         ++probes_started;
         probe.Wait();
-        return true;
+        return probe_answers.load();
       };
     }
     options.on_stall_change = [this](bool stalled, milliseconds) {
@@ -58,6 +59,7 @@ struct Lane {
 
   Latch probe, read;
   std::atomic<int> probes_started{0};
+  std::atomic<bool> probe_answers{true};  // false: the storage fails the probe (EIO)
   std::atomic<int> stall_events{0}, resume_events{0};
   std::unique_ptr<ReadPool> pool;
 };
@@ -161,6 +163,31 @@ TEST_CASE("ReadPool lane: probes left unanswered are bounded", "[pipeline][read_
                          std::chrono::seconds(10)));
   for (int i = 0; i < 10; ++i) (void)lane.pool->Judge(started, kDeadline);
   CHECK(lane.probes_started == static_cast<int>(ReadPool::kMaxProbes));
+}
+
+// A read retrying EIO asks the lane (IoRetryBudget's witness) whether the storage answered
+// anything since; when not, the lane asks the storage itself, and an error is no answer.
+TEST_CASE("ReadPool lane: Witness is true once an operation started since was answered, else it "
+          "starts a probe, and a probe the storage fails (EIO) is no answer",
+          "[pipeline][read_pool]") {
+  Lane lane;
+  const std::function<bool(int64_t)> witness = lane.pool->Witness();
+  const int64_t since = base::SteadyNowNs();
+  lane.probe_answers = false;
+  lane.probe.Open();  // probes return at once
+  CHECK_FALSE(witness(since));
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  CHECK(lane.probes_started == 1);
+  CHECK_FALSE(witness(since));  // the probe met an error: another is started
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  CHECK(lane.probes_started == 2);
+  lane.probe_answers = true;
+  CHECK_FALSE(witness(since));
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  CHECK(witness(since));  // that probe started after `since` and was answered
+  CHECK(lane.probes_started == 3);
+  // A later failure is not witnessed by an answer to what started before it.
+  CHECK_FALSE(witness(base::SteadyNowNs()));
 }
 
 }  // namespace

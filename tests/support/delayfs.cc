@@ -4,7 +4,7 @@
 // bench/storage_bench. Not part of the daemon.
 //
 //   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N] [--stats FILE]
-//           [--held FILE]
+//           [--held FILE] [--stop-with-eio]
 //
 // The delay applies to every open of a file or a directory (a listing costs a round trip too).
 // --stats FILE: written at exit: "files N dirs M", the most opens of files (of directories) that
@@ -15,6 +15,8 @@
 // SIGUSR1: the whole mount stops answering, as an NFS server that goes away: every open, listing
 // and read that reaches delayfs waits (pages the kernel cached still read) until SIGUSR2 answers
 // them all again, the caller is killed (EINTR) or delayfs exits (ENOTCONN).
+// --stop-with-eio: while stopped, every such request fails at once with EIO instead, as a soft
+// NFS mount whose server is gone answers; --held then counts those failures so far.
 // --held FILE: how many requests wait unanswered now, rewritten whenever it changes. Runs in the
 // foreground; SIGTERM or SIGINT unmounts and exits. Multithreaded (--threads, default 256), so
 // concurrent opens wait their delays side by side, as on a real mount.
@@ -47,6 +49,7 @@ struct Settings {
   std::chrono::milliseconds open_delay{0};
   std::string hang_glob;
   std::string stats_path;
+  bool stop_with_eio = false;
 };
 Settings settings;
 struct Concurrency {
@@ -57,7 +60,7 @@ Concurrency files, dirs;
 std::atomic<bool> stopped{false};  // SIGUSR1 sets, SIGUSR2 clears
 std::string held_path;
 std::mutex held_mu;
-int held = 0;  // requests waiting while stopped
+int held = 0;  // requests waiting while stopped (--stop-with-eio: failed so far)
 
 void WriteHeld(int delta) {
   std::lock_guard<std::mutex> lock(held_mu);
@@ -93,6 +96,7 @@ bool Exiting() {
 int HoldWhileStopped() {
   if (!stopped.load()) return 0;
   WriteHeld(+1);
+  if (settings.stop_with_eio) return -EIO;
   while (stopped.load() && !Exiting() && fuse_interrupted() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -165,7 +169,7 @@ int StatFs(const char* path, struct statvfs* st) {
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "delayfs: %s\nusage: delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] "
-               "[--threads N] [--stats FILE] [--held FILE]\n",
+               "[--threads N] [--stats FILE] [--held FILE] [--stop-with-eio]\n",
                why);
   std::exit(2);
 }
@@ -189,6 +193,8 @@ int main(int argc, char** argv) {
       settings.stats_path = value();
     } else if (arg == "--held") {
       held_path = value();
+    } else if (arg == "--stop-with-eio") {
+      settings.stop_with_eio = true;
     } else if (arg == "--threads") {
       threads = static_cast<unsigned>(std::stoul(value()));
     } else if (!arg.empty() && arg[0] == '-') {
