@@ -125,6 +125,10 @@ struct BatchFiller::Assembly {
   uint64_t first_slot = 0, pos = 0, k = 0;
   std::vector<absl::Status> statuses;
   std::vector<std::shared_ptr<PrefetchedSample>> prefetched;  // ReadAhead's, or null
+  // Samples whose task was abandoned at its deadline while it read on a decode thread (its bytes
+  // were not read ahead: memory was short): read again through the lane, once each (reread_once).
+  std::vector<uint64_t> reread;
+  std::vector<bool> reread_once;
   std::vector<int64_t> labels;
   std::vector<uint64_t> rows;  // [i * extras.size() + t]
 };
@@ -191,6 +195,8 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   batch.labels.assign(batch.k, -1);
   batch.rows.assign(batch.k * tensors, 0);
   batch.prefetched.assign(batch.k, nullptr);
+  batch.reread.clear();
+  batch.reread_once.assign(batch.k, false);
   // unstarted: reads not started yet for want of a file (FileBudget); waiting: reads running.
   std::vector<uint64_t> unstarted, waiting, ready;
   ReadAhead* const ahead = request.read_ahead;
@@ -241,6 +247,9 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
         batch.prefetched[i] = nullptr;
       }
       ready.clear();
+      // Read again on the lane, where an outage is waited out without a decode thread.
+      unstarted.insert(unstarted.end(), batch.reread.begin(), batch.reread.end());
+      batch.reread.clear();
       continue;
     }
     if (waiting.empty() && unstarted.empty()) break;
@@ -312,6 +321,16 @@ void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
         if (batch.prefetched[i] != nullptr) {
           request.read_ahead->WriteOff(*batch.prefetched[i]);
           batch.prefetched[i] = nullptr;  // written off once
+        }
+        // A task that reached its deadline read on its decode thread (its bytes were not read
+        // ahead); the storage may be out, not the file bad: the first time, the sample is read
+        // again through its lane, which tells the two apart (ReadPool::Judge), and nothing is
+        // struck. Its stuck thread was replaced already.
+        if (why == WorkerPool::Abandoned::kPastDeadline && request.read_ahead != nullptr &&
+            !batch.reread_once[i]) {
+          batch.reread_once[i] = true;
+          batch.reread.push_back(i);
+          return;
         }
         // Only a sample stuck past its own deadline is suspect; a shutdown abandons bystanders.
         if (observer != nullptr && why == WorkerPool::Abandoned::kPastDeadline) {

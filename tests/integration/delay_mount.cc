@@ -50,7 +50,7 @@ std::string DelayMount::Unavailable() {
 
 DelayMount::DelayMount(const std::string& source, const std::string& parent,
                        std::chrono::milliseconds open_delay, const std::string& hang_glob,
-                       bool stall_with_eio) {
+                       bool stall_with_eio, uint64_t stall_after_reads) {
   if (!Unavailable().empty()) std::abort();
   mountpoint_ = parent + "/" + UniqueName("delay-mount");
   std::filesystem::create_directories(mountpoint_);
@@ -60,6 +60,9 @@ DelayMount::DelayMount(const std::string& source, const std::string& parent,
                                    "--held",          mountpoint_ + ".held"};
   if (!hang_glob.empty()) argv.insert(argv.end(), {"--hang", hang_glob});
   if (stall_with_eio) argv.push_back("--stop-with-eio");
+  if (stall_after_reads > 0) {
+    argv.insert(argv.end(), {"--stop-after-reads", std::to_string(stall_after_reads)});
+  }
   delayfs_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{},
                                           mountpoint_ + ".log");
   if (!WaitFor([&] { return IsFuseMount(mountpoint_); }, std::chrono::seconds(10))) {

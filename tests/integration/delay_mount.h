@@ -20,11 +20,13 @@ class DelayMount {
 
   // Mounts `source` at a new directory under `parent` (see path()). `hang_glob`: opening a
   // matching file (relative path) never answers until the mount goes. `stall_with_eio`: Stall()
-  // fails every request at once with EIO instead (a soft NFS mount). REQUIRES: Unavailable()
-  // is "" (aborts the test otherwise).
+  // fails every request at once with EIO instead (a soft NFS mount). `stall_after_reads` (> 0):
+  // the mount stalls by itself at the read of file data after that many (mid-file, for tests
+  // whose outage must meet a read in progress). REQUIRES: Unavailable() is "" (aborts the test
+  // otherwise).
   DelayMount(const std::string& source, const std::string& parent,
              std::chrono::milliseconds open_delay, const std::string& hang_glob = "",
-             bool stall_with_eio = false);
+             bool stall_with_eio = false, uint64_t stall_after_reads = 0);
   ~DelayMount();
   const std::string& path() const { return mountpoint_; }
   // The whole mount stops answering (every open, listing and read that reaches delayfs waits),

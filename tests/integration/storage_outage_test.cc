@@ -191,6 +191,72 @@ TEST_CASE("38.1: a mount that fails every request with EIO (a soft mount's outag
   CHECK_THAT(log, !Catch::Contains("strike") && !Catch::Contains("io_error"));
 }
 
+// With memory too short to hold a file's bytes ahead, the lane opens the file and the decode
+// thread reads its bytes: an outage that begins there meets the decode deadline. The sample is
+// then read again through its lane (where the outage is waited out), not struck and skipped.
+// Forced: every read of file data comes from a decode thread here (an open reads nothing), and
+// delayfs stops answering by itself in the middle of one (--stop-after-reads).
+TEST_CASE("38.1: with memory too short to read ahead, an outage that begins in a decode thread's "
+          "read is waited out on the lane: nothing skipped or struck, the same bytes",
+          "[integration][storage]") {
+  if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  TempDir data;
+  constexpr uint32_t kImages = 32;
+  WriteDataset(data.Join("images"), kImages);
+  // 9 MiB after each JPEG's end (decoders stop at its end marker): read-ahead may hold at most
+  // half of memory_limit (16 MiB, the least there is), so no file's bytes are ever read ahead.
+  const std::string padding(9u << 20, '\0');
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data.Join("images"))) {
+    if (e.is_regular_file()) std::ofstream(e.path(), std::ios::app | std::ios::binary) << padding;
+  }
+  // About 72 reads of file data a file (128 KiB each): the mount stops in the 14th file or so.
+  DelayMount mount(data.Join("images"), data.path(), milliseconds(1), "", false,
+                   /*stall_after_reads=*/1000);
+  DaemonFixtureOptions options;
+  options.images = 8;
+  options.memory_limit = "16MiB";
+  options.server_extra = "decode_deadline_ms = 1000\nio_depth = 4";
+  options.config_extra =
+      DatasetTable("mounted", mount.path()) + DatasetTable("direct", data.Join("images"));
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  client::Client c(daemon.endpoint());
+  client::StreamOptions direct = Options("direct", 1);
+  direct.ring_slots = 2;
+  const std::vector<std::string> reference = Lines(*c.Open(direct));
+  REQUIRE(reference.size() == kImages);
+
+  std::vector<std::string> got;
+  std::string stream_error;
+  std::thread consumer([&] {
+    try {
+      client::StreamOptions o = Options("mounted", 1);
+      o.ring_slots = 2;
+      got = Lines(*c.Open(o));
+    } catch (const std::exception& e) {
+      stream_error = e.what();
+    }
+  });
+  REQUIRE(mount.AwaitHeld(1, seconds(60)));
+  // A decode thread met the outage past its deadline, and the storage is said stalled.
+  CHECK(WaitFor([&] { return Stats(daemon.endpoint()).decode_threads_abandoned() >= 1; },
+                seconds(30)));
+  CHECK(WaitFor(
+      [&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled_ms() >= 3000; },
+      seconds(30)));
+  mount.Answer();
+  consumer.join();
+  CHECK(stream_error == "");
+  CHECK(got == reference);
+  const v1::GetStatsResponse after = Stats(daemon.endpoint());
+  INFO(daemon.Ctl({"stats"}).output);
+  CHECK(after.decode_errors() == 0);
+  CHECK(after.quarantines() == 0);
+  CHECK(after.read_ahead_peak_bytes() == 0);  // every file's bytes were read on decode threads
+  const std::string log = daemon.Log();
+  CHECK_THAT(log, !Catch::Contains("strike") && !Catch::Contains("abandoned past"));
+}
+
 TEST_CASE("38.1: doctor says a daemon that does not answer and a dataset whose mount does not "
           "answer, within its timeouts, and validate gives a hung file up at --deadline-ms",
           "[integration][storage][doctor]") {

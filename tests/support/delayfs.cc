@@ -4,7 +4,7 @@
 // bench/storage_bench. Not part of the daemon.
 //
 //   delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] [--threads N] [--stats FILE]
-//           [--held FILE] [--stop-with-eio]
+//           [--held FILE] [--stop-with-eio] [--stop-after-reads N]
 //
 // The delay applies to every open of a file or a directory (a listing costs a round trip too).
 // --stats FILE: written at exit: "files N dirs M", the most opens of files (of directories) that
@@ -17,6 +17,8 @@
 // them all again, the caller is killed (EINTR) or delayfs exits (ENOTCONN).
 // --stop-with-eio: while stopped, every such request fails at once with EIO instead, as a soft
 // NFS mount whose server is gone answers; --held then counts those failures so far.
+// --stop-after-reads N: the mount stops (as on SIGUSR1) by itself at the (N+1)th read of file
+// data, for a test that needs the outage to begin in the middle of a file being read.
 // --held FILE: how many requests wait unanswered now, rewritten whenever it changes. Runs in the
 // foreground; SIGTERM or SIGINT unmounts and exits. Multithreaded (--threads, default 256), so
 // concurrent opens wait their delays side by side, as on a real mount.
@@ -50,6 +52,7 @@ struct Settings {
   std::string hang_glob;
   std::string stats_path;
   bool stop_with_eio = false;
+  uint64_t stop_after_reads = 0;  // 0: never
 };
 Settings settings;
 struct Concurrency {
@@ -152,6 +155,10 @@ int Open(const char* path, fuse_file_info* fi) {
 }
 
 int Read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+  static std::atomic<uint64_t> reads{0};
+  if (settings.stop_after_reads != 0 && ++reads == settings.stop_after_reads + 1) {
+    stopped.store(true);
+  }
   if (const int held_error = HoldWhileStopped(); held_error != 0) return held_error;
   const ssize_t n = pread(static_cast<int>(fi->fh), buf, size, offset);
   return n < 0 ? -errno : static_cast<int>(n);
@@ -169,7 +176,8 @@ int StatFs(const char* path, struct statvfs* st) {
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "delayfs: %s\nusage: delayfs SOURCE MOUNTPOINT [--open-delay-ms N] [--hang GLOB] "
-               "[--threads N] [--stats FILE] [--held FILE] [--stop-with-eio]\n",
+               "[--threads N] [--stats FILE] [--held FILE] [--stop-with-eio]\n"
+               "       [--stop-after-reads N]\n",
                why);
   std::exit(2);
 }
@@ -193,6 +201,8 @@ int main(int argc, char** argv) {
       settings.stats_path = value();
     } else if (arg == "--held") {
       held_path = value();
+    } else if (arg == "--stop-after-reads") {
+      settings.stop_after_reads = std::stoull(value());
     } else if (arg == "--stop-with-eio") {
       settings.stop_with_eio = true;
     } else if (arg == "--threads") {
