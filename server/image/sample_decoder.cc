@@ -116,8 +116,21 @@ absl::Status MarkTransient(absl::Status status) {
   return status;
 }
 
+absl::Status MarkTransientErrno(absl::Status status, int err) {
+  if (!IsTransientErrno(err) || status.ok()) return status;
+  const bool storage = err == EIO || err == ESTALE || err == ETIMEDOUT;
+  status.SetPayload(kTransientPayload, absl::Cord(storage ? "storage" : "1"));
+  return status;
+}
+
 bool IsTransient(const absl::Status& status) {
   return !status.ok() && status.GetPayload(kTransientPayload).has_value();
+}
+
+bool IsStorageFailure(const absl::Status& status) {
+  if (status.ok()) return false;
+  const auto payload = status.GetPayload(kTransientPayload);
+  return payload.has_value() && *payload == "storage";
 }
 
 namespace {

@@ -68,7 +68,13 @@ absl::Status WithReason(absl::Status status, std::string_view reason);
 // pipeline retries them with backoff before it calls the sample bad (pipeline::SampleReader).
 bool IsTransientErrno(int err);
 absl::Status MarkTransient(absl::Status status);
+// MarkTransient when `err` may pass; EIO, ESTALE and ETIMEDOUT are marked as the storage's
+// failures (IsStorageFailure), the others (out of descriptors or memory) as this process's.
+absl::Status MarkTransientErrno(absl::Status status, int err);
 bool IsTransient(const absl::Status& status);
+// A transient error the storage gave (EIO, ESTALE, ETIMEDOUT: a soft mount whose server is gone),
+// not this process running short: only those can be an outage to wait out (IoRetryBudget).
+bool IsStorageFailure(const absl::Status& status);
 
 // What the last DecodeInto did, for tests and benchmarks (not part of the data contract).
 struct DecodeStats {

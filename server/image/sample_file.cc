@@ -33,7 +33,7 @@ absl::Status ReadError(const std::string& path, int err) {
                    : IsTransientErrno(err) ? absl::UnavailableError(text)
                                            : absl::DataLossError(text);
   s = WithReason(std::move(s), "read_error");
-  return IsTransientErrno(err) ? MarkTransient(std::move(s)) : s;
+  return MarkTransientErrno(std::move(s), err);
 }
 
 std::atomic<ReadFaultInjector> g_read_fault_injector{nullptr};

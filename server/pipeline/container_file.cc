@@ -75,7 +75,7 @@ absl::Status IoError(const std::string& path, int err) {
                    : err == EACCES ? absl::PermissionDeniedError(text)
                                    : absl::UnavailableError(text);
   s = image::WithReason(std::move(s), "read_error");
-  return image::IsTransientErrno(err) ? image::MarkTransient(std::move(s)) : s;
+  return image::MarkTransientErrno(std::move(s), err);
 }
 
 }  // namespace ringloader::pipeline::container

@@ -36,6 +36,10 @@ class IoRetryBudget {
                          std::function<bool(int64_t since_ns)> witness = {})
       : budget_(budget), give_up_(std::move(give_up)), witness_(std::move(witness)) {}
 
+  // From now on every failure counts: reads where no deadline reaches (after a sample's commit)
+  // must end, outage or not.
+  void DropWitness() { witness_ = nullptr; }
+
   // Runs `attempt` until it succeeds, fails for good, or the budget is spent: then the last
   // transient error becomes reason "io_error", saying how long and how often it was tried.
   template <typename T>
@@ -53,7 +57,10 @@ class IoRetryBudget {
           std::chrono::duration_cast<std::chrono::nanoseconds>(started.time_since_epoch()).count();
       const int64_t since_ns = previous_started_ns_ != 0 ? previous_started_ns_ : started_ns;
       previous_started_ns_ = started_ns;
-      const bool outage = witness_ && !witness_(since_ns);
+      // Only the storage's own failures can be an outage; running out of descriptors or memory
+      // is this process's, and counts.
+      const bool outage =
+          witness_ && image::IsStorageFailure(result.status()) && !witness_(since_ns);
       if (outage) {
         outage_ += spent + backoff_;
         in_outage_ = true;

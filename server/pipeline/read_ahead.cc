@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/pipeline/read_ahead.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -150,10 +153,21 @@ std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
     // Spread over the dataset: a probe after one that met a failing file is unlikely to meet
     // that file's neighbours (a bad directory, a bad shard's range).
     const uint64_t index = image::SplitMix64Mix(attempt + 1) % ds->size();
-    // A bad file is an answer too, an EIO is not; no retries: the answer is what counts.
-    return StorageAnswered(SampleReader::Open(*ds, index, std::numeric_limits<uint64_t>::max(),
-                                              std::chrono::milliseconds(0))
-                               .status());
+    // The file a fresh open of which asks the storage: a shard or column file ("FILE#MEMBER")
+    // is kept open by the dataset, so opening the sample through it may ask nothing. No retries,
+    // no blocking on a FIFO: the answer is what counts, and a bad file is an answer too, an EIO
+    // (or running out of descriptors) is not.
+    std::string path = ds->AbsolutePath(index);
+    if (ds->spec().format != DatasetFormat::kImageFolder &&
+        ds->spec().format != DatasetFormat::kManifest) {
+      path.resize(std::min(path.size(), path.find('#')));
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      ::close(fd);
+      return true;
+    }
+    return !image::IsTransientErrno(errno);
   };
 }
 

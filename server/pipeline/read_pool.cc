@@ -46,7 +46,10 @@ struct ReadPool::Impl {
   int64_t stalled_since_ns ABSL_GUARDED_BY(mu) = 0;  // 0 = not stalled
   uint64_t stalls ABSL_GUARDED_BY(mu) = 0;
   uint32_t probes_running ABSL_GUARDED_BY(mu) = 0;
-  int64_t last_probe_ns ABSL_GUARDED_BY(mu) = 0;  // start of the latest probe
+  int64_t last_probe_ns ABSL_GUARDED_BY(mu) = 0;  // start of Judge's latest probe
+  // Start of the latest probe a failing read asked for (Witness): apart from Judge's, whose
+  // stall timing must not move with them.
+  int64_t witness_probe_ns ABSL_GUARDED_BY(mu) = 0;
   uint64_t probe_attempts ABSL_GUARDED_BY(mu) = 0;
 
   // Threads allowed: depth, plus one for each written-off (maybe stuck) read.
@@ -131,7 +134,9 @@ struct ReadPool::Impl {
     --threads;
   }
 
-  void StartProbe(const std::shared_ptr<Impl>& self, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // `for_judge`: Judge's probe (its start is last_probe_ns); else a witness's.
+  void StartProbe(const std::shared_ptr<Impl>& self, int64_t now, bool for_judge = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!options.probe || probes_running >= kMaxProbes) return;
     const uint64_t attempt = probe_attempts++;
     try {
@@ -148,7 +153,7 @@ struct ReadPool::Impl {
         if (resumed) self->Tell();
       }).detach();
       ++probes_running;
-      last_probe_ns = now;
+      (for_judge ? last_probe_ns : witness_probe_ns) = now;
     } catch (const std::system_error&) {
       // No thread: the next Judge tries again.
     }
@@ -225,8 +230,8 @@ std::function<bool(int64_t since_ns)> ReadPool::Witness() const {
     std::lock_guard<std::mutex> lock(lane->mu);
     if (lane->answered_ns >= since_ns) return true;
     // Ask the storage, unless a probe asks it now (a probe that met an error is over).
-    if (lane->probes_running == 0 || lane->last_probe_ns < since_ns) {
-      lane->StartProbe(lane, base::SteadyNowNs());
+    if (lane->probes_running == 0 || lane->witness_probe_ns < since_ns) {
+      lane->StartProbe(lane, base::SteadyNowNs(), /*for_judge=*/false);
     }
     return false;
   };

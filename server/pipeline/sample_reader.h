@@ -56,6 +56,9 @@ class SampleReader {
 
   // Where the sample is, as error messages start: "/abs/a/b.jpg", "/abs/shard-3.tar#a/b".
   const std::string& where() const { return where_; }
+  // Reads from now on spend their retry budget whatever the storage does (IoRetryBudget::
+  // DropWitness): for those after a sample's commit, where no deadline reaches.
+  void CountEveryFailure() { budget_.DropWitness(); }
   // What ReadImage() will hold in memory (the image, or its whole record).
   uint64_t read_bytes() const { return read_bytes_; }
 

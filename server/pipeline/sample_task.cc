@@ -226,6 +226,8 @@ bool SampleTask::Commit() {
     return false;
   }
   state_ = State::kCommitted;
+  // What is read from here on (labels, extra tensors) has no deadline: it must end.
+  if (reader_) reader_->CountEveryFailure();
   return true;
 }
 

@@ -138,15 +138,31 @@ TEST_CASE("38.1: a mount that fails every request with EIO (a soft mount's outag
           "and goes on exactly",
           "[integration][storage]") {
   if (!DelayMount::Unavailable().empty()) RINGLOADER_SKIP(DelayMount::Unavailable());
+  // WebDataset: its shards stay open, so only a fresh open of one asks the storage (the probe).
+  const std::string format = GENERATE(as<std::string>(), "imagefolder", "webdataset");
+  CAPTURE(format);
   TempDir data;
   WriteDataset(data.Join("images"), 120);
-  DelayMount mount(data.Join("images"), data.path(), milliseconds(5), "",
-                   /*stall_with_eio=*/true);
+  std::string source = data.Join("images");
+  if (format == "webdataset") {
+    source = data.Join("shards");
+    const CommandResult converted =
+        RunCommand({CtlPath(), "convert", "--from", "imagefolder", "--to", "webdataset", "--path",
+                    data.Join("images"), "--out", source, "--shard-size", "16"});
+    INFO(converted.output);
+    REQUIRE(converted.exit_code == 0);
+  }
+  DelayMount mount(source, data.path(), milliseconds(5), "", /*stall_with_eio=*/true);
   DaemonFixtureOptions options;
   options.images = 8;
   options.server_extra = "decode_deadline_ms = 1000\nio_retry_ms = 300\nio_depth = 16";
-  options.config_extra =
-      DatasetTable("mounted", mount.path()) + DatasetTable("direct", data.Join("images"));
+  const auto table = [&](const std::string& name, const std::string& path) {
+    return format == "webdataset"
+               ? "[[datasets]]\nname = \"" + name + "\"\nformat = \"webdataset\"\npath = \"" +
+                     path + "\"\n"
+               : DatasetTable(name, path);
+  };
+  options.config_extra = table("mounted", mount.path()) + table("direct", source);
   DaemonFixture daemon(options);
   REQUIRE(daemon.Start());
   client::Client c(daemon.endpoint());

@@ -3,6 +3,7 @@
 #include "server/pipeline/io_retry.h"
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -15,10 +16,11 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-absl::StatusOr<int> FailingTransiently(int& tries) {
+absl::StatusOr<int> FailingTransiently(int& tries, int err = EIO) {
   ++tries;
-  return image::WithReason(image::MarkTransient(absl::UnavailableError("f: Input/output error")),
-                           "read_error");
+  return image::WithReason(
+      image::MarkTransientErrno(absl::UnavailableError("f: Input/output error"), err),
+      "read_error");
 }
 
 TEST_CASE("IoRetryBudget: retries a transient failure, then io_error naming tries and time",
@@ -119,6 +121,22 @@ TEST_CASE("IoRetryBudget: with a witness, failures while the storage answers not
   CHECK_THAT(std::string(r.status().message()),
              Catch::Contains("server.io_retry_ms = 50; besides ") &&
                  Catch::Contains(" ms while the storage answered nothing)"));
+
+  // Out of descriptors is this process's failure, not the storage's: it counts, witness or not.
+  storage_answers = false;
+  IoRetryBudget local(milliseconds(50), {}, [&](int64_t) { return storage_answers; });
+  tries = 0;
+  r = local.Run<int>([&] { return FailingTransiently(tries, EMFILE); });
+  REQUIRE_FALSE(r.ok());
+  CHECK(image::ErrorReason(r.status()) == "io_error");
+
+  // Once the witness is dropped (a read after the sample's commit), every failure counts.
+  IoRetryBudget committed(milliseconds(50), {}, [&](int64_t) { return storage_answers; });
+  committed.DropWitness();
+  tries = 0;
+  r = committed.Run<int>([&] { return FailingTransiently(tries); });
+  REQUIRE_FALSE(r.ok());
+  CHECK(image::ErrorReason(r.status()) == "io_error");
 }
 
 }  // namespace
