@@ -246,9 +246,7 @@ TEST_CASE("15.3: in a memory cgroup, a sample that gets the decoder OOM-killed i
   options.env["RINGLOADER_FAILPOINTS"] = "action=oom;crash_on_path=class_02/img_000022.jpg";
   DaemonFixture daemon(options);
   // The supervisor and its daemon live in the cgroup, as under systemd's MemoryMax=.
-  Subprocess supervisor({"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" "
-                         "--supervise --config \"$2\"",
-                         cgroup.path(), DaemonPath(), daemon.config_path()},
+  Subprocess supervisor(cgroup.SuperviseInside(DaemonPath(), daemon.config_path()),
                         options.env, daemon.log_path());
   REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
                   std::chrono::seconds(30)));
@@ -349,9 +347,7 @@ TEST_CASE("15.4: 38-megapixel progressive CMYK, progressive 4:4:4 and baseline J
   config.replace(config.find("max_pixels = 20000000"), 21, "max_pixels = 40000000");
   config.replace(config.find("max_file_bytes = \"16MiB\""), 24, "max_file_bytes = \"64MiB\"");
   WriteFile(daemon.config_path(), config);
-  Subprocess supervisor({"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" "
-                         "--supervise --config \"$2\"",
-                         cgroup.path(), DaemonPath(), daemon.config_path()},
+  Subprocess supervisor(cgroup.SuperviseInside(DaemonPath(), daemon.config_path()),
                         {}, daemon.log_path());
   REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
                   std::chrono::seconds(60)));

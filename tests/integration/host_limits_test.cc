@@ -217,9 +217,7 @@ TEST_CASE("38.3: a WebDataset shard with 50,000 empty members among 4 good, memo
             shard + "\"\n";
   WriteFile(daemon.config_path(), config);
   // The supervisor and its daemon live in the cgroup, as under a container's limit.
-  Subprocess supervisor({"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" "
-                         "--supervise --config \"$2\"",
-                         cgroup.path(), DaemonPath(), daemon.config_path()},
+  Subprocess supervisor(cgroup.SuperviseInside(DaemonPath(), daemon.config_path()),
                         {}, daemon.log_path());
   REQUIRE(WaitFor([&] { return daemon.Ctl({"health", "--timeout", "1"}).exit_code == 0; },
                   std::chrono::seconds(60)));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tests/support/test_support.h"
 
@@ -39,6 +40,14 @@ class MemoryCgroup {
   MemoryCgroup& operator=(const MemoryCgroup&) = delete;
   bool ok() const { return !path_.empty(); }
   const std::string& path() const { return path_; }
+  // The command that runs `daemon --supervise --config CONFIG` inside this cgroup (the shell
+  // joins it, then execs the daemon), as under a systemd unit's MemoryMax= or a container's limit.
+  std::vector<std::string> SuperviseInside(const std::string& daemon,
+                                           const std::string& config) const {
+    return {"/bin/sh", "-c",
+            "echo $$ > \"$0\"/cgroup.procs && exec \"$1\" --supervise --config \"$2\"", path_,
+            daemon, config};
+  }
   // OOM kills in this cgroup since it was made.
   uint64_t oom_kills() const {
     const std::string text = ReadFile(path_ + "/memory.oom_control");
