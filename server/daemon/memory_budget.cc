@@ -119,6 +119,18 @@ uint64_t MemoryBudget::TryAcquireReadAhead(uint64_t bytes) {
       read_ahead_ + bytes > limit_ / 2) {
     return 0;
   }
+  return AddHold(bytes);
+}
+
+uint64_t MemoryBudget::AcquireReadAhead(uint64_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (bytes > limit_ || fixed_ > limit_ - bytes) return 0;
+  WaitForRoom(lock, bytes, std::chrono::steady_clock::time_point::max());
+  if (fixed_ + bytes > limit_) return 0;
+  return AddHold(bytes);
+}
+
+uint64_t MemoryBudget::AddHold(uint64_t bytes) {
   decoding_ += bytes;
   read_ahead_ += bytes;
   peak_ = std::max(peak_, fixed_ + decoding_);

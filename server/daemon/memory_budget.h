@@ -61,6 +61,7 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   // Read-ahead bytes: only while no decode waits, and at most half the limit in all (the rest
   // of a decode's room comes from evicting them).
   uint64_t TryAcquireReadAhead(uint64_t bytes) override;
+  uint64_t AcquireReadAhead(uint64_t bytes) override;
   void ArmEviction(uint64_t id, std::function<void()> evict) override;
   bool Pin(uint64_t id) override;
   void ReleaseReadAhead(uint64_t id) override;
@@ -79,6 +80,8 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                    std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveFixed(uint64_t bytes);
+  // A new read-ahead hold of `bytes` (not armed); its id.
+  uint64_t AddHold(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the newest armed read-ahead hold; false when there is none. Unlocks meanwhile.
   bool EvictOne(std::unique_lock<std::mutex>& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -218,7 +218,12 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   while (true) {
     std::vector<uint64_t> still;
     for (uint64_t i : unstarted) {  // (again when no file was left: others give theirs back)
-      batch.prefetched[i] = ahead->StartNow(batch.shard.at(batch.pos + i));
+      // A re-read (its task met its deadline on a decode thread) reads the bytes on the lane
+      // whatever memory is spare: its task must not read from the storage again.
+      batch.prefetched[i] = ahead->StartNow(batch.shard.at(batch.pos + i),
+                                            batch.reread_once[i]
+                                                ? PrefetchedSample::Memory::kWaitFor
+                                                : PrefetchedSample::Memory::kSpare);
       (batch.prefetched[i] != nullptr ? waiting : still).push_back(i);
     }
     unstarted.swap(still);

@@ -149,6 +149,13 @@ class DecodeMemory {
     (void)bytes;
     return 0;
   }
+  // The same, waiting for the bytes in the decodes' queue as Acquire does (a sample read again
+  // because its read on a decode thread met the deadline: its bytes must be read on the lane),
+  // and not bound to half the limit; 0 when they never fit. Default: never.
+  virtual uint64_t AcquireReadAhead(uint64_t bytes) {
+    (void)bytes;
+    return 0;
+  }
   // From now on an Acquire that would otherwise wait may take hold `id` back, calling `evict`
   // (on its own thread, no lock held) to free its bytes: read-ahead never keeps a decode waiting.
   virtual void ArmEviction(uint64_t id, std::function<void()> evict) {

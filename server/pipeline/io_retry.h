@@ -36,10 +36,6 @@ class IoRetryBudget {
                          std::function<bool(int64_t since_ns)> witness = {})
       : budget_(budget), give_up_(std::move(give_up)), witness_(std::move(witness)) {}
 
-  // From now on every failure counts: reads where no deadline reaches (after a sample's commit)
-  // must end, outage or not.
-  void DropWitness() { witness_ = nullptr; }
-
   // Runs `attempt` until it succeeds, fails for good, or the budget is spent: then the last
   // transient error becomes reason "io_error", saying how long and how often it was tried.
   template <typename T>

@@ -26,13 +26,12 @@ bool StorageAnswered(const absl::Status& status) {
 }  // namespace
 
 PrefetchedSample::~PrefetchedSample() {
-  uint64_t hold = 0;
+  std::optional<Bytes> bytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    image_.reset();
-    hold = hold_;
+    bytes.swap(bytes_);
   }
-  if (hold != 0) memory_->ReleaseReadAhead(hold);
+  if (bytes && bytes->hold != 0) memory_->ReleaseReadAhead(bytes->hold);
   ReleaseFile();  // its reader (and file) went with it, or to its task's end
 }
 
@@ -48,6 +47,11 @@ PrefetchedSample::State PrefetchedSample::state() const {
   return state_;
 }
 
+void PrefetchedSample::SetStarted(int64_t ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ns_ = ns;
+}
+
 int64_t PrefetchedSample::started_ns() const {
   std::lock_guard<std::mutex> lock(mu_);
   return started_ns_;
@@ -60,19 +64,18 @@ bool PrefetchedSample::WaitSettledUntil(std::chrono::steady_clock::time_point un
   });
 }
 
-std::optional<PrefetchedSample::Image> PrefetchedSample::TakeImage() {
+std::optional<PrefetchedSample::Bytes> PrefetchedSample::TakeBytes() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!image_ || !memory_->Pin(hold_)) return std::nullopt;  // evicted, or being evicted
-  Image image{*std::move(image_), hold_};
-  image_.reset();
-  hold_ = 0;
-  return image;
+  if (!bytes_) return std::nullopt;
+  if (bytes_->hold != 0 && !memory_->Pin(bytes_->hold)) return std::nullopt;  // being evicted
+  std::optional<Bytes> bytes;
+  bytes.swap(bytes_);
+  return bytes;
 }
 
 void PrefetchedSample::Evict() {
   std::lock_guard<std::mutex> lock(mu_);
-  image_.reset();
-  hold_ = 0;  // the evictor gives the bytes back
+  bytes_.reset();  // the evictor gives the bytes back
 }
 
 bool PrefetchedSample::TryCancel() {
@@ -95,7 +98,7 @@ bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
 }
 
 bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
-                            std::chrono::milliseconds io_retry, bool read_image,
+                            std::chrono::milliseconds io_retry, Memory memory,
                             std::function<bool(int64_t since_ns)> witness) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -116,27 +119,8 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
       status = reader.status();
     }
   }
-  // The bytes only with memory to spare (never what a decode waits for, and evicted when one
-  // would wait); otherwise the open file alone is what the task saves.
-  uint64_t hold = 0;
-  if (status.ok() && read_image && memory_ != nullptr &&
-      (hold = memory_->TryAcquireReadAhead(reader_->read_bytes())) != 0) {
-    absl::StatusOr<ImageBytes> image = reader_->ReadImage();
-    if (image.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        image_.emplace(*std::move(image));
-        hold_ = hold;
-      }
-      memory_->ArmEviction(hold, [weak = weak_from_this()] {
-        if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
-      });
-    } else {
-      memory_->ReleaseReadAhead(hold);
-      status = image.status();  // the sample's error, as the task's own read would have given
-      reader_.reset();
-    }
-  }
+  if (status.ok() && memory_ != nullptr) status = ReadBytes(memory);
+  if (!status.ok()) reader_.reset();
   const bool answered = asked_storage && StorageAnswered(status);
   status_ = std::move(status);
   {
@@ -145,6 +129,56 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   }
   cv_.notify_all();
   return answered;
+}
+
+absl::Status PrefetchedSample::ReadBytes(Memory memory) {
+  // The bytes only with memory to spare (never what a decode waits for, and evicted when one
+  // would wait); otherwise the open file alone is what the task saves. A re-read waits for it.
+  const uint64_t need = (dataset_.has_images() ? reader_->read_bytes() : 0) + RestBytes(dataset_);
+  Bytes bytes;
+  if (need != 0) {
+    if (memory == Memory::kWaitFor) {
+      // Waiting for memory is not reading: Judge must not take it for a read that hangs.
+      SetStarted(0);
+      bytes.hold = memory_->AcquireReadAhead(need);
+      SetStarted(base::SteadyNowNs());
+      if (bytes.hold == 0) return absl::OkStatus();  // above memory_limit: the task says so
+    } else if ((bytes.hold = memory_->TryAcquireReadAhead(need)) == 0) {
+      return absl::OkStatus();
+    }
+  }
+  absl::Status status;
+  if (dataset_.has_images()) {
+    absl::StatusOr<ImageBytes> image = reader_->ReadImage();
+    if (image.ok()) {
+      bytes.image.emplace(*std::move(image));
+    } else {
+      status = image.status();  // the sample's error, as the task's own read would have given
+    }
+  }
+  if (status.ok() && HasRest(dataset_)) {
+    absl::StatusOr<SampleRest> rest = reader_->ReadRest();
+    if (rest.ok()) {
+      bytes.rest = *std::move(rest);
+    } else {
+      status = rest.status();
+    }
+  }
+  if (!status.ok()) {
+    if (bytes.hold != 0) memory_->ReleaseReadAhead(bytes.hold);
+    return status;
+  }
+  const uint64_t hold = bytes.hold;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_.emplace(std::move(bytes));
+  }
+  if (hold != 0) {
+    memory_->ArmEviction(hold, [weak = weak_from_this()] {
+      if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
+    });
+  }
+  return absl::OkStatus();
 }
 
 std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset) {
@@ -238,15 +272,17 @@ ReadPool::Verdict ReadAhead::Judge(const PrefetchedSample& sample,
   return pool_.Judge(started, deadline);
 }
 
-std::shared_ptr<PrefetchedSample> ReadAhead::StartNow(uint64_t index) {
+std::shared_ptr<PrefetchedSample> ReadAhead::StartNow(uint64_t index,
+                                                      PrefetchedSample::Memory memory) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dataset_ == nullptr || index >= dataset_->size()) return nullptr;
-  std::shared_ptr<PrefetchedSample> read = Submit(index);
+  std::shared_ptr<PrefetchedSample> read = Submit(index, memory);
   if (read != nullptr) ++started_;
   return read;
 }
 
-std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
+std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index,
+                                                    PrefetchedSample::Memory memory) {
   if (files_ != nullptr) {
     if (max_files_ != 0 && files_held_->load() >= max_files_) return nullptr;
     if (!files_->TryTake()) return nullptr;
@@ -256,11 +292,9 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index) {
   auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_, files_,
                                                  files_ != nullptr ? files_held_ : nullptr);
   // The lane's thread holds the read alive; the task may have taken and dropped it already.
-  const uint64_t id = pool_.Submit([read, observer = observer_, max = max_file_bytes_,
-                                    io_retry = io_retry_, images = dataset_->has_images(),
-                                    witness = pool_.Witness()] {
-    return read->Read(observer, max, io_retry, images, witness);
-  });
+  const uint64_t id = pool_.Submit(
+      [read, observer = observer_, max = max_file_bytes_, io_retry = io_retry_, memory,
+       witness = pool_.Witness()] { return read->Read(observer, max, io_retry, memory, witness); });
   if (id == 0) return nullptr;
   read->set_read_id(id);
   return read;
@@ -300,7 +334,7 @@ void ReadAhead::StartMore() {
       continue;
     }
     // No file left: this position is tried again on the next Advance or Take.
-    std::shared_ptr<PrefetchedSample> read = Submit(index);
+    std::shared_ptr<PrefetchedSample> read = Submit(index, PrefetchedSample::Memory::kSpare);
     if (read == nullptr) return;
     ++next_.second;
     reads_.emplace(key, std::move(read));

@@ -5,8 +5,8 @@
 // A stream's future order is known (its shard is a pure function of seed and epoch), so while its
 // samples are decoded, the next ones are opened and read on the ReadPool, in that order and on
 // across epoch boundaries: up to `window` reads outstanding (started, not yet taken). A sample's
-// SampleTask then finds its file open and (memory permitting) its bytes in memory (Take),
-// instead of paying the mount's latency on a decode thread.
+// SampleTask then finds its file open and (memory permitting) its bytes in memory (Take): its
+// image, label and extra tensors, instead of paying the mount's latency on a decode thread.
 //
 // Memory: the bytes a read holds are drawn from DecodeMemory::TryAcquire, which grants them only
 // while no decode waits and some of memory_limit stays free for decodes; refused, the read keeps
@@ -86,7 +86,7 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   bool done() const { return state() == State::kDone; }
   // Started and not finished: its thread may be stuck (see ReadAhead::WriteOff).
   bool running() const { return state() == State::kRunning; }
-  // When it started running (base::SteadyNowNs); 0 before.
+  // When it started running (base::SteadyNowNs); 0 before, and while it waits for memory.
   int64_t started_ns() const;
   // Gives its file back now (once): a read written off (maybe stuck for good) must not keep one.
   void ReleaseFile();
@@ -98,25 +98,36 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   // were read), or the error the sample fails with.
   const absl::Status& status() const { return status_; }
   std::optional<SampleReader> TakeReader() { return std::move(reader_); }
-  // The image's bytes, if they were read and not evicted since (memory a decode needed), with
-  // the memory hold that counts them: the caller's from then on, given back with
+  // The sample's bytes (its image and its rest: label, tensors), if they were read and not
+  // evicted since (memory a decode needed), with the memory hold that counts them (0: none, for
+  // a sample of no bytes): the caller's from then on, given back with
   // DecodeMemory::ReleaseReadAhead(hold) when it lets go of the bytes. Empty: the caller reads
   // them itself.
-  struct Image {
-    ImageBytes bytes;
+  struct Bytes {
+    std::optional<ImageBytes> image;  // empty for a dataset without images
+    SampleRest rest;
     uint64_t hold = 0;
   };
-  std::optional<Image> TakeImage();
+  std::optional<Bytes> TakeBytes();
 
-  // The reading, on a ReadPool thread: BeforeRead, open, memory, the image's bytes. False when
-  // it got no answer from the storage (cancelled before it began, refused unread, or transient
-  // errors to the end: an EIO is the storage failing, not answering). `witness`: the lane's
-  // (ReadPool::Witness), for its retries.
+  // How a read gets memory for the sample's bytes.
+  enum class Memory {
+    kSpare,    // only memory to spare (TryAcquireReadAhead): else the open file alone
+    kWaitFor,  // waits for it as a decode does (AcquireReadAhead): a sample read again after its
+               // task met its deadline on a decode thread, whose bytes must come from the lane
+  };
+  // The reading, on a ReadPool thread: BeforeRead, open, memory, the sample's bytes (image,
+  // label, tensors). False when it got no answer from the storage (cancelled before it began,
+  // refused unread, or transient errors to the end: an EIO is the storage failing, not
+  // answering). `witness`: the lane's (ReadPool::Witness), for its retries.
   bool Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
-            bool read_image, std::function<bool(int64_t since_ns)> witness = {});
+            Memory memory = Memory::kSpare, std::function<bool(int64_t since_ns)> witness = {});
 
  private:
-  void Evict();  // DecodeMemory's eviction: drops the image (its bytes are the budget's again)
+  void Evict();  // DecodeMemory's eviction: drops the bytes (they are the budget's again)
+  // The sample's bytes into bytes_, with their memory hold; the sample's error otherwise.
+  absl::Status ReadBytes(Memory memory);
+  void SetStarted(int64_t ns);
 
   const Dataset& dataset_;
   const uint64_t index_;
@@ -131,8 +142,7 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   // Written by the reading thread before kDone; read by the taker after it.
   absl::Status status_;
   std::optional<SampleReader> reader_;
-  std::optional<ImageBytes> image_ ABSL_GUARDED_BY(mu_);  // also cleared by Evict
-  uint64_t hold_ ABSL_GUARDED_BY(mu_) = 0;  // memory_'s read-ahead hold for image_; 0 = none
+  std::optional<Bytes> bytes_ ABSL_GUARDED_BY(mu_);  // also cleared by Evict
 };
 
 // A read lane's probe (LaneOptions::probe) for `dataset`: opens one of its samples, spread over
@@ -165,11 +175,12 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
-  // A read of sample `index` outside the window (the batch needs it now and none was started):
-  // submitted at once. Null when no file is left (FileBudget: try again as others end) or the
-  // lane is shut down.
+  // A read of sample `index` outside the window (the batch needs it now and none was started, or
+  // its task met its deadline reading on a decode thread: `memory` kWaitFor), submitted at once.
+  // Null when no file is left (FileBudget: try again as others end) or the lane is shut down.
   // REQUIRES: Advance was called.
-  std::shared_ptr<PrefetchedSample> StartNow(uint64_t index);
+  std::shared_ptr<PrefetchedSample> StartNow(
+      uint64_t index, PrefetchedSample::Memory memory = PrefetchedSample::Memory::kSpare);
   // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
   // still running may be stuck, and another thread takes its place (and its file is given back).
   void WriteOff(PrefetchedSample& sample);
@@ -187,7 +198,8 @@ class ReadAhead {
   const EpochShard* ShardOf(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the read of `index` to the lane; null when no file is left or it is shut down.
-  std::shared_ptr<PrefetchedSample> Submit(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<PrefetchedSample> Submit(uint64_t index, PrefetchedSample::Memory memory)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ReadPool& pool_;
   const uint64_t window_;

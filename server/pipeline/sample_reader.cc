@@ -93,6 +93,22 @@ bool LoadAsInt64(const uint8_t* p, NpyType type, int64_t* out) {
 
 }  // namespace
 
+uint64_t RestBytes(const Dataset& dataset) {
+  uint64_t bytes = 0;
+  for (const TensorSchema& schema : dataset.tensors()) bytes += schema.SampleBytes();
+  return bytes;
+}
+
+bool HasRest(const Dataset& dataset) {
+  return dataset.has_labels() || !dataset.tensors().empty();
+}
+
+std::span<const uint8_t> SampleRest::tensor(const Dataset& dataset, uint32_t k) const {
+  uint64_t offset = 0;
+  for (uint32_t t = 0; t < k; ++t) offset += dataset.tensors()[t].SampleBytes();
+  return std::span<const uint8_t>(tensors).subspan(offset, dataset.tensors()[k].SampleBytes());
+}
+
 absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
                                                 uint64_t max_image_bytes,
                                                 std::chrono::milliseconds io_retry,
@@ -118,6 +134,28 @@ absl::StatusOr<int64_t> SampleReader::ReadLabel() {
 
 absl::StatusOr<uint64_t> SampleReader::ReadTensor(uint32_t k, std::span<uint8_t> out) {
   return budget_.Run<uint64_t>([&] { return ReadTensorOnce(k, out); });
+}
+
+absl::StatusOr<SampleRest> SampleReader::ReadRest() {
+  SampleRest rest;
+  if (dataset_->has_labels()) {
+    absl::StatusOr<int64_t> label = ReadLabel();
+    if (!label.ok()) return label.status();
+    rest.label = *label;
+  }
+  const std::vector<TensorSchema>& tensors = dataset_->tensors();
+  rest.tensors.resize(RestBytes(*dataset_));
+  rest.rows.resize(tensors.size());
+  uint64_t offset = 0;
+  for (uint32_t k = 0; k < tensors.size(); ++k) {
+    const uint64_t bytes = tensors[k].SampleBytes();
+    absl::StatusOr<uint64_t> rows =
+        ReadTensor(k, std::span<uint8_t>(rest.tensors).subspan(offset, bytes));
+    if (!rows.ok()) return rows.status();
+    rest.rows[k] = *rows;
+    offset += bytes;
+  }
+  return rest;
 }
 
 absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint64_t index,

@@ -10,7 +10,8 @@
 // is not an integer, an .npy whose dtype or shape disagrees with the dataset's).
 //
 // Not thread-safe; one per sample read. Blocking reads (a slow mount) happen only in
-// ReadImageHead, ReadImage, ReadLabel and ReadTensor.
+// ReadImageHead, ReadImage, ReadLabel, ReadTensor
+// and ReadRest.
 
 #include <chrono>
 #include <cstdint>
@@ -37,6 +38,20 @@ struct ImageBytes {
   std::span<const uint8_t> image() const { return {bytes.data() + offset, size}; }
 };
 
+// What a sample holds besides its image: its label and its extra tensors. Read before the
+// sample's commit, like the image, so that the decode deadline and the read lane's outage
+// handling reach them too (nothing is read after a commit, where no deadline reaches).
+struct SampleRest {
+  int64_t label = -1;            // stays -1 for a dataset without labels
+  std::vector<uint8_t> tensors;  // dataset.tensors() in order, each exactly its SampleBytes()
+  std::vector<uint64_t> rows;    // each tensor's first-dimension length
+  std::span<const uint8_t> tensor(const Dataset& dataset, uint32_t k) const;
+};
+// The bytes a SampleRest of `dataset` holds (its tensors'), for the memory budget.
+uint64_t RestBytes(const Dataset& dataset);
+// Whether a sample of `dataset` has anything besides its image (a label or a tensor).
+bool HasRest(const Dataset& dataset);
+
 class SampleReader {
  public:
   // Opens what sample `index` is read from; `max_image_bytes` is the dataset's max_file_bytes
@@ -56,9 +71,6 @@ class SampleReader {
 
   // Where the sample is, as error messages start: "/abs/a/b.jpg", "/abs/shard-3.tar#a/b".
   const std::string& where() const { return where_; }
-  // Reads from now on spend their retry budget whatever the storage does (IoRetryBudget::
-  // DropWitness): for those after a sample's commit, where no deadline reaches.
-  void CountEveryFailure() { budget_.DropWitness(); }
   // What ReadImage() will hold in memory (the image, or its whole record).
   uint64_t read_bytes() const { return read_bytes_; }
 
@@ -73,6 +85,8 @@ class SampleReader {
   // dataset.tensors()[k] of this sample into `out` (exactly its SampleBytes()). Returns the
   // sample's first-dimension length (ragged tensors are zero-padded up to the schema's).
   absl::StatusOr<uint64_t> ReadTensor(uint32_t k, std::span<uint8_t> out);
+  // The label (if the dataset has labels) and every tensor, into a SampleRest of RestBytes().
+  absl::StatusOr<SampleRest> ReadRest();
 
  private:
   SampleReader(const Dataset& dataset, uint64_t index) : dataset_(&dataset), index_(index) {}
@@ -90,7 +104,7 @@ class SampleReader {
   IoRetryBudget budget_{std::chrono::milliseconds(0)};  // Open's, with what it left
   std::string where_;
   uint64_t read_bytes_ = 0;
-  std::optional<image::SampleFile> file_;     // imagefolder, manifest
+  std::optional<image::SampleFile> file_;             // imagefolder, manifest
   std::shared_ptr<const container::File> container_;  // webdataset, tfrecord (shared)
   std::string container_path_;
   std::optional<int64_t> record_label_;  // tfrecord, after ReadImage

@@ -65,7 +65,7 @@ SampleTask::State SampleTask::Run(const SampleOutput& out, const Worker& worker)
     std::chrono::nanoseconds waited = Clock::now() - started;
     if (DrawMemory()) {
       const auto reading = Clock::now();
-      if (ReadImage() && job_.observer != nullptr) {
+      if (ReadBytes() && job_.observer != nullptr) {
         waited += Clock::now() - reading;
         job_.observer->AfterRead(*job_.dataset, job_.index, waited);
       }
@@ -95,8 +95,7 @@ bool SampleTask::Open() {
     // Read ahead maybe before the sample was quarantined: asked again at its turn, so a
     // quarantined sample whose read hangs is not waited for again.
     if (job_.observer != nullptr) {
-      if (absl::Status refused = job_.observer->Refused(*job_.dataset, job_.index);
-          !refused.ok()) {
+      if (absl::Status refused = job_.observer->Refused(*job_.dataset, job_.index); !refused.ok()) {
         return Fail(std::move(refused));
       }
     }
@@ -112,9 +111,10 @@ bool SampleTask::Open() {
         if (!reader) return Fail(absl::InternalError("read ahead: taken twice"));  // a bug
         reader_.emplace(*std::move(reader));
         // The bytes, unless memory was short or a decode took them back: read below then.
-        if (std::optional<PrefetchedSample::Image> image = read.TakeImage()) {
-          image_.emplace(std::move(image->bytes));
-          read_ahead_hold_ = image->hold;
+        if (std::optional<PrefetchedSample::Bytes> bytes = read.TakeBytes()) {
+          image_ = std::move(bytes->image);
+          rest_.emplace(std::move(bytes->rest));
+          read_ahead_hold_ = bytes->hold;
         }
         return true;
       }
@@ -138,81 +138,105 @@ bool SampleTask::Open() {
 
 bool SampleTask::DrawMemory() {
   Expect(state_ == State::kReading && reader_);
-  if (!job_.dataset->has_images() || job_.memory == nullptr || job_.cached) return true;
-  bool whole = false;
-  std::span<const uint8_t> head;
-  absl::StatusOr<std::vector<uint8_t>> peeked;
-  if (image_) {
-    // Read ahead (its bytes are held already): the very peek ReadImageHead would have made, the
-    // image's part of its record's first kHeaderPeekBytes, so that the plan (and whether the
-    // sample is too large) never depends on whether memory allowed the read-ahead.
-    const uint64_t offset = image_->offset;
-    const uint64_t size = image_->size;
-    head = offset >= kHeaderPeekBytes
-               ? std::span<const uint8_t>()
-               : image_->image().first(std::min<uint64_t>(size, kHeaderPeekBytes - offset));
-    whole = offset + size <= kHeaderPeekBytes;
-  } else {
-    peeked = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
-    if (!CheckNotAbandoned()) return false;
-    if (!peeked.ok()) return Fail(peeked.status());
-    head = *peeked;
+  if (job_.memory == nullptr) return true;
+  const Dataset& dataset = *job_.dataset;
+  const bool decodes = dataset.has_images() && !job_.cached;
+  // The label and tensors, unless read ahead, are read into the task's own buffers (the batch is
+  // written only after the commit).
+  uint64_t need = rest_ ? 0 : RestBytes(dataset);
+  image::DecodePlan plan;
+  if (decodes) {
+    bool whole = false;
+    std::span<const uint8_t> head;
+    absl::StatusOr<std::vector<uint8_t>> peeked;
+    if (image_) {
+      // Read ahead (its bytes are held already): the very peek ReadImageHead would have made,
+      // the image's part of its record's first kHeaderPeekBytes, so that the plan (and whether
+      // the sample is too large) never depends on whether memory allowed the read-ahead.
+      const uint64_t offset = image_->offset;
+      const uint64_t size = image_->size;
+      head = offset >= kHeaderPeekBytes
+                 ? std::span<const uint8_t>()
+                 : image_->image().first(std::min<uint64_t>(size, kHeaderPeekBytes - offset));
+      whole = offset + size <= kHeaderPeekBytes;
+    } else {
+      peeked = reader_->ReadImageHead(kHeaderPeekBytes, &whole);
+      if (!CheckNotAbandoned()) return false;
+      if (!peeked.ok()) return Fail(peeked.status());
+      head = *peeked;
+    }
+    absl::StatusOr<image::DecodePlan> planned =
+        head.empty()
+            ? image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform)
+            : image::SampleDecoder::PlanFromHeader(head, where_, job_.limits, job_.transform);
+    if (!planned.ok()) {
+      // Only a header cut off by the end of the peek (huge metadata) earns the benefit of the
+      // doubt: assume the worst it may hold. Any other header error is final.
+      if (whole || image::ErrorReason(planned.status()) != "truncated") {
+        return Fail(planned.status());
+      }
+      planned = image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform);
+    }
+    plan = *planned;
+    need += (image_ ? 0 : reader_->read_bytes()) + plan.bytes();
   }
-  absl::StatusOr<image::DecodePlan> plan =
-      head.empty()
-          ? image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform)
-          : image::SampleDecoder::PlanFromHeader(head, where_, job_.limits, job_.transform);
-  if (!plan.ok()) {
-    // Only a header cut off by the end of the peek (huge metadata) earns the benefit of the
-    // doubt: assume the worst it may hold. Any other header error is final.
-    if (whole || image::ErrorReason(plan.status()) != "truncated") return Fail(plan.status());
-    plan = image::SampleDecoder::WorstCasePlan(job_.limits, job_.transform);
-  }
-  uint64_t need = (image_ ? 0 : reader_->read_bytes()) + plan->bytes();
+  if (need == 0) return true;
   if (!gate_.BeginWait()) {
     state_ = State::kAbandoned;
     return false;
   }
   absl::Status granted;
   bool drawn_at_once = false;
-  if (image_ && read_ahead_hold_ != 0) {
+  if (read_ahead_hold_ != 0) {
     drawn_at_once = job_.memory->TryAcquire(need);
     if (!drawn_at_once) {
       // Waiting with bytes pinned could wait for ever: with every decode thread waiting so,
       // each holding bytes nobody may evict, no draw ever ends. They go back, and are waited
       // for with the rest (and read again below, from the open file).
+      if (image_ && decodes) need += reader_->read_bytes();
+      if (rest_) need += RestBytes(dataset);
       image_.reset();
+      rest_.reset();
       GiveBackReadAhead();
-      need += reader_->read_bytes();
     }
   }
   if (!drawn_at_once) granted = job_.memory->Acquire(need);
   if (granted.ok()) {
     gate_.SetDrawn(need);  // whoever abandons us gives it back
     drawn_ = need;
-    libjpeg_cap_ = plan->libjpeg_bytes;
+    libjpeg_cap_ = plan.libjpeg_bytes;
   }
   gate_.EndWait();
   if (!granted.ok()) return Fail(image::WithReason(std::move(granted), "too_large"));
   return true;
 }
 
-bool SampleTask::ReadImage() {
+bool SampleTask::ReadBytes() {
   Expect(state_ == State::kReading && reader_);
-  if (job_.dataset->has_images() && !job_.cached && !image_) {
+  const Dataset& dataset = *job_.dataset;
+  // Abandoned while reading: the draw is the abandoner's to give back, so it is forgotten.
+  const auto abandoned = [&] {
+    if (!gate_.Abandoned()) return false;
+    drawn_ = 0;
+    state_ = State::kAbandoned;
+    return true;
+  };
+  const auto failed = [&](const absl::Status& status) {
+    status_ = NamingPath(status, where_);
+    state_ = State::kFailed;
+    return false;
+  };
+  if (dataset.has_images() && !job_.cached && !image_) {
     absl::StatusOr<ImageBytes> image = reader_->ReadImage();
-    // Abandoned while reading: the draw is the abandoner's to give back, so it is forgotten.
-    if (gate_.Abandoned()) {
-      drawn_ = 0;
-      state_ = State::kAbandoned;
-      return false;
-    }
-    if (!image.ok()) {
-      status_ = NamingPath(image.status(), where_);
-      state_ = State::kFailed;
-      return false;
-    }
+    if (abandoned()) return false;
+    if (!image.ok()) return failed(image.status());
     image_.emplace(*std::move(image));
+  }
+  if (HasRest(dataset) && !rest_) {
+    absl::StatusOr<SampleRest> rest = reader_->ReadRest();
+    if (abandoned()) return false;
+    if (!rest.ok()) return failed(rest.status());
+    rest_.emplace(*std::move(rest));
   }
   state_ = State::kRead;
   return true;
@@ -226,8 +250,6 @@ bool SampleTask::Commit() {
     return false;
   }
   state_ = State::kCommitted;
-  // What is read from here on (labels, extra tensors) has no deadline: it must end.
-  if (reader_) reader_->CountEveryFailure();
   return true;
 }
 
@@ -236,6 +258,7 @@ void SampleTask::Complete(const SampleOutput& out, const Worker& worker) {
   absl::Status status = status_;
   if (status.ok()) status = Decode(out, worker);
   image_.reset();  // the file's bytes go before the draw
+  rest_.reset();
   GiveBackReadAhead();
   GiveBackMemory();
   if (!status.ok()) *out.status = NamingPath(status, where_);
@@ -245,20 +268,18 @@ void SampleTask::Complete(const SampleOutput& out, const Worker& worker) {
 
 absl::Status SampleTask::Decode(const SampleOutput& out, const Worker& worker) {
   const Dataset& dataset = *job_.dataset;
-  // The observer watches everything after the commit (labels and extra tensors are read here
-  // too): no deadline can abandon the task any more.
+  // The observer watches everything after the commit: no deadline can abandon the task any
+  // more. Nothing is read here (the label and tensors were, before the commit).
   absl::Status status;
   const bool observed = job_.observer != nullptr;
   if (observed) status = job_.observer->BeforeDecode(dataset, job_.index, worker.id);
-  if (status.ok() && dataset.has_labels()) {
-    absl::StatusOr<int64_t> label = reader_->ReadLabel();
-    if (label.ok()) *out.label = *label;
-    status = label.status();
-  }
-  for (uint32_t t = 0; status.ok() && t < out.tensors.size(); ++t) {
-    absl::StatusOr<uint64_t> rows = reader_->ReadTensor(t, out.tensors[t]);
-    if (rows.ok()) out.rows[t] = *rows;
-    status = rows.status();
+  if (status.ok() && rest_) {
+    if (dataset.has_labels()) *out.label = rest_->label;
+    for (uint32_t t = 0; t < out.tensors.size(); ++t) {
+      const std::span<const uint8_t> tensor = rest_->tensor(dataset, t);
+      std::copy(tensor.begin(), tensor.end(), out.tensors[t].begin());
+      out.rows[t] = rest_->rows[t];
+    }
   }
   if (status.ok() && job_.cached) {
     if (!job_.cache->Lookup(job_.cache_key, job_.index, out.image)) {  // never evicted

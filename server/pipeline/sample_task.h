@@ -3,13 +3,14 @@
 // SampleTask: one sample of a batch being filled (BatchFiller::Fill), on a WorkerPool thread, as
 // the state machine it is.
 //
-// Its first part, reading, may be abandoned at the decode deadline (a read stuck on a dead mount)
+// Its first part, reading (everything the sample needs from storage: image, label, tensors),
+// may be abandoned at the decode deadline (a read stuck on a dead mount)
 // while the Fill call goes on without it, and its thread may wake up any time later, after Fill
 // has returned: so it runs on copies only (SampleJob) and never touches the caller's data. Its
 // second part, writing into the batch, runs only once it has committed (TaskGate::Commit), after
 // which nothing abandons it.
 //
-//   kReading ─Open, DrawMemory, ReadImage─► kRead ─Commit─► kCommitted ─Complete─► kDone
+//   kReading ─Open, DrawMemory, ReadBytes─► kRead ─Commit─► kCommitted ─Complete─► kDone
 //   kReading ─DrawMemory waits for memory_limit (the deadline paused meanwhile; bytes read ahead
 //             are given back first and read again after: a wait never pins memory)─► kReading
 //   kReading ─a step fails (the file, its header, memory refused)─► kFailed
@@ -92,17 +93,18 @@ class SampleTask {
   // read started ahead (job.prefetched), its result taken once done (its wait is abandonable
   // like the read). False when it ended the reading (kFailed or kAbandoned).
   bool Open();
-  // kReading: peeks at the image's header and draws what its decode needs from job.memory,
-  // waiting for it with the deadline paused. Nothing to do without images, accounting or for a
-  // cached sample. False when it ended the reading.
+  // kReading: peeks at the image's header and draws what its decode needs from job.memory
+  // (with the bytes of its label and tensors unless read ahead), waiting for it with the
+  // deadline paused. Nothing to do without accounting. False when it ended the reading.
   bool DrawMemory();
-  // kReading -> kRead: the image's bytes (nothing for a dataset without images or a cached
-  // sample). A failed read still goes to kFailed and is committed.
-  bool ReadImage();
+  // kReading -> kRead: the image's bytes (none for a dataset without images or a cached
+  // sample), its label and its tensors, unless read ahead. A failed read still goes to kFailed
+  // and is committed.
+  bool ReadBytes();
   // kRead or kFailed -> kCommitted; kAbandoned when the gate says the caller gave up.
   bool Commit();
   // kCommitted -> kDone: the label, the extra tensors, the image (decoded or from the cache)
-  // into `out`, or the error into *out.status; gives back the memory drawn.
+  // into `out`, or the error into *out.status; gives back the memory drawn. Reads nothing.
   void Complete(const SampleOutput& out, const Worker& worker);
 
   State state() const { return state_; }
@@ -124,9 +126,10 @@ class SampleTask {
   absl::Status status_;  // why it failed (kFailed, and after Complete)
   std::optional<SampleReader> reader_;
   std::optional<ImageBytes> image_;
+  std::optional<SampleRest> rest_;
   uint64_t drawn_ = 0;        // bytes of job.memory this task holds
   uint64_t libjpeg_cap_ = 0;  // of the plan: given to the decoder once committed
-  // job.memory's read-ahead hold for image_, when its bytes came from a read ahead; 0 = none.
+  // job.memory's read-ahead hold for image_ and rest_, when they came from a read ahead; 0 = none.
   uint64_t read_ahead_hold_ = 0;
 };
 

@@ -219,4 +219,27 @@ TEST_CASE("MemoryBudget: a decode waiting for memory takes back read-ahead armed
   budget.Release(70ull << 20);
 }
 
+TEST_CASE("MemoryBudget: a re-read's read-ahead hold waits in the decodes' queue, may exceed "
+          "half the limit, and is evicted like the others once armed",
+          "[daemon][memory][read_ahead]") {
+  MemoryBudget budget(100ull << 20);
+  CHECK(budget.AcquireReadAhead(101ull << 20) == 0);  // never fits: not waited for
+  REQUIRE(budget.Acquire(50ull << 20).ok());
+  std::atomic<uint64_t> hold{0};
+  std::thread reread([&] { hold = budget.AcquireReadAhead(60ull << 20); });
+  while (budget.waiting() == 0) std::this_thread::yield();
+  CHECK(hold.load() == 0);  // 50 MiB free: it waits
+  budget.Release(50ull << 20);
+  reread.join();
+  REQUIRE(hold.load() != 0);
+  CHECK(budget.read_ahead() == 60ull << 20);  // above half of the limit
+  int evicted = 0;
+  budget.ArmEviction(hold, [&] { ++evicted; });
+  REQUIRE(budget.Acquire(70ull << 20).ok());  // a decode takes it back
+  CHECK(evicted == 1);
+  CHECK(budget.read_ahead() == 0);
+  budget.Release(70ull << 20);
+  CHECK(budget.decoding() == 0);
+}
+
 }  // namespace ringloader::server

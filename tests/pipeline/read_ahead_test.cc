@@ -275,7 +275,7 @@ TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back inste
     const uint64_t other = f.memory.limit() - file0;
     REQUIRE(f.memory.Acquire(other).ok());
     CHECK(f.memory.read_ahead() == file0);
-    CHECK_FALSE(read1->TakeImage().has_value());  // evicted: its task will read them itself
+    CHECK_FALSE(read1->TakeBytes().has_value());  // evicted: its task will read them itself
     // The task's own draw finds nothing left to take back: it must wait, and gives its bytes
     // back first (a wait never pins memory), to read them again from its open file.
     bool drew = false;
@@ -288,7 +288,7 @@ TEST_CASE("ReadAhead: a decode short of memory takes bytes read ahead back inste
     drawing.join();
     CHECK(drew);
     CHECK_FALSE(gate.waiting);
-    REQUIRE(task.ReadImage());
+    REQUIRE(task.ReadBytes());
     CHECK(f.Finish(task) == reference[0]);
     Gate gate1;
     SampleJob job1 = f.Job(shard.at(1));
@@ -359,7 +359,7 @@ TEST_CASE("ReadAhead: decodes that each hold bytes read ahead and all wait for m
     std::vector<std::thread> drawing;
     for (size_t i = 0; i < tasks.size(); ++i) {
       drawing.emplace_back([&, i] {
-        if (tasks[i]->DrawMemory() && tasks[i]->ReadImage()) drew[i] = true;
+        if (tasks[i]->DrawMemory() && tasks[i]->ReadBytes()) drew[i] = true;
       });
     }
     // One draw is granted; its decode gives it back, and the other's is granted then.

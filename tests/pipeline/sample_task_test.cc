@@ -152,7 +152,7 @@ TEST_CASE("SampleTask: a good sample reads, draws, commits and completes into it
   CHECK(task.drawn() > 0);
   CHECK(f.memory.decoding() == task.drawn());
   CHECK(f.gate.handed_over == task.drawn());
-  REQUIRE(task.ReadImage());
+  REQUIRE(task.ReadBytes());
   CHECK(task.state() == State::kRead);
   CHECK(f.ImageUntouched());  // nothing of the caller's before the commit
   REQUIRE(task.Commit());
@@ -169,7 +169,7 @@ TEST_CASE("SampleTask: a good sample reads, draws, commits and completes into it
 TEST_CASE("SampleTask: Run does every step and gives the same bytes", "[pipeline][sample_task]") {
   Fixture f;
   SampleTask stepwise(f.Job(0), f.gate);
-  REQUIRE((stepwise.Open() && stepwise.DrawMemory() && stepwise.ReadImage() && stepwise.Commit()));
+  REQUIRE((stepwise.Open() && stepwise.DrawMemory() && stepwise.ReadBytes() && stepwise.Commit()));
   stepwise.Complete(f.Output(), Worker{0, f.decoder});
   const std::vector<uint8_t> expected = f.image;
   std::fill(f.image.begin(), f.image.end(), 0);
@@ -200,13 +200,13 @@ TEST_CASE(
     REQUIRE(task.DrawMemory());
     const uint64_t drawn = task.drawn();
     f.gate.abandoned = true;
-    CHECK_FALSE(task.ReadImage());
+    CHECK_FALSE(task.ReadBytes());
     CHECK(task.drawn() == 0);
     CHECK(f.gate.handed_over == drawn);  // on_abandoned gives these back, not the task
     CHECK(f.memory.decoding() == drawn);
   }
   SECTION("at the commit") {
-    REQUIRE((task.Open() && task.DrawMemory() && task.ReadImage()));
+    REQUIRE((task.Open() && task.DrawMemory() && task.ReadBytes()));
     f.gate.refuse_commit = true;
     CHECK_FALSE(task.Commit());
     CHECK(f.memory.decoding() == f.gate.handed_over);
@@ -258,7 +258,7 @@ TEST_CASE(
   CHECK(f.gate.handed_over == need);
   CHECK(task.drawn() == need);
   CHECK(budget.decoding() == need);  // the task's now
-  REQUIRE(task.ReadImage());
+  REQUIRE(task.ReadBytes());
   REQUIRE(task.Commit());
   CHECK(f.ImageUntouched());  // nothing of the caller's before the commit
   task.Complete(f.Output(), Worker{0, f.decoder});
@@ -327,7 +327,7 @@ TEST_CASE("SampleTask: a cached sample draws nothing and is copied from the cach
   REQUIRE(task.Open());
   REQUIRE(task.DrawMemory());
   CHECK(task.drawn() == 0);
-  REQUIRE(task.ReadImage());
+  REQUIRE(task.ReadBytes());
   REQUIRE(task.Commit());
   task.Complete(f.Output(), Worker{0, f.decoder});
   CHECK(f.status.ok());
