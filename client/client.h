@@ -298,6 +298,16 @@ class Stream {
   // Held batches copied out of the ring so far, by Next() (see "Holding batches" at the top of
   // this file) or by Batch::Detach().
   uint64_t copies() const;
+  // Is the trainer input-bound? This stream measures the trainer's time since it opened (across
+  // reconnects): waiting inside Next() for batches (and for a restarting daemon), and between
+  // Next() calls (its step, and copying held batches out of the ring), and reports both with its
+  // requests. input_bound() is the daemon's judgement with its latest answer: the share of the
+  // last minute the trainer spent waiting, wait / (wait + step), 0..1; under 0.05 it is not
+  // input-bound, over 0.2 highly. -1 before the daemon has said (or one too old to say). Any
+  // thread may call these.
+  std::chrono::nanoseconds trainer_wait() const;
+  std::chrono::nanoseconds trainer_step() const;
+  double input_bound() const;
   // The fingerprint of the dataset this stream reads (see StreamOptions::dataset_fingerprint).
   uint64_t dataset_fingerprint() const;
   // The progress the stream's first epoch (options().start.epoch) continues after, with a saved

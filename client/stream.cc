@@ -76,6 +76,11 @@ std::chrono::system_clock::time_point SystemTime(Clock::time_point t) {
          std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
 }
 
+uint64_t Nanos(Clock::duration d) {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+}
+
 std::string OpenId() {
   std::random_device random;
   std::string id(16, '\0');
@@ -443,6 +448,21 @@ struct Stream::Impl {
       std::atomic<bool>& flag;
       ~Leave() { flag.store(false); }
     } leave{in_next};
+    // The trainer's time: its step ended as it called; its wait ends however the call does.
+    const auto entered = Clock::now();
+    if (last_return) trainer_step_ns.fetch_add(Nanos(entered - *last_return));
+    Clock::duration copying{0};
+    struct Waited {
+      Impl& impl;
+      const Clock::time_point& entered;
+      const Clock::duration& copying;
+      ~Waited() {
+        const auto now = Clock::now();
+        impl.trainer_wait_ns.fetch_add(Nanos(now - entered - copying));
+        impl.trainer_step_ns.fetch_add(Nanos(copying));
+        impl.last_return = now;
+      }
+    } waited{*this, entered, copying};
     while (!ended) {
       auto wait = kWait;
       if (timeout) {
@@ -473,7 +493,14 @@ struct Stream::Impl {
       request.set_incarnation(incarnation);
       request.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(1, wait.count())));
       request.set_stream_token(token);
+      const auto copy_started = Clock::now();
       CopyOutHeldBatches();
+      const auto copied = Clock::now();
+      copying += copied - copy_started;
+      v1::TrainerTime* trainer = request.mutable_trainer();
+      trainer->set_wait_ns(trainer_wait_ns.load() + Nanos(copied - entered - copying));
+      trainer->set_step_ns(trainer_step_ns.load() + Nanos(copying));
+      trainer->set_steps(trainer_steps.load());
       for (const PendingRelease& r : releases->Drain()) {
         // Handles of an earlier stream or incarnation died with it: never send them.
         if (r.stream_id != stream_id || r.incarnation != incarnation) continue;
@@ -509,7 +536,11 @@ struct Stream::Impl {
         ended = true;
         break;
       }
-      if (response.has_batch()) return Deliver(response.batch());
+      if (response.has_input_bound()) input_bound.store(response.input_bound());
+      if (response.has_batch()) {
+        trainer_steps.fetch_add(1);
+        return Deliver(response.batch());
+      }
       // pending: nothing ready within wait_ms; ask again.
     }
     return std::nullopt;
@@ -630,6 +661,13 @@ struct Stream::Impl {
   uint64_t dataset_size = 0, samples_per_epoch = 0, batches_per_epoch = 0;  // of the last open
   std::atomic<uint64_t> reconnects{0};
   std::atomic<bool> in_next{false};
+  // The trainer's time (v1::TrainerTime), read from any thread: waiting inside Next(), between
+  // calls (with copying held batches out: the trainer's own doing), and the daemon's judgement.
+  std::atomic<uint64_t> trainer_wait_ns{0};
+  std::atomic<uint64_t> trainer_step_ns{0};
+  std::atomic<uint64_t> trainer_steps{0};
+  std::atomic<double> input_bound{-1};
+  std::optional<Clock::time_point> last_return;  // Next()'s thread only
   // Client::Open's `interrupted` hook, set only while the stream is first opened.
   std::function<bool()> interrupted;
   Reconnect reconnect;  // whether the stream is open, and how it gets back open
@@ -661,6 +699,13 @@ uint64_t Stream::batches_per_epoch() const { return impl_->batches_per_epoch; }
 const StreamOptions& Stream::options() const { return impl_->options; }
 uint64_t Stream::reconnects() const { return impl_->reconnects.load(std::memory_order_relaxed); }
 uint64_t Stream::copies() const { return impl_->releases->copied_out(); }
+std::chrono::nanoseconds Stream::trainer_wait() const {
+  return std::chrono::nanoseconds(impl_->trainer_wait_ns.load());
+}
+std::chrono::nanoseconds Stream::trainer_step() const {
+  return std::chrono::nanoseconds(impl_->trainer_step_ns.load());
+}
+double Stream::input_bound() const { return impl_->input_bound.load(); }
 
 std::unique_ptr<Stream> OpenStream(std::shared_ptr<Connection> connection,
                                    const StreamOptions& options,

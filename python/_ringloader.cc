@@ -444,6 +444,13 @@ class PyStream {
   py::dict options() { return DictOf(Get()->options()); }
   uint64_t reconnects() { return Get()->reconnects(); }
   uint64_t copies() { return Get()->copies(); }
+  double trainer_wait_seconds() {
+    return std::chrono::duration<double>(Get()->trainer_wait()).count();
+  }
+  double trainer_step_seconds() {
+    return std::chrono::duration<double>(Get()->trainer_step()).count();
+  }
+  double input_bound() { return Get()->input_bound(); }
   uint64_t dataset_fingerprint() { return Get()->dataset_fingerprint(); }
   py::dict start_progress() { return DictOf(Get()->start_progress()); }
   uint64_t dataset_size() { return Get()->dataset_size(); }
@@ -521,6 +528,9 @@ PYBIND11_MODULE(_ringloader, m) {
       .def_property_readonly("options", &PyStream::options)
       .def_property_readonly("reconnects", &PyStream::reconnects)
       .def_property_readonly("copies", &PyStream::copies)
+      .def_property_readonly("trainer_wait_seconds", &PyStream::trainer_wait_seconds)
+      .def_property_readonly("trainer_step_seconds", &PyStream::trainer_step_seconds)
+      .def_property_readonly("input_bound", &PyStream::input_bound)
       .def_property_readonly("dataset_fingerprint", &PyStream::dataset_fingerprint)
       .def_property_readonly("start_progress", &PyStream::start_progress)
       .def_property_readonly("dataset_size", &PyStream::dataset_size)

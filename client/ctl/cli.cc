@@ -10,6 +10,7 @@
 
 #include "client/client.h"
 #include "client/ctl/ctl.h"
+#include "server/daemon/config.h"
 #include "ringloader_version.h"
 
 namespace ringloader::ctl {
@@ -56,6 +57,17 @@ int Main(int argc, char** argv) {
   stats_cmd->add_flag("--json", stats.json, "print GetStatsResponse as JSON");
   stats_cmd->add_flag("--watch", stats.watch, "redraw every second until interrupted");
   stats_cmd->add_option("--count", stats.watch_count, "with --watch: stop after N draws");
+
+  TopOptions top;
+  double top_delay_s = 1.0;
+  CLI::App* top_cmd = app.add_subcommand(
+      "top", "the daemon's streams, live (full-screen on a terminal; keys i r c d n sort, q quits)");
+  top_cmd->add_option("--count", top.count, "frames to draw, then exit (0: until q)");
+  top_cmd->add_option("--delay", top_delay_s, "seconds between frames")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  top_cmd->add_option("--sort", top.sort, "input (default), rate, client, dataset or id")
+      ->check(CLI::IsMember({"input", "rate", "client", "dataset", "id"}));
 
   ConsumeOptions consume;
   CLI::App* consume_cmd = app.add_subcommand("consume", "read batches like a trainer");
@@ -128,7 +140,12 @@ int Main(int argc, char** argv) {
   DoctorOptions doctor;
   CLI::App* doctor_cmd = app.add_subcommand(
       "doctor", "check this host against a daemon config (exit 1 on any problem)");
-  doctor_cmd->add_option("--config", doctor.config, "the daemon's config")->capture_default_str();
+  CLI::Option* doctor_config =
+      doctor_cmd->add_option("--config", doctor.config, "the daemon's config")
+          ->capture_default_str();
+  doctor_cmd->add_flag("--live", doctor.live,
+                       "only the running daemon (--endpoint, or the --config's listen): what "
+                       "limits each input-bound stream, and what to change");
   doctor_cmd->add_option("--batch-size", doctor.batch_size, "stream shape the rings are sized for")
       ->capture_default_str();
   doctor_cmd->add_option("--image-size", doctor.image_size, "stream shape the rings are sized for")
@@ -197,6 +214,14 @@ int Main(int argc, char** argv) {
     stats.clear = stats.watch && isatty(STDOUT_FILENO) == 1;
     return RunStats(stats, std::cout, std::cerr);
   }
+  if (*top_cmd) {
+    top.endpoint = endpoint;
+    top.screen = isatty(STDOUT_FILENO) == 1 && isatty(STDIN_FILENO) == 1;
+    top.delay = std::chrono::milliseconds(static_cast<int64_t>(top_delay_s * 1000));
+    // --sort takes words; the view takes their keys (input -> 'i', rate -> 'r', id -> 'n').
+    if (top.sort == "id") top.sort = "n";
+    return RunTop(top, std::cout, std::cerr);
+  }
   if (*consume_cmd) {
     consume.endpoint = endpoint;
     consume.shuffle = !no_shuffle;
@@ -206,7 +231,18 @@ int Main(int argc, char** argv) {
   }
   if (*make_cmd) return RunMakeDataset(make, std::cout, std::cerr);
   if (*convert_cmd) return RunConvert(convert, std::cout, std::cerr);
-  if (*doctor_cmd) return RunDoctor(doctor, std::cout, std::cerr);
+  if (*doctor_cmd) {
+    doctor.endpoint = endpoint;
+    if (doctor.live && doctor_config->count() > 0) {
+      absl::StatusOr<server::DaemonConfig> config = server::LoadConfig(doctor.config);
+      if (!config.ok()) {
+        std::cerr << "ringloaderctl doctor: " << config.status().message() << "\n";
+        return kExitUsage;
+      }
+      doctor.endpoint = config->server.listen;
+    }
+    return RunDoctor(doctor, std::cout, std::cerr);
+  }
   if (*peek_cmd) {
     peek.endpoint = endpoint;
     peek.stream.shuffle = !peek_no_shuffle;

@@ -5,6 +5,7 @@
 // and progress). Exit codes: 0 success; 1 failure (NOT_SERVING, bad files, an RPC error);
 // 2 daemon unreachable, or a usage/dataset error.
 
+#include <chrono>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -38,6 +39,16 @@ struct StatsOptions {
   uint64_t watch_count = 0;
 };
 int RunStats(const StatsOptions& options, std::ostream& out, std::ostream& err);
+
+struct TopOptions {
+  std::string endpoint;
+  // Full-screen on a terminal, reading keys from stdin; else plain frames.
+  bool screen = false;
+  uint64_t count = 0;  // frames to draw (0 = until q or interrupted)
+  std::chrono::milliseconds delay{1000};
+  std::string sort;  // "input" (default), "rate", "client", "dataset" or "id"
+};
+int RunTop(const TopOptions& options, std::ostream& out, std::ostream& err);
 
 struct ConsumeOptions {
   std::string endpoint;
@@ -136,6 +147,10 @@ struct DoctorOptions {
   double dataset_timeout_s = 30;
   // How long the running daemon has to answer (stats) before it is reported as not answering.
   double daemon_timeout_s = 5;
+  // --live: only the running daemon at `endpoint`: per input-bound stream, what limits it and
+  // the change to try, with the figures behind it.
+  bool live = false;
+  std::string endpoint;
 };
 // Checks the host against a daemon config before anything breaks: the config loads; shm_dir's
 // free space vs the rings of max_streams streams (capped by memory_limit); the memory cgroup's

@@ -374,6 +374,121 @@ Check Dataset(const server::DaemonConfig& config, const server::DatasetConfig& d
   return Ok(what);
 }
 
+
+// Prints one line per check; exit 0 when all passed, 1 otherwise.
+int PrintChecks(const std::vector<Check>& checks, std::ostream& out) {
+  size_t problems = 0;
+  for (const Check& c : checks) {
+    if (c.ok) {
+      out << "ok: " << c.what << "\n";
+    } else {
+      ++problems;
+      out << "problem: " << c.what << "; fix: " << c.fix << "\n";
+    }
+  }
+  out << (problems == 0 ? std::string("all checks passed")
+                        : absl::StrCat(problems, " problem", problems == 1 ? "" : "s", " found"))
+      << "\n";
+  return problems == 0 ? kExitOk : kExitFailure;
+}
+
+// What limits a stream whose trainer waits for batches: where its wait went over the last
+// minute (TrainerClock's split), and the change to try.
+Check InputBound(const v1::GetStatsResponse& stats, const v1::StreamStats& st) {
+  const std::string who =
+      absl::StrFormat("stream %d (client \"%s\", dataset %s, rank %d/%d)", st.stream_id(),
+                      wire::EscapeBytes(st.client_name()), st.dataset(), st.rank(),
+                      st.world_size());
+  if (st.input_bound() < 0) {
+    return Ok(absl::StrCat(who, ": input-bound not known (its client does not report its time: "
+                                "an older client library)"));
+  }
+  const std::string figure = absl::StrFormat(
+      "%s: %s, %.0f%% of the last %.0f s waiting for batches", who, st.input_bound_words(),
+      100 * st.input_bound(), st.input_window_seconds());
+  if (st.input_bound() < 0.05) return Ok(figure);
+  struct Part {
+    const char* name;
+    double seconds;
+  };
+  const Part parts[] = {{"reads not done ahead", st.wait_on_read_seconds()},
+                        {"decode and augmentation", st.wait_on_decode_seconds()},
+                        {"waits for memory_limit", st.wait_on_memory_seconds()},
+                        {"delivery (writing batches into the ring)",
+                         st.wait_on_delivery_seconds()}};
+  const Part* top = &parts[0];
+  double waited = 0;
+  for (const Part& p : parts) {
+    waited += p.seconds;
+    if (p.seconds > top->seconds) top = &p;
+  }
+  std::string spent = absl::StrFormat(
+      "; its wait went on reads %.1f s, decode %.1f s, memory %.1f s, delivery %.1f s",
+      parts[0].seconds, parts[1].seconds, parts[2].seconds, parts[3].seconds);
+  if (waited <= 0) {
+    return Problem(absl::StrCat(figure, " (the daemon was not busy for it: it is starting, or "
+                                        "its ring is too small)"),
+                   "give it more ring_slots (the stream option), or look again in a minute");
+  }
+  const std::string limit = absl::StrCat(figure, spent, ": limited by ", top->name);
+  if (top == &parts[1]) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    return Problem(
+        absl::StrFormat("%s (decode threads %d/%d busy, %d cores here)", limit,
+                        stats.decode_threads_busy(), stats.decode_threads(), cores),
+        stats.decode_threads() < cores
+            ? absl::StrFormat("raise [server] decode_threads (now %d, up to %d cores); or a "
+                              "smaller image_size or lighter augmentation",
+                              stats.decode_threads(), cores)
+            : "the host's cores are all decoding: a smaller image_size or lighter augmentation, "
+              "fewer streams on this host, or feeders (remote decode) when they exist");
+  }
+  if (top == &parts[0]) {
+    return Problem(
+        absl::StrFormat("%s (io_depth %d, %d reads in flight)", limit, stats.io_depth(),
+                        stats.reads_in_flight()),
+        absl::StrFormat("raise [server] io_depth (now %d; about images/s x the storage's "
+                        "latency per file) and give memory_limit room for the bytes read ahead",
+                        stats.io_depth()));
+  }
+  if (top == &parts[2]) {
+    return Problem(
+        absl::StrCat(limit, " (", base::FormatBytes(stats.memory_reserved_bytes()),
+                     " reserved of memory_limit ", base::FormatBytes(stats.memory_limit_bytes()),
+                     ")"),
+        "raise [server] memory_limit (the host's memory allowing), or open fewer or smaller "
+        "rings");
+  }
+  return Problem(limit, "a smaller batch or ring (ring_slots), dtype uint8 instead of float32, "
+                        "or fewer streams on this host");
+}
+
+// doctor --live: the running daemon's streams, each judged as above.
+int RunLive(const DoctorOptions& options, std::ostream& out) {
+  std::vector<Check> checks;
+  v1::GetStatsResponse stats;
+  try {
+    stats = client::FetchDaemonStats(
+        options.endpoint,
+        std::chrono::milliseconds(static_cast<int64_t>(
+            (std::isfinite(options.daemon_timeout_s) && options.daemon_timeout_s > 0
+                 ? options.daemon_timeout_s
+                 : 5.0) *
+            1000)));
+  } catch (const client::Error& e) {
+    checks.push_back(Problem(absl::StrCat("daemon at ", options.endpoint, ": ", e.what()),
+                             "start it, or name it with --endpoint"));
+  }
+  if (checks.empty()) {
+    checks.push_back(Ok(absl::StrFormat(
+        "daemon at %s: %d streams, %.0f images/s, decode threads %d/%d busy", options.endpoint,
+        stats.streams_open(), stats.images_per_second(), stats.decode_threads_busy(),
+        stats.decode_threads())));
+    for (const v1::StreamStats& st : stats.streams()) checks.push_back(InputBound(stats, st));
+  }
+  return PrintChecks(checks, out);
+}
+
 }  // namespace
 
 int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err) {
@@ -381,6 +496,7 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
     err << "ringloaderctl doctor: --batch-size and --image-size must be > 0\n";
     return kExitUsage;
   }
+  if (options.live) return RunLive(options, out);
   std::vector<Check> checks;
   absl::StatusOr<server::DaemonConfig> config = server::LoadConfig(options.config);
   if (!config.ok()) {
@@ -402,19 +518,8 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
     }
     if (std::optional<Check> reads = Reads(s)) checks.push_back(*std::move(reads));
   }
-  size_t problems = 0;
-  for (const Check& c : checks) {
-    if (c.ok) {
-      out << "ok: " << c.what << "\n";
-    } else {
-      ++problems;
-      out << "problem: " << c.what << "; fix: " << c.fix << "\n";
-    }
-  }
-  out << (problems == 0 ? std::string("all checks passed")
-                        : absl::StrCat(problems, " problem", problems == 1 ? "" : "s", " found"))
-      << "\n";
-  return problems == 0 ? kExitOk : kExitFailure;
+  return PrintChecks(checks, out);
 }
+
 
 }  // namespace ringloader::ctl

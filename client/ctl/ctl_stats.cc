@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "client/ctl/ctl.h"
 #include "client/ctl/rpc.h"
+#include "client/ctl/top_view.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "shm/base/text.h"
@@ -104,19 +105,28 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
 
   if (s.streams_size() > 0) {
     out << "\nstreams:\n";
-    out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %-10s %s\n", "ID", "DATASET",
-                           "CLIENT", "RANK", "BATCH", "SLOTS rdy/lsd/fil/tot", "SERVED",
-                           "EPOCH:SEQ", "RING", "COPIED");
+    out << absl::StrFormat("  %-6s %-16s %-16s %-6s %-6s %-22s %-10s %-12s %-10s %-7s %s\n", "ID",
+                           "DATASET", "CLIENT", "RANK", "BATCH", "SLOTS rdy/lsd/fil/tot",
+                           "SERVED", "EPOCH:SEQ", "RING", "COPIED", "INPUT-BOUND");
     for (const v1::StreamStats& st : s.streams()) {
-      out << absl::StrFormat("  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %-10s %d\n", st.stream_id(),
-                             st.dataset(),
-                             st.client_name().empty() ? "-" : wire::EscapeBytes(st.client_name()),
-                             absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
-                             absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/",
-                                          st.slots_filling(), "/", st.slots_total()),
-                             st.batches_served(),
-                             absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
-                             base::FormatBytes(st.ring_bytes()), st.batches_copied_out());
+      out << absl::StrFormat(
+          "  %-6d %-16s %-16s %-6s %-6d %-22s %-10d %-12s %-10s %-7d %s\n", st.stream_id(),
+          st.dataset(), st.client_name().empty() ? "-" : wire::EscapeBytes(st.client_name()),
+          absl::StrCat(st.rank(), "/", st.world_size()), st.batch_size(),
+          absl::StrCat(st.slots_ready(), "/", st.slots_leased(), "/", st.slots_filling(), "/",
+                       st.slots_total()),
+          st.batches_served(), absl::StrCat(st.position().epoch(), ":", st.position().sequence()),
+          base::FormatBytes(st.ring_bytes()), st.batches_copied_out(), InputBoundCell(st));
+    }
+    // Where the input-bound streams' waits went.
+    for (const v1::StreamStats& st : s.streams()) {
+      if (st.input_bound() < 0.05 || st.trainer_wait_seconds() <= 0) continue;
+      out << absl::StrFormat(
+          "  stream %d waited %.1f s of the last %.0f s: reads %.1f s, decode %.1f s, memory "
+          "%.1f s, delivery %.1f s\n",
+          st.stream_id(), st.input_bound() * st.input_window_seconds(),
+          st.input_window_seconds(), st.wait_on_read_seconds(), st.wait_on_decode_seconds(),
+          st.wait_on_memory_seconds(), st.wait_on_delivery_seconds());
     }
   }
   if (s.recent_bad_files_size() > 0) {

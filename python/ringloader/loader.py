@@ -468,12 +468,20 @@ class Loader:
                                    Resumed.of(state["resumed"])))
 
     @property
-    def stats(self) -> Dict[str, int]:
-        """This loader's counters: daemon reconnects survived and held batches copied out."""
+    def stats(self) -> Dict[str, Any]:
+        """This loader's counters: daemon reconnects survived, held batches copied out, and
+        whether the trainer is input-bound: ``trainer_wait_seconds`` (inside ``next()``, waiting
+        for batches) and ``trainer_step_seconds`` (between calls) since the stream opened, and
+        ``input_bound``, the daemon's judgement of the last minute, wait / (wait + step): under
+        0.05 not input-bound, over 0.2 highly; -1 until the daemon has said."""
         stream = self._state.stream
         if stream is None:
-            return {"reconnects": 0, "copies": 0}
-        return {"reconnects": stream.reconnects, "copies": stream.copies}
+            return {"reconnects": 0, "copies": 0, "trainer_wait_seconds": 0.0,
+                    "trainer_step_seconds": 0.0, "input_bound": -1.0}
+        return {"reconnects": stream.reconnects, "copies": stream.copies,
+                "trainer_wait_seconds": stream.trainer_wait_seconds,
+                "trainer_step_seconds": stream.trainer_step_seconds,
+                "input_bound": stream.input_bound}
 
     # ---- inside ----
 
@@ -500,6 +508,9 @@ class Loader:
                         return
                     p.taken += 1
                 if bar is not None:
+                    bound = s.stream.input_bound if s.stream is not None else -1.0
+                    if bound >= 0:
+                        bar.set_postfix_str(f"input-bound {bound:.0%}", refresh=False)
                     bar.update(1)
                 try:
                     yield batch

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ringloader::server {
 namespace {
@@ -44,7 +45,7 @@ bool SplitHostPort(const std::string& listen, std::string* host, std::string* po
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& listen,
-                                                                   Page page,
+                                                                   std::vector<Page> pages,
                                                                    unsigned max_connections) {
   std::string host, port;
   if (!SplitHostPort(listen, &host, &port)) {
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", listen, " (", gai_strerror(rc), ")"));
   }
-  auto endpoint = std::unique_ptr<HttpEndpoint>(new HttpEndpoint(std::move(page)));
+  auto endpoint = std::unique_ptr<HttpEndpoint>(new HttpEndpoint(std::move(pages)));
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
   if (found->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   const MHD_AccessHandlerCallback handler =
@@ -70,16 +71,20 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
       *upload_size = 0;
       return MHD_YES;
     }
-    if (std::strcmp(url, self.page_.path.c_str()) != 0) {
+    const auto page = std::find_if(self.pages_.begin(), self.pages_.end(),
+                                   [&](const Page& p) { return p.path == url; });
+    if (page == self.pages_.end()) {
+      std::vector<std::string> paths;
+      for (const Page& p : self.pages_) paths.push_back(p.path);
       return Queue(connection, MHD_HTTP_NOT_FOUND,
-                   absl::StrCat("not found: only ", self.page_.path, " is served\n"),
+                   absl::StrCat("not found: ", absl::StrJoin(paths, " and "), " are served\n"),
                    "text/plain; charset=utf-8");
     }
     if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
       return Queue(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n",
                    "text/plain; charset=utf-8");
     }
-    return Queue(connection, MHD_HTTP_OK, self.page_.respond(), self.page_.content_type);
+    return Queue(connection, MHD_HTTP_OK, page->respond(), page->content_type);
   };
   endpoint->daemon_ = MHD_start_daemon(
       flags, 0, nullptr, nullptr, handler, endpoint.get(), MHD_OPTION_SOCK_ADDR, found->ai_addr,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A small HTTP/1.1 server for monitoring: GET (or HEAD) of one path answers with the text a
-// callback builds; anything else is 404 or 405. Built on libmicrohttpd with one epoll thread
+// A small HTTP/1.1 server for monitoring: GET (or HEAD) of one of its paths answers with the
+// text that path's callback builds; anything else is 404 or 405. Built on libmicrohttpd with one epoll thread
 // for every connection, so idle, slow or trickling clients hold a connection slot each, never
 // a thread: a scrape is answered however many of them there are (up to kMaxConnections; an idle
 // one is closed after kIdleTimeoutSeconds without a byte).
@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -29,11 +30,12 @@ class HttpEndpoint {
     std::function<std::string()> respond;
   };
 
-  // Listens on `listen` ("HOST:PORT", "[V6]:PORT"), with up to `max_connections` connections at
-  // once (each an open file; at most kMaxConnections). Unavailable naming the address and why
-  // when it cannot (address in use, unknown host).
+  // Listens on `listen` ("HOST:PORT", "[V6]:PORT"), serving `pages`, with up to
+  // `max_connections` connections at once (each an open file; at most kMaxConnections).
+  // Unavailable naming the address and why when it cannot (address in use, unknown host).
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
-      const std::string& listen, Page page, unsigned max_connections = kMaxConnections);
+      const std::string& listen, std::vector<Page> pages,
+      unsigned max_connections = kMaxConnections);
   ~HttpEndpoint();  // stops the thread and closes every connection; no response runs past it
   HttpEndpoint(const HttpEndpoint&) = delete;
   HttpEndpoint& operator=(const HttpEndpoint&) = delete;
@@ -42,8 +44,8 @@ class HttpEndpoint {
   int port() const { return port_; }
 
  private:
-  explicit HttpEndpoint(Page page) : page_(std::move(page)) {}
-  Page page_;
+  explicit HttpEndpoint(std::vector<Page> pages) : pages_(std::move(pages)) {}
+  const std::vector<Page> pages_;
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };

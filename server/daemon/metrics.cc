@@ -10,8 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 #include "proto/ringloader.pb.h"
+#include "proto/wire_text.h"
 #include "server/daemon/progress_watch.h"
+#include "server/daemon/status_page.h"
 #include "server/daemon/stream_manager.h"
+#include "shm/base/clock.h"
 #include "server/image/sample_decoder.h"
 
 namespace ringloader::server {
@@ -139,6 +142,31 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
     const uint64_t busy = uint64_t{st.slots_filling()} + st.slots_ready() + st.slots_leased();
     free += st.slots_total() > busy ? st.slots_total() - busy : 0;
   }
+  // Whether each stream's trainer is input-bound (TrainerClock), labelled by stream, its client's
+  // name (escaped: it is the client's text) and dataset.
+  MetricFamily wait = Family("trainer_wait_seconds_total",
+                             "Time trainers waited inside Next() for batches, as their clients "
+                             "report it (since the stream opened)",
+                             kCounter);
+  MetricFamily step = Family("trainer_step_seconds_total",
+                             "Time trainers spent between Next() calls (their steps)", kCounter);
+  MetricFamily bound = Family(
+      "trainer_input_bound",
+      "Share of the last minute a stream's trainer waited for batches, wait / (wait + step), "
+      "0..1 (streams whose client reports it)",
+      kGauge);
+  for (const v1::StreamStats& st : s.streams()) {
+    const std::vector<ClientMetric::Label> labels = {
+        {"stream", std::to_string(st.stream_id())},
+        {"client", wire::EscapeBytes(st.client_name())},
+        {"dataset", st.dataset()}};
+    wait.metric.push_back(Value(kCounter, st.trainer_wait_seconds(), labels));
+    step.metric.push_back(Value(kCounter, st.trainer_step_seconds(), labels));
+    if (st.input_bound() >= 0) bound.metric.push_back(Value(kGauge, st.input_bound(), labels));
+  }
+  out.push_back(std::move(wait));
+  out.push_back(std::move(step));
+  out.push_back(std::move(bound));
   MetricFamily slots = Family("ring_slots", "Ring slots of all streams, by state", kGauge);
   for (const auto& [state, count] : {std::pair<const char*, uint64_t>{"free", free},
                                      {"filling", filling},
@@ -182,14 +210,22 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& listen, MetricsSources sources, unsigned max_connections) {
   auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
-  HttpEndpoint::Page page;
-  page.path = "/metrics";
-  page.content_type = "text/plain; version=0.0.4; charset=utf-8";
-  page.respond = [sources] {
+  HttpEndpoint::Page metrics;
+  metrics.path = "/metrics";
+  metrics.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  metrics.respond = [sources] {
     return prometheus::TextSerializer().Serialize(CollectMetrics(sources));
   };
-  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(listen, std::move(page),
-                                                                         max_connections);
+  HttpEndpoint::Page status;
+  status.path = "/";
+  status.content_type = "text/html; charset=utf-8";
+  status.respond = [sources] {
+    v1::GetStatsResponse stats;
+    sources.streams->Stats(&stats);
+    return StatusPage(stats, sources.streams->history().Read(), base::SteadyNowNs());
+  };
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http =
+      HttpEndpoint::Start(listen, {std::move(metrics), std::move(status)}, max_connections);
   if (!http.ok()) {
     return absl::UnavailableError(
         absl::StrCat("server.metrics_listen: ", http.status().message()));

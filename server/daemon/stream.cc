@@ -98,6 +98,21 @@ void Stream::ProducerLoop() {
 }
 
 void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
+  // Where the step's time goes, for the trainer's figure: what Fill says, the rest is delivery.
+  struct Account {
+    TrainerClock& clock;
+    const int64_t started = base::SteadyNowNs();
+    int64_t accounted = 0;
+    void Add(ProducerPhase phase, int64_t ns) {
+      clock.AddProducerTime(phase, ns, base::SteadyNowNs());
+      accounted += ns;
+    }
+    ~Account() {
+      const int64_t now = base::SteadyNowNs();
+      clock.AddProducerTime(ProducerPhase::kDelivery,
+                            std::max<int64_t>(0, now - started - accounted), now);
+    }
+  } account{trainer_clock_};
   const v1::StreamSpec& spec = setup_.spec;
   Filled f;
   f.slot = step.slot;
@@ -132,6 +147,10 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
     schedule_.End(filled.status());
     return;
   }
+  account.Add(ProducerPhase::kRead, filled->read_wait_ns);
+  account.Add(ProducerPhase::kMemory, filled->memory_wait_ns);
+  account.Add(ProducerPhase::kDecode, filled->decode_ns);
+  samples_skipped_.fetch_add(filled->skipped(), std::memory_order_relaxed);
   RecordSkipped(*filled, f.pos.epoch());
   deps_.stats->images_decoded.fetch_add(filled->count, std::memory_order_relaxed);
   const uint64_t batch_size = spec.batch_size();
@@ -324,16 +343,22 @@ v1::BatchHandle Stream::MakeHandle(uint32_t slot, uint64_t ring_sequence,
 }
 
 absl::Status Stream::Next(absl::Duration wait, v1::NextBatchResponse* out,
-                          const std::function<bool()>& cancelled) {
+                          const std::function<bool()>& cancelled, const TrainerReport* trainer) {
   Touch();
+  trainer_clock_.CallStarted(trainer, base::SteadyNowNs());
+  if (const TrainerFigure figure = trainer_clock_.Read(base::SteadyNowNs()); figure.known) {
+    out->set_input_bound(figure.input_bound);
+  }
   in_next_.store(true, std::memory_order_relaxed);
   // Capped so that an infinite `wait` cannot overflow the time point (a year is forever here).
   const auto deadline = std::chrono::steady_clock::now() +
                         absl::ToChronoNanoseconds(std::min(wait, absl::Hours(24 * 365)));
   absl::Status status = schedule_.Next(deadline, out, cancelled);
+  trainer_clock_.CallEnded(base::SteadyNowNs());
   Touch();  // the idle time starts when the answer leaves
   in_next_.store(false, std::memory_order_relaxed);
   if (status.ok() && out->has_batch()) {
+    samples_served_.fetch_add(out->batch().sample_count(), std::memory_order_relaxed);
     deps_.stats->batches_served.fetch_add(1, std::memory_order_relaxed);
     deps_.stats->bytes_served.fetch_add(setup_.layout.total_bytes, std::memory_order_relaxed);
   }
@@ -374,6 +399,21 @@ void Stream::FillStats(v1::StreamStats* out) const {
   out->set_batches_served(schedule_.batches_served());
   out->set_batches_copied_out(schedule_.batches_copied_out());
   *out->mutable_position() = schedule_.published_next();
+  out->set_samples_served(samples_served_.load(std::memory_order_relaxed));
+  out->set_samples_skipped(samples_skipped_.load(std::memory_order_relaxed));
+  const TrainerFigure figure = trainer_clock_.Read(base::SteadyNowNs());
+  out->set_input_bound(figure.known ? figure.input_bound : -1);
+  out->set_input_bound_words(std::string(InputBoundWords(figure)));
+  out->set_input_window_seconds(figure.window_seconds);
+  out->set_trainer_wait_seconds(figure.wait_seconds_total);
+  out->set_trainer_step_seconds(figure.step_seconds_total);
+  out->set_trainer_steps(figure.steps);
+  using P = ProducerPhase;
+  const auto on = [&](P phase) { return figure.wait_on_seconds[static_cast<size_t>(phase)]; };
+  out->set_wait_on_read_seconds(on(P::kRead));
+  out->set_wait_on_decode_seconds(on(P::kDecode));
+  out->set_wait_on_memory_seconds(on(P::kMemory));
+  out->set_wait_on_delivery_seconds(on(P::kDelivery));
 }
 
 }  // namespace ringloader::server

@@ -43,6 +43,7 @@
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/memory_budget.h"
 #include "server/daemon/sample_gate.h"
+#include "server/daemon/trainer_clock.h"
 #include "server/image/transform.h"
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
@@ -110,8 +111,10 @@ class Stream {
   // before it were delivered). ResourceExhausted when the client holds every slot.
   // `cancelled` (may be empty) is polled while waiting: once true, the call ends at once
   // (Cancelled), so an abandoned call frees its handler.
+  // `trainer`: the time the client reports with the call (TrainerClock); null = none.
   absl::Status Next(absl::Duration wait, v1::NextBatchResponse* out,
-                    const std::function<bool()>& cancelled = {});
+                    const std::function<bool()>& cancelled = {},
+                    const TrainerReport* trainer = nullptr);
   // LEASED -> FREE for a handle of this stream. FailedPrecondition for a double or stale release.
   // `copied_out`: the client keeps the batch in private memory (counted in stats).
   absl::Status Release(uint32_t slot, uint64_t ring_sequence, bool copied_out = false);
@@ -182,6 +185,10 @@ class Stream {
   uint64_t unlogged_epoch_ = 0;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<bool> in_next_{false};  // a NextBatch call is in progress
+  // Whether its trainer is input-bound: the client's reports and the producer's busy time.
+  TrainerClock trainer_clock_;
+  std::atomic<uint64_t> samples_served_{0};
+  std::atomic<uint64_t> samples_skipped_{0};
 };
 
 }  // namespace ringloader::server

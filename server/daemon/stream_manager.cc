@@ -22,6 +22,7 @@
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
 #include "shm/base/text.h"
+#include "shm/base/clock.h"
 
 namespace ringloader::server {
 namespace {
@@ -606,7 +607,13 @@ absl::Status StreamManager::Next(const v1::NextBatchRequest& request,
   uint32_t wait_ms = request.wait_ms() == 0 ? deps_.config->server.max_wait_ms
                                             : std::min(request.wait_ms(),
                                                        deps_.config->server.max_wait_ms);
-  absl::Status s = (*stream)->Next(absl::Milliseconds(wait_ms), response, cancelled);
+  std::optional<TrainerReport> trainer;
+  if (request.has_trainer()) {
+    trainer = TrainerReport{request.trainer().wait_ns(), request.trainer().step_ns(),
+                            request.trainer().steps()};
+  }
+  absl::Status s = (*stream)->Next(absl::Milliseconds(wait_ms), response, cancelled,
+                                   trainer ? &*trainer : nullptr);
   if (!s.ok() && s.code() != absl::StatusCode::kDataLoss) return Reject(s);
   return s;
 }
@@ -731,6 +738,8 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
   if (deps_.pool != nullptr) {
     response->set_decode_threads_abandoned(deps_.pool->abandoned());
     response->set_decode_threads_stuck(deps_.pool->stuck());
+    response->set_decode_threads(deps_.pool->size());
+    response->set_decode_threads_busy(deps_.pool->busy());
   }
   if (deps_.progress != nullptr) {
     const LatencySnapshot read_wait = deps_.progress->read_wait();
@@ -815,6 +824,11 @@ void StreamManager::ReaperLoop() {
     }
     const auto now = std::chrono::steady_clock::now();
     deps_.stats->Sample(now);
+    if (const int64_t now_ns = base::SteadyNowNs(); history_.Due(now_ns)) {
+      v1::GetStatsResponse stats;
+      Stats(&stats);
+      history_.Record(stats, now_ns);
+    }
     std::vector<std::shared_ptr<Stream>> idle;
     {
       std::lock_guard<std::mutex> lock(mu_);

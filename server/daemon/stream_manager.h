@@ -48,6 +48,7 @@
 #include "server/daemon/progress_watch.h"
 #include "server/daemon/quarantine.h"
 #include "server/daemon/sample_cache.h"
+#include "server/daemon/status_history.h"
 #include "server/daemon/stream.h"
 
 namespace ringloader::server {
@@ -94,6 +95,8 @@ class StreamManager {
   absl::Status Release(const v1::ReleaseBatchesRequest& request);
   absl::Status Close(const v1::CloseStreamRequest& request);
   void Stats(v1::GetStatsResponse* response);
+  // The last 15 minutes of each stream's images/s and input-bound (the status page's plots).
+  const StatusHistory& history() const { return history_; }
   void ListQuarantine(v1::ListQuarantineResponse* response);
   absl::Status ClearQuarantine(const v1::ClearQuarantineRequest& request,
                                v1::ClearQuarantineResponse* response);
@@ -153,6 +156,7 @@ class StreamManager {
 
   const StreamManagerDeps deps_;
   std::thread reaper_;
+  StatusHistory history_;  // recorded by the reaper
 
   // std::, not absl::, on purpose: TSan cannot see into Debian's uninstrumented abseil.
   std::mutex reaper_mu_;

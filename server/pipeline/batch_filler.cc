@@ -2,6 +2,7 @@
 #include "server/pipeline/batch_filler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string_view>
 #include <thread>
@@ -131,6 +132,9 @@ struct BatchFiller::Assembly {
   std::vector<bool> reread_once;
   std::vector<int64_t> labels;
   std::vector<uint64_t> rows;  // [i * extras.size() + t]
+  // Where the time went (FilledBatch's), and the round's committed tasks' time and memory waits.
+  int64_t read_wait_ns = 0, memory_wait_ns = 0, decode_ns = 0;
+  std::atomic<int64_t> tasks_ns{0}, tasks_memory_ns{0};
 };
 
 absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::span<uint8_t> dest,
@@ -177,6 +181,9 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
     batch.pos += batch.k;
   }
   filled.next_cursor = batch.pos;
+  filled.read_wait_ns = batch.read_wait_ns;
+  filled.memory_wait_ns = batch.memory_wait_ns;
+  filled.decode_ns = batch.decode_ns;
 
   // A short batch (end of shard) zeroes its unused tail so the whole buffer is deterministic too.
   if (filled.count < request.batch_size) {
@@ -261,12 +268,14 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
     if (request.stop && request.stop()) {
       return absl::CancelledError("the batch was waiting for its reads when its stream stopped");
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+    const auto waited_from = std::chrono::steady_clock::now();
+    const auto until = waited_from + std::chrono::milliseconds(10);
     if (!waiting.empty()) {
       batch.prefetched[waiting.front()]->WaitSettledUntil(until);
     } else {
       std::this_thread::sleep_until(until);  // for a file (other streams' samples end)
     }
+    batch.read_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   }
   batch.prefetched.clear();
   return absl::OkStatus();
@@ -285,6 +294,9 @@ void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
                            SampleObserver* observer) {
   const FillRequest& request = batch.request;
   const size_t tensors = batch.extras.size();
+  const auto started = std::chrono::steady_clock::now();
+  batch.tasks_ns = 0;
+  batch.tasks_memory_ns = 0;
   // Each sample is a SampleTask: everything it reads with is copied into its SampleJob before
   // it may be abandoned; it writes into the batch (SampleOutput) only once it has committed.
   pool_.ParallelForWithDeadline(
@@ -317,8 +329,13 @@ void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
         for (const TensorPlacement* t : batch.extras) {
           out.tensors.emplace_back(batch.At(*t, slot), t->sample_bytes);
         }
+        const auto task_started = std::chrono::steady_clock::now();
         SampleTask task(std::move(job), control);
-        task.Run(out, Worker{worker_id, *decoders_[worker_id]});
+        // Only a task that completed may touch the batch (an abandoned one outlives the call).
+        if (task.Run(out, Worker{worker_id, *decoders_[worker_id]}) == SampleTask::State::kDone) {
+          batch.tasks_ns += (std::chrono::steady_clock::now() - task_started).count();
+          batch.tasks_memory_ns += task.memory_wait_ns();
+        }
       },
       [&](uint64_t j, uint64_t drawn, WorkerPool::Abandoned why) {
         const uint64_t i = which[j];
@@ -344,6 +361,16 @@ void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
         batch.statuses[i] =
             DeadlineError(batch.dataset, batch.shard.at(batch.pos + i), options_.deadline, "");
       });
+  // The round's time, split as its tasks' time was between memory waits and the rest.
+  const int64_t round = (std::chrono::steady_clock::now() - started).count();
+  const int64_t tasks = batch.tasks_ns.load();
+  const int64_t memory =
+      tasks > 0 ? static_cast<int64_t>(static_cast<double>(round) *
+                                       std::min(1.0, static_cast<double>(batch.tasks_memory_ns) /
+                                                         static_cast<double>(tasks)))
+                : 0;
+  batch.memory_wait_ns += memory;
+  batch.decode_ns += round - memory;
 }
 
 absl::Status BatchFiller::CompactRound(Assembly& batch, FilledBatch& filled) {

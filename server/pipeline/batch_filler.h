@@ -85,6 +85,12 @@ struct FilledBatch {
   // Every sample skipped in this batch, counted by reason (`errors` among them).
   std::map<std::string, uint64_t> skipped_by_reason;
   uint64_t skipped() const;
+  // Where the fill's time went, on its own thread: waiting for reads not done yet (read-ahead
+  // that did not keep up), and running the decode threads' tasks, split into their waits for
+  // memory_limit and the rest (reads on decode threads, decode and augmentation).
+  int64_t read_wait_ns = 0;
+  int64_t memory_wait_ns = 0;
+  int64_t decode_ns = 0;
 };
 
 // Hooks the daemon uses around each decode (in-flight records for crash strikes, quarantine,
@@ -261,6 +267,7 @@ class BatchFiller {
   // in waves as their reads end. Cancelled when request.stop says so while it waits.
   absl::Status DecodeRound(Assembly& batch, SampleObserver* observer);
   // The tasks of samples `which` (round positions), on the pool; returns when all are done.
+  // Its time goes into the batch's decode_ns and memory_wait_ns.
   void RunTasks(Assembly& batch, const std::vector<uint64_t>& which, SampleObserver* observer);
   // Sample `i`'s read was judged poison: the sample fails as past its deadline, struck.
   void GiveUpRead(Assembly& batch, uint64_t i, SampleObserver* observer);

@@ -185,6 +185,7 @@ bool SampleTask::DrawMemory() {
     state_ = State::kAbandoned;
     return false;
   }
+  const auto waited_from = std::chrono::steady_clock::now();
   absl::Status granted;
   bool drawn_at_once = false;
   if (read_ahead_hold_ != 0) {
@@ -207,6 +208,7 @@ bool SampleTask::DrawMemory() {
     libjpeg_cap_ = plan.libjpeg_bytes;
   }
   gate_.EndWait();
+  memory_wait_ns_ = (std::chrono::steady_clock::now() - waited_from).count();
   if (!granted.ok()) return Fail(image::WithReason(std::move(granted), "too_large"));
   return true;
 }

@@ -109,6 +109,8 @@ class SampleTask {
 
   State state() const { return state_; }
   uint64_t drawn() const { return drawn_; }
+  // How long DrawMemory waited for memory_limit.
+  int64_t memory_wait_ns() const { return memory_wait_ns_; }
   const absl::Status& status() const { return status_; }
 
  private:
@@ -128,6 +130,7 @@ class SampleTask {
   std::optional<ImageBytes> image_;
   std::optional<SampleRest> rest_;
   uint64_t drawn_ = 0;        // bytes of job.memory this task holds
+  int64_t memory_wait_ns_ = 0;
   uint64_t libjpeg_cap_ = 0;  // of the plan: given to the decoder once committed
   // job.memory's read-ahead hold for image_ and rest_, when they came from a read ahead; 0 = none.
   uint64_t read_ahead_hold_ = 0;

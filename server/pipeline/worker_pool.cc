@@ -122,6 +122,7 @@ struct WorkerPool::Impl {
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // index = worker id
   std::atomic<bool> abandon_uncommitted{false};
   std::atomic<uint64_t> abandoned{0};  // in the pool's life
+  std::atomic<uint32_t> busy{0};       // threads running a task now (stuck ones too)
   std::shared_ptr<std::atomic<uint64_t>> stuck_now = std::make_shared<std::atomic<uint64_t>>(0);
 
   void WorkerLoop(uint32_t worker_id);
@@ -150,7 +151,9 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       const auto* fn = job->fn_control;
       lock.unlock();
       TaskControl control(state);
+      busy.fetch_add(1);
       (*fn)(i, worker_id, control);
+      busy.fetch_sub(1);
       // Abandoned: the caller has moved on and another thread has our worker id. Touch nothing.
       uint64_t w = state->word.load();
       while (PhaseOf(w) != kAbandoned && !state->word.compare_exchange_weak(w, WithPhase(w, kDone))) {
@@ -163,7 +166,9 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       std::erase(job->running, state);
     } else {
       lock.unlock();
+      busy.fetch_add(1);
       (*job->fn)(i, worker_id);
+      busy.fetch_sub(1);
       lock.lock();
     }
     // Notify while holding mu: the caller cannot wake up and destroy `job` before we let go.
@@ -285,6 +290,8 @@ void WorkerPool::ParallelForWithDeadline(
   }
   // Tasks not yet started were handed out (remaining counts them), so the job has left the queue.
 }
+
+uint32_t WorkerPool::busy() const { return std::min(impl_->busy.load(), size()); }
 
 void WorkerPool::AbandonUncommitted() { impl_->abandon_uncommitted.store(true); }
 

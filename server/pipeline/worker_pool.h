@@ -70,6 +70,8 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   uint32_t size() const;
+  // Of size(), the threads running a task now.
+  uint32_t busy() const;
   // Runs fn(i, worker_id) for i in [0, n) on the pool and returns when all are done. The caller
   // only waits (it never runs tasks itself, so worker_id is always a pool thread's id); it sleeps
   // on its own condition variable, no busy-waiting. Tasks of one call may run in any order.

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <array>
+#include <cmath>
 #include <map>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -547,6 +549,63 @@ TEST_CASE("hostile handle use: unknown streams, double and foreign releases, too
     CHECK(seen);
   }
   bystander.Compare();
+}
+
+// Issue 39: the trainer's time a client reports with NextBatch is untrusted. Absurd totals,
+// totals that go backwards and zeros can only misstate the lying stream's own figure, bounded by
+// the time the daemon saw pass; the figure stays within 0..1 and nobody else's moves.
+TEST_CASE("hostile trainer reports: absurd, backwards and huge times misstate only the liar's "
+          "own input-bound, bounded by the daemon's clock",
+          "[integration][hostile]") {
+  DaemonFixture daemon;
+  REQUIRE(daemon.Start());
+  Bystander bystander(daemon.endpoint());
+  bystander.Check();
+  Raw raw(daemon.endpoint());
+  v1::OpenStreamResponse liar;
+  REQUIRE(raw.Open(OpenRequest(GoodSpec()), &liar).ok());
+  const auto started = std::chrono::steady_clock::now();
+  const uint64_t huge = ~uint64_t{0};
+  const std::vector<std::array<uint64_t, 3>> reports = {
+      {0, 0, 0},          {huge, huge, huge}, {huge / 2, 0, 1},  {1, 1, 1},
+      {huge, 0, huge},    {0, huge, 0},       {1ull << 62, 1, 2}, {0, 0, 0}};
+  for (const auto& [wait, step, steps] : reports) {
+    v1::NextBatchRequest next;
+    next.set_stream_id(liar.stream_id());
+    next.set_incarnation(liar.incarnation());
+    next.set_wait_ms(50);
+    next.mutable_trainer()->set_wait_ns(wait);
+    next.mutable_trainer()->set_step_ns(step);
+    next.mutable_trainer()->set_steps(steps);
+    v1::NextBatchResponse response;
+    REQUIRE(raw.Next(next, &response).ok());
+    if (response.has_input_bound()) {
+      CHECK(response.input_bound() >= 0);
+      CHECK(response.input_bound() <= 1);
+    }
+    if (response.has_batch()) {
+      v1::ReleaseBatchesRequest release;
+      release.set_stream_id(liar.stream_id());
+      release.set_incarnation(liar.incarnation());
+      v1::Release* r = release.add_releases();
+      r->set_slot(response.batch().slot());
+      r->set_ring_sequence(response.batch().ring_sequence());
+      REQUIRE(raw.Release(release).ok());
+    }
+    bystander.Check();
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const v1::GetStatsResponse stats = raw.Stats();
+  for (const v1::StreamStats& st : stats.streams()) {
+    INFO("stream " << st.stream_id());
+    CHECK(st.input_bound() <= 1);
+    CHECK(std::isfinite(st.input_bound()));
+    if (st.stream_id() != liar.stream_id()) continue;
+    CHECK(st.trainer_wait_seconds() + st.trainer_step_seconds() <= elapsed + 0.1);
+    CHECK(st.trainer_steps() <= reports.size());
+  }
+  CHECK(raw.Serving());
 }
 
 TEST_CASE("handles and stream ids of an old incarnation are refused after a restart, never "

@@ -18,26 +18,10 @@
 #include <vector>
 
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/scrape.h"
 
 namespace ringloader::testing {
 namespace {
-
-// GET http://ADDRESS/metrics with curl: headers and body.
-CommandResult Scrape(const std::string& address) {
-  return RunCommand({"/usr/bin/curl", "--silent", "--show-error", "--include", "--max-time", "10",
-                     "http://" + address + "/metrics"});
-}
-
-// The value of the series `key` ("name" or "name{label=\"v\"}") in exposition text.
-std::optional<double> Value(const std::string& text, const std::string& key) {
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == ' ') {
-      return std::stod(line.substr(key.size() + 1));
-    }
-  }
-  return std::nullopt;
-}
 
 TEST_CASE("12.2: GET /metrics serves every series from the start at 0, and the values move with "
           "batches, bad files and supervisor restarts",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -168,4 +169,24 @@ def test_torchrun_environment_sets_rank_and_world_size(daemon, monkeypatch):
 def test_progress_bar(daemon, capsys):
     loader = numpy_loader(daemon, progress=True)
     assert len(list(loader)) == len(loader)
-    assert f"{len(loader)}/{len(loader)}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{len(loader)}/{len(loader)}" in err
+    assert "input-bound " in err  # the daemon's figure, in the bar's postfix
+
+
+def test_stats_say_whether_the_trainer_is_input_bound(daemon):
+    """Issue 39: a trainer computing 40 ms a step on easy batches is not input-bound, in
+    loader.stats and in the daemon's stats; one that does nothing waits for most of its time."""
+    loader = numpy_loader(daemon, client_name="py compute")
+    batches = iter(loader)
+    for _ in range(len(loader) - 1):
+        next(batches)
+        time.sleep(0.04)
+    mine = loader.stats
+    assert 0 <= mine["input_bound"] < 0.2
+    assert mine["trainer_step_seconds"] >= 0.04 * (len(loader) - 2)
+    assert 0 < mine["trainer_wait_seconds"] < mine["trainer_step_seconds"]
+    [stream] = [s for s in daemon.stats()["streams"] if s["client_name"] == "py compute"]
+    assert 0 <= stream["input_bound"] < 0.2
+    assert stream["input_bound_words"] in ("not input-bound", "moderately input-bound")
+    assert stream["trainer_step_seconds"] > 0.3
