@@ -423,8 +423,10 @@ Check InputBound(const v1::GetStatsResponse& stats, const v1::StreamStats& st) {
     if (p.seconds > top->seconds) top = &p;
   }
   std::string spent = absl::StrFormat(
-      "; its wait went on reads %.1f s, decode %.1f s, memory %.1f s, delivery %.1f s",
-      parts[0].seconds, parts[1].seconds, parts[2].seconds, parts[3].seconds);
+      "; its wait went on reads %.1f s (%.1f s more done ahead), decode %.1f s, memory %.1f s, "
+      "delivery %.1f s",
+      parts[0].seconds, st.read_ahead_seconds(), parts[1].seconds, parts[2].seconds,
+      parts[3].seconds);
   if (waited <= 0) {
     return Problem(absl::StrCat(figure, " (the daemon was not busy for it: it is starting, or "
                                         "its ring is too small)"),

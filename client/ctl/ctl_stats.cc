@@ -122,11 +122,12 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
     for (const v1::StreamStats& st : s.streams()) {
       if (st.input_bound() < 0.05 || st.trainer_wait_seconds() <= 0) continue;
       out << absl::StrFormat(
-          "  stream %d waited %.1f s of the last %.0f s: reads %.1f s, decode %.1f s, memory "
-          "%.1f s, delivery %.1f s\n",
+          "  stream %d waited %.1f s of the last %.0f s: reads %.1f s (%.1f s more done ahead), "
+          "decode %.1f s, memory %.1f s, delivery %.1f s\n",
           st.stream_id(), st.input_bound() * st.input_window_seconds(),
-          st.input_window_seconds(), st.wait_on_read_seconds(), st.wait_on_decode_seconds(),
-          st.wait_on_memory_seconds(), st.wait_on_delivery_seconds());
+          st.input_window_seconds(), st.wait_on_read_seconds(), st.read_ahead_seconds(),
+          st.wait_on_decode_seconds(), st.wait_on_memory_seconds(),
+          st.wait_on_delivery_seconds());
     }
   }
   if (s.recent_bad_files_size() > 0) {

@@ -24,15 +24,16 @@ namespace {
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
 
-// The terminal in raw mode (keys one at a time, no echo) on the alternate screen, for the
-// object's life.
+// The terminal in raw mode (keys one at a time, no echo, and no signals from the keyboard: ^C
+// and ^\ arrive as keys and quit, ^Z is ignored, so the terminal is always given back), for
+// the object's life.
 class RawTerminal {
  public:
   RawTerminal() {
     ok_ = tcgetattr(STDIN_FILENO, &saved_) == 0;
     if (ok_) {
       termios raw = saved_;
-      raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+      raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO | ISIG));
       raw.c_cc[VMIN] = 0;
       raw.c_cc[VTIME] = 0;
       tcsetattr(STDIN_FILENO, TCSANOW, &raw);
@@ -105,6 +106,7 @@ int RunTop(const TopOptions& options, std::ostream& out, std::ostream& err) {
       }
     } session(out, options.screen);
     const bool screen = options.screen;
+    bool keys = screen;  // read keys from stdin
     TopView view;
     for (uint64_t frame = 0; options.count == 0 || frame < options.count; ++frame) {
       grpc::ClientContext context;
@@ -133,13 +135,14 @@ int RunTop(const TopOptions& options, std::ostream& out, std::ostream& err) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
             next - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
-        pollfd key{screen ? STDIN_FILENO : -1, POLLIN, 0};
-        if (poll(&key, 1, static_cast<int>(left.count())) <= 0 || (key.revents & POLLIN) == 0) {
+        pollfd key{keys ? STDIN_FILENO : -1, POLLIN, 0};
+        if (poll(&key, 1, static_cast<int>(left.count())) <= 0) continue;
+        char c = 0;
+        if ((key.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0 || read(STDIN_FILENO, &c, 1) != 1) {
+          keys = false;  // the terminal went away: frames go on, no keys to wait for
           continue;
         }
-        char c = 0;
-        if (read(STDIN_FILENO, &c, 1) != 1) continue;
-        if (c == 'q' || c == 'Q') {
+        if (c == 'q' || c == 'Q' || c == 3 /* ^C */ || c == 28 /* ^\ */) {
           quit = true;
         } else if (TopSortForKey(c, &sort)) {
           break;  // redraw at once in the new order

@@ -11,6 +11,19 @@
 #include "shm/base/text.h"
 
 namespace ringloader::ctl {
+namespace {
+
+// The first `n` characters of UTF-8 `text` (never half of one; EscapeBytes made it valid).
+std::string Cut(std::string_view text, size_t n) {
+  size_t end = 0;
+  for (size_t chars = 0; end < text.size() && chars < n; ++chars) {
+    ++end;
+    while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  }
+  return std::string(text.substr(0, end));
+}
+
+}  // namespace
 
 std::string InputBoundCell(const v1::StreamStats& st) {
   if (st.input_bound() < 0) return "-";
@@ -124,14 +137,14 @@ std::string TopView::Render(const std::string& endpoint, TopSort sort, int rows,
   for (const v1::StreamStats* st : streams) {
     lines.push_back(absl::StrFormat(
         "%-6d %-20s %-14s %-6s %9.0f %-17s %-7s %d", st->stream_id(),
-        st->client_name().empty() ? "-" : wire::EscapeBytes(st->client_name()).substr(0, 20),
-        st->dataset().substr(0, 14), absl::StrCat(st->rank(), "/", st->world_size()), rate(st),
+        st->client_name().empty() ? "-" : Cut(wire::EscapeBytes(st->client_name()), 20),
+        Cut(st->dataset(), 14), absl::StrCat(st->rank(), "/", st->world_size()), rate(st),
         InputBoundCell(*st), absl::StrCat(st->slots_ready(), "/", st->slots_total()),
         st->samples_skipped()));
   }
   std::ostringstream out;
   for (int i = 0; i < static_cast<int>(lines.size()) && i < rows; ++i) {
-    out << lines[i].substr(0, static_cast<size_t>(std::max(columns, 0))) << "\n";
+    out << Cut(lines[i], static_cast<size_t>(std::max(columns, 0))) << "\n";
   }
   return out.str();
 }

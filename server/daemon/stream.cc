@@ -147,6 +147,12 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
     schedule_.End(filled.status());
     return;
   }
+  if (read_ahead_ != nullptr) {
+    const uint64_t read_ns = read_ahead_->read_ns();
+    trainer_clock_.AddReadAheadTime(static_cast<int64_t>(read_ns - read_ahead_ns_seen_),
+                                    base::SteadyNowNs());
+    read_ahead_ns_seen_ = read_ns;
+  }
   account.Add(ProducerPhase::kRead, filled->read_wait_ns);
   account.Add(ProducerPhase::kMemory, filled->memory_wait_ns);
   account.Add(ProducerPhase::kDecode, filled->decode_ns);
@@ -414,6 +420,7 @@ void Stream::FillStats(v1::StreamStats* out) const {
   out->set_wait_on_decode_seconds(on(P::kDecode));
   out->set_wait_on_memory_seconds(on(P::kMemory));
   out->set_wait_on_delivery_seconds(on(P::kDelivery));
+  out->set_read_ahead_seconds(figure.read_ahead_seconds);
 }
 
 }  // namespace ringloader::server

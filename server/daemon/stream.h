@@ -189,6 +189,7 @@ class Stream {
   TrainerClock trainer_clock_;
   std::atomic<uint64_t> samples_served_{0};
   std::atomic<uint64_t> samples_skipped_{0};
+  uint64_t read_ahead_ns_seen_ = 0;  // read_ahead_->read_ns() at the last fill (the producer's)
 };
 
 }  // namespace ringloader::server

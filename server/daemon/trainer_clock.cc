@@ -36,10 +36,13 @@ void TrainerClock::CallStarted(const TrainerReport* report, int64_t now_ns) {
       uint64_t step = r.step_ns - last.step_ns;
       const uint64_t passed = static_cast<uint64_t>(std::max<int64_t>(0, now_ns - last_report_ns_));
       // No more than the daemon saw pass: scaled down together, so the share stays the client's.
-      if (wait + step > passed + kReportSlackNs) {
-        const double scale = static_cast<double>(passed) / static_cast<double>(wait + step);
-        wait = static_cast<uint64_t>(static_cast<double>(wait) * scale);
-        step = static_cast<uint64_t>(static_cast<double>(step) * scale);
+      // (Compared without adding: a lying client's two halves may not wrap round to a small sum.)
+      const uint64_t allowed = passed + kReportSlackNs;
+      if (wait > allowed || step > allowed - wait) {
+        const double scale =
+            static_cast<double>(passed) / (static_cast<double>(wait) + static_cast<double>(step));
+        wait = std::min(passed, static_cast<uint64_t>(static_cast<double>(wait) * scale));
+        step = std::min(passed - wait, static_cast<uint64_t>(static_cast<double>(step) * scale));
       }
       totals_.wait_ns += wait;
       totals_.step_ns += step;
@@ -70,6 +73,12 @@ void TrainerClock::AddProducerTime(ProducerPhase phase, int64_t ns, int64_t now_
   Record(now_ns);
 }
 
+void TrainerClock::AddReadAheadTime(int64_t ns, int64_t now_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.read_ahead_ns += static_cast<uint64_t>(std::max<int64_t>(0, ns));
+  Record(now_ns);
+}
+
 TrainerClock::Point TrainerClock::Now(int64_t now_ns) const {
   Point now = totals_;
   now.at_ns = now_ns;
@@ -86,8 +95,12 @@ TrainerClock::Point TrainerClock::Now(int64_t now_ns) const {
 }
 
 void TrainerClock::Record(int64_t now_ns) {
+  // Callers read the clock before taking the lock: points stay in order all the same.
+  if (!points_.empty()) now_ns = std::max(now_ns, points_.back().at_ns);
   const Point point = Now(now_ns);
-  if (!points_.empty() && points_.back().at_ns / kPointEveryNs == now_ns / kPointEveryNs) {
+  // The newest point of a second stands for the rest of it; the very first point stays (the
+  // start of a young stream's window).
+  if (points_.size() >= 2 && points_.back().at_ns / kPointEveryNs == now_ns / kPointEveryNs) {
     points_.back() = point;
   } else {
     points_.push_back(point);
@@ -127,6 +140,7 @@ TrainerFigure TrainerClock::Read(int64_t now_ns) const {
   if (wait + step > 0) {
     figure.input_bound = static_cast<double>(wait) / static_cast<double>(wait + step);
   }
+  figure.read_ahead_seconds = Seconds(Minus(now.read_ahead_ns, base.read_ahead_ns));
   uint64_t busy = 0;
   std::array<uint64_t, kProducerPhases> phase{};
   for (size_t i = 0; i < kProducerPhases; ++i) {

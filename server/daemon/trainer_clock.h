@@ -51,6 +51,9 @@ struct TrainerFigure {
   // The window's wait, split as the producer's busy time was (ProducerPhase order); all 0 when
   // the producer was not busy at all in the window.
   std::array<double, kProducerPhases> wait_on_seconds{};
+  // The window's time the stream's reads took on their lanes, done ahead (overlapping the
+  // decodes): what read-ahead saved the trainer, beside the reads it waited for (kRead).
+  double read_ahead_seconds = 0;
   // Totals since the stream opened, as reported (clamped as above).
   double wait_seconds_total = 0;
   double step_seconds_total = 0;
@@ -71,6 +74,8 @@ class TrainerClock {
   void CallEnded(int64_t now_ns);
   // The producer spent `ns` in `phase`, ending at `now_ns`.
   void AddProducerTime(ProducerPhase phase, int64_t ns, int64_t now_ns);
+  // The stream's reads ahead took `ns` more on their lanes, by `now_ns`.
+  void AddReadAheadTime(int64_t ns, int64_t now_ns);
 
   TrainerFigure Read(int64_t now_ns) const;
 
@@ -81,6 +86,7 @@ class TrainerClock {
     uint64_t wait_ns = 0;
     uint64_t step_ns = 0;
     std::array<uint64_t, kProducerPhases> phase_ns{};
+    uint64_t read_ahead_ns = 0;
     bool in_call = false;  // what the trainer was doing from then until the next point
   };
   // The totals now, with the call in progress (wait) or the step in progress (step) counted.

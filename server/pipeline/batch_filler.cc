@@ -345,11 +345,12 @@ void BatchFiller::RunTasks(Assembly& batch, const std::vector<uint64_t>& which,
           batch.prefetched[i] = nullptr;  // written off once
         }
         // A task that reached its deadline read on its decode thread (its bytes were not read
-        // ahead); the storage may be out, not the file bad: the first time, the sample is read
-        // again through its lane, which tells the two apart (ReadPool::Judge), and nothing is
-        // struck. Its stuck thread was replaced already.
+        // ahead); the storage may be out, not the file bad: the first time, and again whenever
+        // the lane says its storage is stalled, the sample is read again through its lane, which
+        // tells the two apart (ReadPool::Judge), and nothing is struck. Its stuck thread was
+        // replaced already.
         if (why == WorkerPool::Abandoned::kPastDeadline && request.read_ahead != nullptr &&
-            !batch.reread_once[i]) {
+            (!batch.reread_once[i] || request.read_ahead->StorageStalled())) {
           batch.reread_once[i] = true;
           batch.reread.push_back(i);
           return;

@@ -122,6 +122,9 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
   if (status.ok() && memory_ != nullptr) status = ReadBytes(memory);
   if (!status.ok()) reader_.reset();
   const bool answered = asked_storage && StorageAnswered(status);
+  if (read_ns_ != nullptr) {
+    read_ns_->fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, base::SteadyNowNs() - started_ns())));
+  }
   status_ = std::move(status);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -173,6 +176,10 @@ absl::Status PrefetchedSample::ReadBytes(Memory memory) {
     std::lock_guard<std::mutex> lock(mu_);
     bytes_.emplace(std::move(bytes));
   }
+  // A re-read's bytes too may be evicted for a decode that waits (the batch's next wave may be
+  // that decode's; kept, they could wait for each other for ever): its task then reads them on
+  // its decode thread, and if that meets the deadline again while the storage is stalled, the
+  // sample is read again on the lane (BatchFiller), not struck.
   if (hold != 0) {
     memory_->ArmEviction(hold, [weak = weak_from_this()] {
       if (std::shared_ptr<PrefetchedSample> self = weak.lock()) self->Evict();
@@ -290,7 +297,8 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Submit(uint64_t index,
   }
   // It gives the file back at its end (also when not submitted).
   auto read = std::make_shared<PrefetchedSample>(*dataset_, index, memory_, files_,
-                                                 files_ != nullptr ? files_held_ : nullptr);
+                                                 files_ != nullptr ? files_held_ : nullptr,
+                                                 read_ns_);
   // The lane's thread holds the read alive; the task may have taken and dropped it already.
   const uint64_t id = pool_.Submit(
       [read, observer = observer_, max = max_file_bytes_, io_retry = io_retry_, memory,

@@ -56,14 +56,17 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
 
   // `file`: the FileBudget it took a file from, given back at its end (null: none taken), and
   // `stream_files` the count of its stream's files, taken off then too (may be null).
+  // `read_ns` (may be null): where the time its reading took is added, its stream's.
   PrefetchedSample(const Dataset& dataset, uint64_t index, DecodeMemory* memory,
                    FileBudget* file = nullptr,
-                   std::shared_ptr<std::atomic<uint64_t>> stream_files = nullptr)
+                   std::shared_ptr<std::atomic<uint64_t>> stream_files = nullptr,
+                   std::shared_ptr<std::atomic<uint64_t>> read_ns = nullptr)
       : dataset_(dataset),
         index_(index),
         memory_(memory),
         file_(file),
-        stream_files_(std::move(stream_files)) {}
+        stream_files_(std::move(stream_files)),
+        read_ns_(std::move(read_ns)) {}
   ~PrefetchedSample();
   PrefetchedSample(const PrefetchedSample&) = delete;
   PrefetchedSample& operator=(const PrefetchedSample&) = delete;
@@ -134,6 +137,7 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   DecodeMemory* const memory_;
   std::atomic<FileBudget*> file_;
   const std::shared_ptr<std::atomic<uint64_t>> stream_files_;
+  const std::shared_ptr<std::atomic<uint64_t>> read_ns_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kQueued;
@@ -184,11 +188,16 @@ class ReadAhead {
   // The taker gave up on `sample` (its deadline), or was refused while it ran: a read that is
   // still running may be stuck, and another thread takes its place (and its file is given back).
   void WriteOff(PrefetchedSample& sample);
+  // Whether the lane's storage is stalled now (ReadPool::health).
+  bool StorageStalled() const { return pool_.health().stalled; }
   // Whether a taker waiting for `sample` should give up on it (poison) or wait (ReadPool::Judge;
   // kWait for a read still queued: the deadline is for reading, not for queueing).
   ReadPool::Verdict Judge(const PrefetchedSample& sample, std::chrono::milliseconds deadline);
 
   uint64_t started() const;  // reads started so far
+  // The time this stream's reads have taken on the lane so far (done ahead of their decodes,
+  // or waited for: FilledBatch::read_wait_ns says how long the batches waited).
+  uint64_t read_ns() const { return read_ns_->load(); }
 
  private:
   using Key = std::pair<uint64_t, uint64_t>;  // (epoch, shard position)
@@ -210,6 +219,8 @@ class ReadAhead {
   const uint64_t max_files_;
   const std::shared_ptr<std::atomic<uint64_t>> files_held_ =
       std::make_shared<std::atomic<uint64_t>>(0);  // this stream's, from files_
+  const std::shared_ptr<std::atomic<uint64_t>> read_ns_ =
+      std::make_shared<std::atomic<uint64_t>>(0);  // read_ns(), added to by its reads
   mutable std::mutex mu_;
   const Dataset* dataset_ ABSL_GUARDED_BY(mu_) = nullptr;
   const EpochShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream's, of epoch_

@@ -122,7 +122,8 @@ struct WorkerPool::Impl {
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // index = worker id
   std::atomic<bool> abandon_uncommitted{false};
   std::atomic<uint64_t> abandoned{0};  // in the pool's life
-  std::atomic<uint32_t> busy{0};       // threads running a task now (stuck ones too)
+  // Threads running a task now, stuck ones too (shared: a stuck thread outlives the pool).
+  std::shared_ptr<std::atomic<uint32_t>> busy = std::make_shared<std::atomic<uint32_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> stuck_now = std::make_shared<std::atomic<uint64_t>>(0);
 
   void WorkerLoop(uint32_t worker_id);
@@ -149,11 +150,12 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       state->start_ns.store(base::SteadyNowNs());
       job->running.push_back(state);
       const auto* fn = job->fn_control;
+      const std::shared_ptr<std::atomic<uint32_t>> busy_now = busy;
       lock.unlock();
       TaskControl control(state);
-      busy.fetch_add(1);
+      busy_now->fetch_add(1);
       (*fn)(i, worker_id, control);
-      busy.fetch_sub(1);
+      busy_now->fetch_sub(1);
       // Abandoned: the caller has moved on and another thread has our worker id. Touch nothing.
       uint64_t w = state->word.load();
       while (PhaseOf(w) != kAbandoned && !state->word.compare_exchange_weak(w, WithPhase(w, kDone))) {
@@ -166,9 +168,9 @@ void WorkerPool::Impl::WorkerLoop(uint32_t worker_id) {
       std::erase(job->running, state);
     } else {
       lock.unlock();
-      busy.fetch_add(1);
+      busy->fetch_add(1);
       (*job->fn)(i, worker_id);
-      busy.fetch_sub(1);
+      busy->fetch_sub(1);
       lock.lock();
     }
     // Notify while holding mu: the caller cannot wake up and destroy `job` before we let go.
@@ -291,7 +293,12 @@ void WorkerPool::ParallelForWithDeadline(
   // Tasks not yet started were handed out (remaining counts them), so the job has left the queue.
 }
 
-uint32_t WorkerPool::busy() const { return std::min(impl_->busy.load(), size()); }
+uint32_t WorkerPool::busy() const {
+  // Stuck threads (abandoned in a task) are busy but no longer the pool's.
+  const uint64_t running = impl_->busy->load();
+  const uint64_t stuck = impl_->stuck_now->load();
+  return static_cast<uint32_t>(std::min<uint64_t>(running > stuck ? running - stuck : 0, size()));
+}
 
 void WorkerPool::AbandonUncommitted() { impl_->abandon_uncommitted.store(true); }
 

@@ -80,6 +80,16 @@ TEST_CASE("TrainerClock: a paused trainer is in its step, one inside a call is w
   CHECK(clock.Read(trainer.now + 30 * kS).input_bound == Approx(0.5).margin(0.02));
 }
 
+TEST_CASE("TrainerClock: a young stream's figure covers its whole life, not its last call",
+          "[daemon][trainer]") {
+  TrainerClock clock;
+  Trainer trainer{clock};
+  trainer.Steps(10, 1 * kMs, 40 * kMs);  // 410 ms, all within one second
+  const TrainerFigure figure = clock.Read(trainer.now);
+  CHECK(figure.window_seconds > 0.35);
+  CHECK(figure.input_bound < 0.05);
+}
+
 TEST_CASE("TrainerClock: the figure covers the last minute: a trainer that changes is read anew",
           "[daemon][trainer]") {
   TrainerClock clock;
@@ -96,6 +106,7 @@ TEST_CASE("TrainerClock: the trainer's wait is split as the producer's busy time
   trainer.Steps(1, 0, 1 * kS);
   clock.AddProducerTime(ProducerPhase::kRead, 3 * kS, trainer.now);
   clock.AddProducerTime(ProducerPhase::kDecode, 1 * kS, trainer.now);
+  clock.AddReadAheadTime(5 * kS, trainer.now);  // reads done ahead: not part of the split
   trainer.Steps(10, 1 * kS, 0);
   const TrainerFigure figure = clock.Read(trainer.now);
   const auto on = [&](ProducerPhase p) { return figure.wait_on_seconds[static_cast<size_t>(p)]; };
@@ -103,6 +114,7 @@ TEST_CASE("TrainerClock: the trainer's wait is split as the producer's busy time
   CHECK(on(ProducerPhase::kDecode) == Approx(0.25 * figure.wait_seconds));
   CHECK(on(ProducerPhase::kMemory) == 0);
   CHECK(on(ProducerPhase::kDelivery) == 0);
+  CHECK(figure.read_ahead_seconds == Approx(5));
 }
 
 TEST_CASE("TrainerClock: a client that does not report is unknown, and one that lies is bounded by "
@@ -129,6 +141,20 @@ TEST_CASE("TrainerClock: a client that does not report is unknown, and one that 
   CHECK(figure.steps <= 1);
   CHECK(figure.input_bound >= 0);
   CHECK(figure.input_bound <= 1);
+  // Two halves that would wrap round to a small sum are no small sum.
+  TrainerClock wrap;
+  TrainerReport zero;
+  wrap.CallStarted(&zero, 1 * kS);
+  wrap.CallEnded(1 * kS);
+  TrainerReport halves;
+  halves.wait_ns = 3 * (uint64_t{1} << 62);
+  halves.step_ns = (uint64_t{1} << 62) + 5;
+  halves.steps = 1;
+  wrap.CallStarted(&halves, 2 * kS);
+  const TrainerFigure wrapped = wrap.Read(2 * kS);
+  CHECK(wrapped.input_bound >= 0);
+  CHECK(wrapped.input_bound <= 1);
+  CHECK(wrapped.wait_seconds_total + wrapped.step_seconds_total <= 1.02);
   // Totals that go backwards (another process reporting) are a new baseline, not a wrap.
   TrainerReport fresh;
   clock.CallStarted(&fresh, 3 * kS);

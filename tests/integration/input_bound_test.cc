@@ -85,7 +85,8 @@ TEST_CASE("39.1: a compute-bound trainer is not input-bound and a starved one hi
   CHECK(starving.input_bound_words() == "highly input-bound");
   CHECK(starved->input_bound() > 0.8);
   CHECK(starved->trainer_wait() > 4 * starved->trainer_step());
-  // Its wait went on decoding (reads of a local disk are done ahead).
+  // Its wait went on decoding (reads of a local disk are done ahead, and say how long they took).
+  CHECK(starving.read_ahead_seconds() > 0);
   CHECK(starving.wait_on_decode_seconds() > starving.wait_on_read_seconds());
   CHECK(starving.wait_on_decode_seconds() > 0.5 * starving.input_bound() *
                                                   starving.input_window_seconds());
@@ -128,10 +129,10 @@ TEST_CASE("39.1: a compute-bound trainer is not input-bound and a starved one hi
   std::this_thread::sleep_for(seconds(5));
   CHECK(StatsOf(daemon.endpoint(), "starved").input_bound() < 0.7);
 
-  // Holding every batch it gets, with a ring of 2 slots: the client copies held batches out of
+  // Holding every batch it gets, with a ring of 4 slots: the client copies held batches out of
   // the ring (the trainer's own cost, counted as its step), and it does not read as input-bound.
   client::StreamOptions holding_options = TrainerOptions("synth", "holding", 8, 32);
-  holding_options.ring_slots = 2;
+  holding_options.ring_slots = 4;
   std::unique_ptr<client::Stream> holding = c.Open(holding_options);
   Train(*holding, seconds(3), milliseconds(40), /*hold=*/true);
   CHECK(holding->copies() > 10);

@@ -153,8 +153,10 @@ TEST_CASE("39.3: a real Prometheus scraping a real daemon fires the input-bound 
                     {}, data.Join("prometheus.log"));
 
   std::optional<BackgroundTrainer> compute, starved;
-  compute.emplace(daemon.endpoint(), TrainerOptions("synth", "compute", 8, 32),
-                  milliseconds(40));
+  // Its ring of 8 slots is filled ahead while the other's 12-MP photos take the decode threads.
+  client::StreamOptions compute_options = TrainerOptions("synth", "compute", 8, 32);
+  compute_options.ring_slots = 8;
+  compute.emplace(daemon.endpoint(), compute_options, milliseconds(40));
   starved.emplace(daemon.endpoint(), TrainerOptions("photos", "starved", 2, 224),
                   milliseconds(0));
 

@@ -57,11 +57,16 @@ TEST_CASE("39.3: the status page renders in headless Chromium with the streams' 
   const std::string hostile = "<script>alert(1)</script>";
   std::optional<BackgroundTrainer> trainer;
   trainer.emplace(daemon.endpoint(), TrainerOptions("synth", hostile, 8, 32), milliseconds(20));
-  // Three points of history (one each 5 s).
-  std::this_thread::sleep_for(seconds(12));
-
+  // History has a point every 5 s (a stream's first has no images/s yet): loaded until both
+  // plots have two points.
   TempDir profile;
-  const CommandResult dom = Chromium(profile.Join("p"), {"--dump-dom", "http://" + address + "/"});
+  CommandResult dom;
+  const auto plotted = [&] {
+    dom = Chromium(profile.Join("p"), {"--dump-dom", "http://" + address + "/"});
+    return dom.exit_code == 0 && PointsIn(dom.output, "images-per-second") >= 2 &&
+           PointsIn(dom.output, "input-bound") >= 2;
+  };
+  CHECK(WaitFor(plotted, seconds(40)));
   INFO(dom.output);
   REQUIRE(dom.exit_code == 0);
   CHECK_THAT(dom.output, Catch::Contains("<table id=\"streams\">") &&

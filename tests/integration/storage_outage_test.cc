@@ -55,10 +55,13 @@ int ThreadsOf(pid_t pid) {
 }
 
 // A stream read to its end on a thread of its own: its lines, or the error that ended it.
+// `unblock` runs before a join the test did not wait for (a failed REQUIRE with the mount
+// stopped): the mount answers, so the stream ends and the test fails instead of hanging.
 class Consumer {
  public:
-  explicit Consumer(std::function<std::vector<std::string>()> read)
-      : thread_([this, read = std::move(read)] {
+  Consumer(std::function<std::vector<std::string>()> read, std::function<void()> unblock)
+      : unblock_(std::move(unblock)),
+        thread_([this, read = std::move(read)] {
           try {
             lines_ = read();
           } catch (const std::exception& e) {
@@ -66,7 +69,9 @@ class Consumer {
           }
         }) {}
   ~Consumer() {
-    if (thread_.joinable()) thread_.join();
+    if (!thread_.joinable()) return;
+    unblock_();
+    thread_.join();
   }
   // Waits for the stream's end: every line, in delivery order; error() says why it ended early.
   const std::vector<std::string>& Lines() {
@@ -78,6 +83,7 @@ class Consumer {
  private:
   std::vector<std::string> lines_;
   std::string error_;
+  std::function<void()> unblock_;
   std::thread thread_;  // last: it starts once the rest is built
 };
 
@@ -108,7 +114,7 @@ TEST_CASE("38.1: the whole mount not answering is an outage: its stream waits an
     return Lines(*c.Open(Options("mounted", 2)), [&] {
       if (++batches == 3) mount.Stall();
     });
-  });
+  }, [&] { mount.Answer(); });
   REQUIRE(mount.AwaitHeld(1, seconds(30)));
   CHECK(WaitFor([&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled(); },
                 seconds(30)));
@@ -201,7 +207,7 @@ TEST_CASE("38.1: a mount that fails every request with EIO (a soft mount's outag
     return Lines(*c.Open(Options("mounted", 2)), [&] {
       if (++batches == 3) mount.Stall();
     });
-  });
+  }, [&] { mount.Answer(); });
   REQUIRE(mount.AwaitHeld(1, seconds(30)));  // reads met EIO
   CHECK(WaitFor([&] { return DatasetStatsOf(daemon.endpoint(), "mounted").storage_stalled(); },
                 seconds(30)));
@@ -265,7 +271,7 @@ TEST_CASE("38.1: with memory too short to read ahead, an outage that begins in a
     client::StreamOptions o = Options("mounted", 1);
     o.ring_slots = 2;
     return Lines(*c.Open(o));
-  });
+  }, [&] { mount.Answer(); });
   REQUIRE(mount.AwaitHeld(1, seconds(60)));
   // A decode thread met the outage past its deadline, and the storage is said stalled.
   CHECK(WaitFor([&] { return Stats(daemon.endpoint()).decode_threads_abandoned() >= 1; },
@@ -346,7 +352,7 @@ TEST_CASE("38.1: an outage while an arrays dataset's rows are read is waited out
     return ArrayLines(*c.Open(Options("mounted", 2)), [&] {
       if (++batches == 2) mount.Stall();
     });
-  });
+  }, [&] { mount.Answer(); });
   REQUIRE(mount.AwaitHeld(1, seconds(30)));
   // Four deadlines and more than two watchdog intervals.
   CHECK(WaitFor(

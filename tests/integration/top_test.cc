@@ -47,6 +47,7 @@ TEST_CASE("39.2: ringloaderctl top draws the streams live in a terminal, sorts o
   fast.emplace(daemon.endpoint(), TrainerOptions("synth", "trainer-fast", 8, 32),
                milliseconds(0));
 
+  REQUIRE(WaitFor([&] { return Stats(daemon.endpoint()).streams_size() == 2; }, seconds(10)));
   // Plain: not a terminal, two frames, no escape sequences.
   const CommandResult plain = daemon.Ctl({"top", "--count", "2", "--delay", "0.5"});
   CHECK(plain.exit_code == 0);
