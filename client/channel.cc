@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "client/channel.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -9,15 +15,19 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -62,7 +72,48 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view endpoint) {
   return std::string(endpoint);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+namespace {
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<base::TlsPaths>> TlsPathsFromEnvironment() {
+  base::TlsPaths paths;
+  paths.ca_key = "RINGLOADER_TLS_CA";
+  paths.cert_key = "RINGLOADER_TLS_CERT";
+  paths.key_key = "RINGLOADER_TLS_KEY";
+  paths.ca = Env("RINGLOADER_TLS_CA");
+  paths.cert = Env("RINGLOADER_TLS_CERT");
+  paths.key = Env("RINGLOADER_TLS_KEY");
+  // The daemon checks the chain and the dates, and says what it finds on both sides.
+  paths.check_chain = false;
+  std::vector<std::string> missing;
+  for (const auto& [name, value] : {std::pair<const char*, const std::string&>{
+                                        "RINGLOADER_TLS_CA", paths.ca},
+                                    {"RINGLOADER_TLS_CERT", paths.cert},
+                                    {"RINGLOADER_TLS_KEY", paths.key}}) {
+    if (value.empty()) missing.push_back(name);
+  }
+  if (missing.size() == 3) return std::nullopt;
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RINGLOADER_TLS_CA, RINGLOADER_TLS_CERT and RINGLOADER_TLS_KEY go together (mutual TLS): ",
+        absl::StrJoin(missing, " and "), missing.size() == 1 ? " is" : " are", " not set"));
+  }
+  return paths;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
   // Despite its name this is gRPC's minimum *connect timeout* (handshake included); the retry
@@ -75,7 +126,24 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Batch handles are small; stats with many bad files can be larger than the 4 MiB default.
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::StartsWith(target, "unix:")) {
+    absl::StatusOr<std::optional<base::TlsPaths>> paths = TlsPathsFromEnvironment();
+    if (!paths.ok()) return paths.status();
+    if (paths->has_value()) {
+      absl::StatusOr<base::TlsIdentity> identity = base::LoadTlsIdentity(**paths, NowSeconds());
+      if (!identity.ok()) return identity.status();
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = identity->ca_pem;
+      ssl.pem_private_key = identity->key_pem;
+      ssl.pem_cert_chain = identity->cert_pem;
+      credentials = grpc::SslCredentials(ssl);
+      if (const std::string name = Env("RINGLOADER_TLS_SERVER_NAME"); !name.empty()) {
+        args.SetSslTargetNameOverride(name);
+      }
+    }
+  }
+  return grpc::CreateCustomChannel(target, credentials, args);
 }
 
 namespace {
@@ -102,6 +170,147 @@ int ConnectUnix(const std::string& path, const std::function<void(int fd)>& on_c
   if (err == 0 && on_connected) on_connected(fd);
   ::close(fd);
   return err;
+}
+
+// What one TLS handshake of ours finds at a TCP endpoint (no certificate of ours, nothing
+// verified): whether anything accepts, whether it speaks TLS, and the certificates it shows.
+struct TlsProbe {
+  int connect_error = 0;  // errno of the TCP connect; 0 = connected
+  bool speaks_tls = false;
+  std::string leaf_pem, chain_pem;
+};
+
+std::string PemOf(X509* cert) {
+  BIO* bio = BIO_new(BIO_s_mem());
+  PEM_write_bio_X509(bio, cert);
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio, &data);
+  std::string pem(data, static_cast<size_t>(size));
+  BIO_free(bio);
+  return pem;
+}
+
+// A TCP connection to host:port within `timeout`: the socket, or -errno.
+int ConnectTcp(const std::string& host, const std::string& port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return -EHOSTUNREACH;
+  }
+  int result = -ECONNREFUSED;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t len = sizeof(err);
+      err = ::poll(&p, 1, timeout_ms) == 1 &&
+                    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0
+                ? err
+                : ETIMEDOUT;
+    }
+    if (err == 0) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    ::close(fd);
+    result = -err;
+  }
+  ::freeaddrinfo(found);
+  return result;
+}
+
+TlsProbe ProbeTls(const std::string& host, const std::string& port) {
+  TlsProbe probe;
+  const int fd = ConnectTcp(host, port, 2000);
+  if (fd < 0) {
+    probe.connect_error = -fd;
+    return probe;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  timeval two_seconds{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &two_seconds, sizeof(two_seconds));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &two_seconds, sizeof(two_seconds));
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL* ssl = ctx != nullptr ? SSL_new(ctx) : nullptr;
+  if (ssl != nullptr) {
+    SSL_set_verify(ssl, SSL_VERIFY_NONE, nullptr);
+    SSL_set_fd(ssl, fd);
+    SSL_connect(ssl);  // fails at the end when the daemon wants our certificate: that is fine
+    if (X509* leaf = SSL_get1_peer_certificate(ssl); leaf != nullptr) {
+      probe.speaks_tls = true;
+      probe.leaf_pem = PemOf(leaf);
+      X509_free(leaf);
+      if (STACK_OF(X509)* chain = SSL_get_peer_cert_chain(ssl); chain != nullptr) {
+        for (int i = 0; i < sk_X509_num(chain); ++i) probe.chain_pem += PemOf(sk_X509_value(chain, i));
+      }
+    }
+    SSL_free(ssl);
+  }
+  SSL_CTX_free(ctx);
+  ERR_clear_error();
+  ::close(fd);
+  return probe;
+}
+
+std::string DiagnoseTcp(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return "no connection (is ringloaderd running and the endpoint right?)";
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const TlsProbe probe = ProbeTls(host, endpoint.substr(colon + 1));
+  if (probe.connect_error != 0) {
+    return absl::StrCat("no connection to ", endpoint, ": ", std::strerror(probe.connect_error),
+                        " (is ringloaderd running, and the endpoint right?)");
+  }
+  absl::StatusOr<std::optional<base::TlsPaths>> paths = TlsPathsFromEnvironment();
+  if (!paths.ok()) return std::string(paths.status().message());
+  const bool have_tls = paths->has_value();
+  if (probe.speaks_tls && !have_tls) {
+    absl::StatusOr<base::CertificateFacts> facts = base::DescribeCertificate(probe.leaf_pem);
+    return absl::StrCat(
+        "the daemon at ", endpoint, " speaks TLS",
+        facts.ok() ? absl::StrCat(" (its certificate ", facts->subject, ", issuer ", facts->issuer, ")")
+                   : "",
+        " and requires a client certificate; this client has none: set RINGLOADER_TLS_CA, "
+        "RINGLOADER_TLS_CERT and RINGLOADER_TLS_KEY (ringloaderctl: --tls-ca, --tls-cert, "
+        "--tls-key)");
+  }
+  if (!probe.speaks_tls && have_tls) {
+    return absl::StrCat("the daemon at ", endpoint,
+                        " does not speak TLS (plaintext: server.insecure_tcp), but this client "
+                        "was given certificates (RINGLOADER_TLS_*): give the daemon [tls], or "
+                        "unset them");
+  }
+  if (!probe.speaks_tls) {
+    return absl::StrCat("no connection (", endpoint,
+                        " accepts connections, but ringloaderd does not answer)");
+  }
+  absl::StatusOr<base::TlsIdentity> ours = base::LoadTlsIdentity(**paths, NowSeconds());
+  if (!ours.ok()) return std::string(ours.status().message());
+  absl::StatusOr<base::PeerVerifier> verifier = base::PeerVerifier::Create(ours->ca_pem, {});
+  if (!verifier.ok()) return std::string(verifier.status().message());
+  if (absl::Status s = verifier->Verify(probe.leaf_pem, probe.chain_pem, NowSeconds(),
+                                        "the daemon's certificate");
+      !s.ok()) {
+    return absl::StrCat("TLS to ", endpoint, " refused by this client: ", s.message(),
+                        " (RINGLOADER_TLS_CA is ", (*paths)->ca, ")");
+  }
+  absl::StatusOr<base::CertificateFacts> facts = base::DescribeCertificate(probe.leaf_pem);
+  const std::string expected = Env("RINGLOADER_TLS_SERVER_NAME").empty()
+                                   ? host
+                                   : Env("RINGLOADER_TLS_SERVER_NAME");
+  return absl::StrCat(
+      "TLS to ", endpoint, " failed: the daemon's certificate",
+      facts.ok() ? absl::StrCat(" ", facts->subject, " (names: ",
+                                facts->names.empty() ? "none" : absl::StrJoin(facts->names, ", "),
+                                ")")
+                 : "",
+      " is signed by the CA, so is \"", expected,
+      "\" among its names? (RINGLOADER_TLS_SERVER_NAME names the one to expect)");
 }
 
 }  // namespace
@@ -137,7 +346,11 @@ grpc::Status NoConnectionStatus(const std::string& endpoint) {
 
 std::string DiagnoseNoConnection(const std::string& endpoint) {
   const std::string path = UnixSocketPath(endpoint);
-  if (path.empty()) return "no connection (is ringloaderd running and the endpoint right?)";
+  if (path.empty()) {
+    absl::StatusOr<std::string> target = GrpcTarget(endpoint);
+    if (!target.ok()) return std::string(target.status().message());
+    return DiagnoseTcp(*target);
+  }
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::StrCat("socket path too long: ", path);
   }

@@ -109,7 +109,9 @@ std::string DefaultEndpoint() {
 std::string HealthStatus(const std::string& endpoint, std::chrono::milliseconds timeout) {
   absl::StatusOr<std::string> target = GrpcTarget(endpoint);
   if (!target.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(*target));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(*target);
+  if (!channel.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(channel.status().message()));
+  auto stub = grpc::health::v1::Health::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   grpc::health::v1::HealthCheckRequest request;  // service "" = the daemon as a whole
@@ -131,7 +133,9 @@ v1::GetStatsResponse FetchDaemonStats(const std::string& endpoint,
                                       std::chrono::milliseconds timeout) {
   absl::StatusOr<std::string> target = GrpcTarget(endpoint);
   if (!target.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
-  auto stub = v1::Loader::NewStub(MakeChannel(*target));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(*target);
+  if (!channel.ok()) throw Error(ErrorCode::kInvalidArgument, std::string(channel.status().message()));
+  auto stub = v1::Loader::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::GetStatsResponse response;
@@ -170,7 +174,11 @@ Connection::Connection(std::string endpoint) : endpoint_(std::move(endpoint)) {
   absl::StatusOr<std::string> target = GrpcTarget(endpoint_);
   if (!target.ok())
     throw Error(ErrorCode::kInvalidArgument, std::string(target.status().message()));
-  channel_ = MakeChannel(*target);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(*target);
+  if (!channel.ok()) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(channel.status().message()));
+  }
+  channel_ = *std::move(channel);
   stub_ = v1::Loader::NewStub(channel_);
 }
 

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "client/client.h"
@@ -47,6 +48,16 @@ int Main(int argc, char** argv) {
                  "unix:/path, unix:///path or host:port (default $RINGLOADER_ENDPOINT, else "
                  "unix:/run/ringloader/ringloader.sock)")
       ->capture_default_str();
+  // Mutual TLS to a TCP endpoint: the client library reads these from the environment, so a
+  // flag sets its variable (and a trainer configured by environment needs no flag).
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_option("--tls-ca", tls_ca,
+                 "mutual TLS: the CA that signed the daemon's certificate (default "
+                 "$RINGLOADER_TLS_CA)");
+  app.add_option("--tls-cert", tls_cert,
+                 "mutual TLS: this client's certificate (default $RINGLOADER_TLS_CERT)");
+  app.add_option("--tls-key", tls_key,
+                 "mutual TLS: this client's private key (default $RINGLOADER_TLS_KEY)");
 
   HealthOptions health;
   CLI::App* health_cmd = app.add_subcommand("health", "grpc.health.v1 Check (exit 0/1/2)");
@@ -203,6 +214,12 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
+  }
+  for (const auto& [name, value] : {std::pair<const char*, const std::string&>{
+                                        "RINGLOADER_TLS_CA", tls_ca},
+                                    {"RINGLOADER_TLS_CERT", tls_cert},
+                                    {"RINGLOADER_TLS_KEY", tls_key}}) {
+    if (!value.empty()) ::setenv(name, value.c_str(), 1);
   }
 
   if (*health_cmd) {

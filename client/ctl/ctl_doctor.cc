@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -38,6 +39,7 @@
 #include "server/pipeline/batch_filler.h"
 #include "server/pipeline/dataset.h"
 #include "shm/base/text.h"
+#include "shm/base/x509.h"
 
 namespace ringloader::ctl {
 namespace {
@@ -465,6 +467,71 @@ Check InputBound(const v1::GetStatsResponse& stats, const v1::StreamStats& st) {
                         "or fewer streams on this host");
 }
 
+// A certificate this close to its end is a problem to fix now (the alert rule says the same).
+constexpr double kCertificateWarnDays = 14;
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The files of a TLS identity (the daemon's [tls], or this client's RINGLOADER_TLS_*): they load,
+// match, chain to their CA and are valid for a while yet.
+Check TlsFiles(const std::string& whose, base::TlsPaths paths) {
+  paths.check_chain = true;
+  const int64_t now = UnixNow();
+  absl::StatusOr<base::TlsIdentity> id = base::LoadTlsIdentity(paths, now);
+  if (!id.ok()) {
+    return Problem(absl::StrCat(whose, ": ", id.status().message()),
+                   "replace the file named (a certificate signed by the CA, its own key), then "
+                   "SIGHUP the daemon (systemctl reload ringloaderd)");
+  }
+  const double cert_days = id->cert.DaysLeft(now);
+  const double ca_days = id->ca.DaysLeft(now);
+  const std::string what =
+      absl::StrFormat("%s: certificate %s valid, %.0f days left (until %s); CA %s, %.0f days left",
+                      whose, id->cert.subject, cert_days, base::FormatUtc(id->cert.not_after),
+                      id->ca.subject, ca_days);
+  if (std::min(cert_days, ca_days) < kCertificateWarnDays) {
+    return Problem(what, "renew it before it expires, then SIGHUP the daemon (systemctl reload "
+                         "ringloaderd): it is re-read without a restart");
+  }
+  return Ok(what);
+}
+
+// [tls] in the config, or why a TCP listen has none.
+std::optional<Check> Tls(const server::DaemonConfig& config) {
+  if (config.tls.enabled()) {
+    return TlsFiles("[tls]", base::TlsPaths{config.tls.ca, config.tls.cert, config.tls.key});
+  }
+  if (server::IsTcpListen(config.server.listen)) {
+    return Problem(absl::StrCat("server.listen ", config.server.listen,
+                                " is TCP without TLS (server.insecure_tcp): anyone who reaches "
+                                "it can read batches and call the daemon"),
+                   "add [tls] ca, cert and key (mutual TLS), or listen on a Unix socket");
+  }
+  return std::nullopt;
+}
+
+// The running daemon's TLS as its stats say.
+Check LiveTls(const v1::TlsStatus& tls) {
+  std::string what = absl::StrFormat(
+      "daemon TLS: certificate %s, %.0f days left; CA %s, %.0f days left; %d clients refused",
+      tls.cert_subject(), tls.cert_days_left(), tls.ca_subject(), tls.ca_days_left(),
+      tls.clients_refused());
+  if (tls.clients_refused() > 0) absl::StrAppend(&what, " (latest: ", tls.last_refusal(), ")");
+  if (!tls.last_reload_error().empty()) {
+    return Problem(absl::StrCat(what, "; the latest SIGHUP's files were refused: ",
+                                tls.last_reload_error()),
+                   "fix the files named, then SIGHUP again (the old certificates still serve)");
+  }
+  if (std::min(tls.cert_days_left(), tls.ca_days_left()) < kCertificateWarnDays) {
+    return Problem(what, "renew the certificate, then SIGHUP the daemon (no restart needed)");
+  }
+  return Ok(what);
+}
+
 // doctor --live: the running daemon's streams, each judged as above.
 int RunLive(const DoctorOptions& options, std::ostream& out) {
   std::vector<Check> checks;
@@ -486,7 +553,14 @@ int RunLive(const DoctorOptions& options, std::ostream& out) {
         "daemon at %s: %d streams, %.0f images/s, decode threads %d/%d busy", options.endpoint,
         stats.streams_open(), stats.images_per_second(), stats.decode_threads_busy(),
         stats.decode_threads())));
+    if (stats.has_tls()) checks.push_back(LiveTls(stats.tls()));
     for (const v1::StreamStats& st : stats.streams()) checks.push_back(InputBound(stats, st));
+  }
+  if (absl::StatusOr<std::optional<base::TlsPaths>> ours = client::TlsPathsFromEnvironment();
+      !ours.ok()) {
+    checks.push_back(Problem(std::string(ours.status().message()), "set all three, or none"));
+  } else if (ours->has_value()) {
+    checks.push_back(TlsFiles("this client (RINGLOADER_TLS_*)", **ours));
   }
   return PrintChecks(checks, out);
 }
@@ -519,6 +593,7 @@ int RunDoctor(const DoctorOptions& options, std::ostream& out, std::ostream& err
       checks.push_back(Dataset(*config, dc, options));
     }
     if (std::optional<Check> reads = Reads(s)) checks.push_back(*std::move(reads));
+    if (std::optional<Check> tls = Tls(*config)) checks.push_back(*std::move(tls));
   }
   return PrintChecks(checks, out);
 }

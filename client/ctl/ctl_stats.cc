@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "proto/wire_text.h"
 #include "absl/strings/str_join.h"
+#include "client/channel.h"
 #include "client/ctl/ctl.h"
 #include "client/ctl/rpc.h"
 #include "client/ctl/top_view.h"
@@ -73,6 +74,18 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                          base::FormatBytes(s.memory_reserved_bytes()),
                          s.memory_limit_bytes() == 0 ? "unlimited" : base::FormatBytes(s.memory_limit_bytes()));
   out << absl::StrFormat("%-20s %d\n", "quarantined", s.quarantined_size());
+  if (s.has_tls()) {
+    const v1::TlsStatus& t = s.tls();
+    out << absl::StrFormat("%-20s certificate %s, %.0f days left; CA %.0f days left; %d clients "
+                           "refused%s%s\n",
+                           "tls", t.cert_subject(), t.cert_days_left(), t.ca_days_left(),
+                           t.clients_refused(),
+                           t.last_refusal().empty() ? "" : " (latest: " + t.last_refusal() + ")",
+                           t.last_reload_error().empty()
+                               ? ""
+                               : "; the latest SIGHUP's files were refused: " +
+                                     t.last_reload_error());
+  }
   if (s.daemon_restarts() > 0) {
     out << absl::StrFormat("%-20s %d (after an unclean exit)\n", "daemon restarts",
                            s.daemon_restarts());
@@ -166,7 +179,11 @@ int RunStatsOnce(const StatsOptions& options, std::ostream& out, std::ostream& e
   v1::GetStatsResponse response;
   grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
   if (!status.ok()) {
-    err << "ringloaderctl stats: " << options.endpoint << ": " << Describe(status) << "\n";
+    err << "ringloaderctl stats: " << options.endpoint << ": " << Describe(status);
+    if (ExitCodeFor(status) == kExitUnavailable) {
+      err << "; " << client::DiagnoseNoConnection(options.endpoint);
+    }
+    err << "\n";
     return ExitCodeFor(status);
   }
   if (options.json) {

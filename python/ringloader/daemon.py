@@ -116,6 +116,9 @@ class Daemon:
         binary: the ``ringloaderd`` to run (default: :func:`find_binary`).
         startup_timeout: seconds to wait for the daemon to serve.
         failpoints: a ``[failpoints]`` table (tests: crash the daemon on purpose).
+        tls: a ``[tls]`` table (``ca``, ``cert``, ``key``, ``allowed_clients``) for a TCP
+            ``listen``: mutual TLS. This process then connects with ``RINGLOADER_TLS_CA``,
+            ``RINGLOADER_TLS_CERT`` and ``RINGLOADER_TLS_KEY`` from its environment.
         **server: other ``[server]`` keys (``ring_slots``, ``decode_threads``, ``log_level``...);
             ``listen`` makes it listen there instead of its private socket.
 
@@ -127,6 +130,7 @@ class Daemon:
     def __init__(self, datasets: Mapping[str, Union[str, os.PathLike, Mapping[str, Any]]], *,
                  memory_limit: str = "2GiB", binary: Optional[str] = None,
                  startup_timeout: float = 60.0, failpoints: Optional[Mapping[str, Any]] = None,
+                 tls: Optional[Mapping[str, Any]] = None,
                  keep_workdir: bool = False, **server: Any) -> None:
         if not datasets:
             raise InvalidArgument("datasets: give at least one name -> path")
@@ -155,6 +159,8 @@ class Daemon:
             else:
                 table = {"name": name, "format": "imagefolder", "path": os.path.abspath(spec)}
             text += "\n" + _table("datasets", table, "[[datasets]]")
+        if tls:
+            text += "\n" + _table("tls", tls, "[tls]")
         if failpoints:
             text += "\n" + _table("failpoints", failpoints, "[failpoints]")
         Path(self._config).write_text(text)

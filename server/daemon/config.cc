@@ -252,6 +252,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("io_retry_ms", &s->io_retry_ms, 0, 86'400'000);
   r.Integer("watchdog_ms", &s->watchdog_ms, 0, 86'400'000);
   r.String("metrics_listen", &s->metrics_listen);
+  r.Bool("insecure_tcp", &s->insecure_tcp);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
@@ -388,6 +389,26 @@ absl::Status ParseDataset(const toml::table& table, const std::string& path,
   if (d->image_feature.empty()) return r.Fail("image_feature", "must not be empty", "\"\"");
   if (d->label_key.rfind("json:", 0) == 0 && d->label_key.size() == 5) {
     return r.Fail("label_key", "\"json:FIELD\" needs a FIELD", "\"json:\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTls(const toml::table& table, const std::string& source, TlsConfig* t) {
+  absl::Status error;
+  TableReader r(table, "tls", source, &error);
+  r.String("ca", &t->ca, /*required=*/true);
+  r.String("cert", &t->cert, /*required=*/true);
+  r.String("key", &t->key, /*required=*/true);
+  r.StringList("allowed_clients", &t->allowed_clients);
+  r.RejectUnknown();
+  if (!error.ok()) return error;
+  for (const auto& [key, value] : {std::pair<const char*, const std::string&>{"ca", t->ca},
+                                   {"cert", t->cert},
+                                   {"key", t->key}}) {
+    if (value.empty()) return r.Fail(key, "must name a PEM file", "\"\"");
+  }
+  for (const std::string& pattern : t->allowed_clients) {
+    if (pattern.empty()) return r.Fail("allowed_clients", "must not hold an empty name", "\"\"");
   }
   return absl::OkStatus();
 }
@@ -540,6 +561,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.health_listen == b.health_listen, "health_listen");
   check(a.watchdog_ms == b.watchdog_ms, "watchdog_ms");
   check(a.metrics_listen == b.metrics_listen, "metrics_listen");
+  check(a.insecure_tcp == b.insecure_tcp, "insecure_tcp");
   return keys;
 }
 
@@ -620,11 +642,30 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::
     if (!fp->is_table()) return top.Fail("failpoints", "must be a table [failpoints]", "");
     if (auto s = ParseFailpoints(*fp->as_table(), source, &config.failpoints); !s.ok()) return s;
   }
+  if (const toml::node* tls = top.Get("tls")) {
+    if (!tls->is_table()) return top.Fail("tls", "must be a table [tls]", "");
+    if (auto s = ParseTls(*tls->as_table(), source, &config.tls); !s.ok()) return s;
+  }
   top.RejectUnknown();
   if (!error.ok()) return error;
+  if (absl::Status s = CheckTcpSecurity(config); !s.ok()) return s;
   // No [[datasets]] is a daemon that serves nothing yet (a package's shipped config): new ones
   // come with SIGHUP.
   return config;
+}
+
+bool IsTcpListen(std::string_view listen) {
+  return listen.substr(0, 5) != "unix:";
+}
+
+absl::Status CheckTcpSecurity(const DaemonConfig& config) {
+  const ServerConfig& s = config.server;
+  if (!IsTcpListen(s.listen) || config.tls.enabled() || s.insecure_tcp) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      config.source, ": server.listen: \"", s.listen,
+      "\" is TCP without [tls]: anyone who reaches the port could read batches and call the "
+      "daemon. Add [tls] ca, cert and key (mutual TLS), or set server.insecure_tcp = true on a "
+      "network you trust"));
 }
 
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {

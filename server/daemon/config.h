@@ -143,6 +143,10 @@ struct ServerConfig {
   uint32_t watchdog_ms = 30'000;
   // "HOST:PORT" serving Prometheus' GET /metrics (metrics.h); empty = off.
   std::string metrics_listen;
+  // A TCP `listen` without [tls] is refused unless this says the network is trusted (anyone
+  // who reaches the port may read batches and call the daemon); it is then warned of at every
+  // start. health_listen and metrics_listen are plaintext always: they say only how it runs.
+  bool insecure_tcp = false;
   bool operator==(const ServerConfig&) const = default;
 };
 
@@ -153,14 +157,34 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
 // InvalidArgument naming the rule otherwise.
 absl::Status ValidateListen(std::string_view listen);
 
+// [tls]: mutual TLS on the TCP gRPC endpoint (server.listen when it is TCP). Both sides'
+// certificates are checked against `ca`; a client must also carry one of `allowed_clients`'
+// names when that list is given (fnmatch patterns on subject alternative names: "DNS:trainer-*",
+// "IP:10.0.0.5", "URI:spiffe://ml/*"; no "TYPE:" prefix means DNS). The files are re-read on
+// SIGHUP (tls_server.h).
+struct TlsConfig {
+  std::string ca, cert, key;
+  std::vector<std::string> allowed_clients;
+  bool enabled() const { return !ca.empty(); }
+  bool operator==(const TlsConfig&) const = default;
+};
+
+// Whether `listen` is a TCP endpoint (not "unix:...").
+bool IsTcpListen(std::string_view listen);
+
 struct DaemonConfig {
   std::string source;  // file it came from, for messages
   ServerConfig server;
+  TlsConfig tls;
   std::vector<DatasetConfig> datasets;
   FailpointConfig failpoints;
 
   const DatasetConfig* FindDataset(std::string_view name) const;
 };
+
+// A TCP server.listen needs [tls] or server.insecure_tcp = true: InvalidArgument naming both
+// otherwise. Checked at load and again after `ringloaderd --listen`.
+absl::Status CheckTcpSecurity(const DaemonConfig& config);
 
 // The decode limits a dataset's samples are held to.
 // The pipeline's spec of a configured dataset (the daemon and `ringloaderctl validate` alike).

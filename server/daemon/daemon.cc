@@ -40,6 +40,7 @@
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/host_notify.h"
 #include "server/daemon/progress_watch.h"
+#include "server/daemon/tls_server.h"
 #include "server/daemon/watchdog.h"
 #include "server/daemon/dataset_registry.h"
 #include "server/daemon/loader_service.h"
@@ -171,6 +172,7 @@ struct DaemonState {
   std::unique_ptr<MemorySampleCache> cache;  // eval cache of datasets with cache = "memory"
   OpenFilesPlan open_files;                  // RLIMIT_NOFILE shared out (open_files.h)
   std::unique_ptr<pipeline::FileBudget> read_files;  // the reads ahead's share; null: io_depth 0
+  std::unique_ptr<TlsServer> tls;  // [tls] for a TCP listen; null = none (Unix socket, insecure)
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
   ProbeHealthService main_health;  // the main server's grpc.health.v1
@@ -695,6 +697,21 @@ absl::Status StartUp(DaemonState& d) {
   if (server.io_depth > 0) {
     d.read_files = std::make_unique<pipeline::FileBudget>(d.open_files.read_files);
   }
+  if (IsTcpListen(listen) && d.config.tls.enabled()) {
+    absl::StatusOr<std::unique_ptr<TlsServer>> tls =
+        TlsServer::Start(d.config.tls, server.state_dir + "/tls");
+    if (!tls.ok()) {
+      return absl::Status(tls.status().code(),
+                          absl::StrCat(d.config.source, ": ", tls.status().message()));
+    }
+    d.tls = std::move(*tls);
+  } else if (IsTcpListen(listen)) {
+    SPDLOG_WARN("server.listen {} is TCP without TLS (server.insecure_tcp = true): anyone who "
+                "reaches it can read batches and call this daemon; configure [tls]",
+                listen);
+  } else if (d.config.tls.enabled()) {
+    SPDLOG_INFO("[tls] is configured, but server.listen is a Unix socket: it is not used");
+  }
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
                          d.started,      d.pool.get(), d.cache.get(),
@@ -702,6 +719,7 @@ absl::Status StartUp(DaemonState& d) {
   deps.read_files = d.read_files.get();
   deps.read_window = d.open_files.window;
   deps.read_stream_files = d.open_files.stream_files;
+  deps.tls = d.tls.get();
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   const std::string admin_listen =
@@ -711,7 +729,8 @@ absl::Status StartUp(DaemonState& d) {
   // gRPC.
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen,
+                           d.tls ? d.tls->Credentials() : grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(d.service.get());
   builder.RegisterService(&d.main_health);  // NOT_SERVING until the datasets are indexed
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
@@ -868,6 +887,16 @@ void Reload(DaemonState& d) {
     }
   }
   if (!(fresh->failpoints == d.config.failpoints)) restart.push_back("failpoints");
+  if (d.tls && fresh->tls.enabled()) {
+    // The files are read again even when their names did not change: that is the rotation.
+    if (absl::Status s = d.tls->Reload(fresh->tls); s.ok()) {
+      applied.push_back("[tls] certificates");
+    } else {
+      SPDLOG_ERROR("reload: [tls]: keeping the running certificates: {}", Text(s));
+    }
+  } else if (fresh->tls.enabled() != d.config.tls.enabled() && IsTcpListen(fresh->server.listen)) {
+    restart.push_back(fresh->tls.enabled() ? "[tls] added" : "[tls] removed");
+  }
   SPDLOG_INFO("reload: applied: {}", applied.empty() ? "nothing" : absl::StrJoin(applied, ", "));
   if (!restart.empty()) {
     SPDLOG_WARN("reload: these changes need a restart to apply: {}", absl::StrJoin(restart, ", "));
@@ -950,6 +979,10 @@ int RunDaemon(const DaemonOptions& options) {
       return 1;
     }
     d.config.server.listen = options.listen_override;
+    if (absl::Status s = CheckTcpSecurity(d.config); !s.ok()) {
+      SPDLOG_ERROR("--listen: {}", Text(s));
+      return 1;
+    }
   }
   if (const char* env = std::getenv("RINGLOADER_FAILPOINTS"); env != nullptr && *env != '\0') {
     absl::StatusOr<FailpointConfig> fp = ParseFailpointSpec(env);

@@ -195,6 +195,21 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
   out.push_back(Single("heap_free_bytes",
                        "Of heap_bytes, free in malloc's arenas: kept for reuse, or fragmented",
                        kGauge, static_cast<double>(s.heap_free_bytes())));
+  if (s.has_tls()) {
+    MetricFamily days = Family("tls_certificate_days_left",
+                               "Days until [tls]'s certificate and CA expire (as last loaded)",
+                               kGauge);
+    days.metric.push_back(Value(kGauge, s.tls().cert_days_left(), {{"certificate", "cert"}}));
+    days.metric.push_back(Value(kGauge, s.tls().ca_days_left(), {{"certificate", "ca"}}));
+    out.push_back(std::move(days));
+    out.push_back(Single("tls_clients_refused_total",
+                         "Calls refused for their client certificate (other CA, expired, a name "
+                         "not allowed)",
+                         kCounter, static_cast<double>(s.tls().clients_refused())));
+    out.push_back(Single("tls_reload_failed",
+                         "1 while the latest SIGHUP's certificate files were refused", kGauge,
+                         s.tls().last_reload_error().empty() ? 0 : 1));
+  }
   if (sources.progress != nullptr) {
     out.push_back(Histogram("decode_duration_seconds",
                             "Time from a sample's committed read to its decoded pixels in the slot",

@@ -19,6 +19,7 @@
 #include "server/pipeline/sampler.h"
 #include "server/daemon/heap.h"
 #include "server/daemon/resume_position.h"
+#include "server/daemon/tls_server.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
 #include "shm/base/text.h"
@@ -741,6 +742,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     response->set_decode_threads(deps_.pool->size());
     response->set_decode_threads_busy(deps_.pool->busy());
   }
+  if (deps_.tls != nullptr) *response->mutable_tls() = deps_.tls->Status();
   if (deps_.progress != nullptr) {
     const LatencySnapshot read_wait = deps_.progress->read_wait();
     const LatencySnapshot decode = deps_.progress->latency();

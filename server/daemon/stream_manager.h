@@ -53,6 +53,8 @@
 
 namespace ringloader::server {
 
+class TlsServer;
+
 struct StreamManagerDeps {
   const DaemonConfig* config;  // server settings; datasets come from `datasets`
   const DatasetRegistry* datasets;
@@ -70,6 +72,7 @@ struct StreamManagerDeps {
   pipeline::FileBudget* read_files = nullptr;   // files reads ahead may hold; null = no limit
   uint64_t read_window = 0;                     // each stream's reads ahead; 0 = io_depth
   uint64_t read_stream_files = 0;               // files one stream's reads may hold; 0 = any
+  const TlsServer* tls = nullptr;               // [tls], for stats; null = no TLS
 };
 
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host

@@ -71,7 +71,8 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
       "memory_limit = \"512 MiB\"\nshm_dir = \"/dev/shm\"\nsegment_mode = \"0640\"\n"
       "ring_slots = 6\nmax_ring_slots = 8\nmax_batch_size = 100\nmax_image_size = 300\n"
       "max_streams = 5\nmax_streams_per_client = 2\nstream_idle_timeout_ms = 500\n"
-      "max_wait_ms = 50\nwatchdog_ms = 1234\nmetrics_listen = \"127.0.0.1:9464\"",
+      "max_wait_ms = 50\nwatchdog_ms = 1234\nmetrics_listen = \"127.0.0.1:9464\"\n"
+      "insecure_tcp = true",
       "on_error = \"fail\"\ncache = \"memory\"\nmax_pixels = 1000\nmax_file_bytes = \"1MiB\"\n"
       "warnings_are_errors = false\nmax_scans = 7\n"
       "[[datasets]]\nname = \"val\"\nformat = \"manifest\"\npath = \"/v\"\n"
@@ -80,6 +81,7 @@ TEST_CASE("config: every key is read", "[daemon][config]") {
   REQUIRE(c.ok());
   const ServerConfig& s = c->server;
   CHECK(s.listen == "127.0.0.1:7000");
+  CHECK(s.insecure_tcp);
   CHECK(s.socket_mode == 0600);
   CHECK(s.log_level == "debug");
   CHECK(s.log_format == LogFormat::kTimestamped);
@@ -214,6 +216,31 @@ TEST_CASE("config: each error names the file, the key path and the rule", "[daem
   absl::StatusOr<DaemonConfig> broken = Parse("[server\n");
   REQUIRE_FALSE(broken.ok());
   CHECK_THAT(std::string(broken.status().message()), Catch::StartsWith("t.toml:1:"));
+}
+
+TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its three files",
+          "[daemon][config][tls]") {
+  ExpectError(Config("listen = \"0.0.0.0:7000\""),
+              "t.toml: server.listen: \"0.0.0.0:7000\" is TCP without [tls]: anyone who reaches "
+              "the port could read batches and call the daemon. Add [tls] ca, cert and key "
+              "(mutual TLS), or set server.insecure_tcp = true on a network you trust");
+  CHECK(Parse(Config("listen = \"0.0.0.0:7000\"\ninsecure_tcp = true")).ok());
+  const std::string tls = "[tls]\nca = \"/t/ca.pem\"\ncert = \"/t/c.pem\"\nkey = \"/t/c.key\"\n";
+  absl::StatusOr<DaemonConfig> c = Parse(Config("listen = \"0.0.0.0:7000\"") + tls +
+                                         "allowed_clients = [\"DNS:trainer-*\", \"IP:10.0.0.5\"]");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->tls.enabled());
+  CHECK(c->tls.key == "/t/c.key");
+  CHECK(c->tls.allowed_clients == std::vector<std::string>{"DNS:trainer-*", "IP:10.0.0.5"});
+  ExpectError(Config("") + "[tls]\nca = \"/t/ca.pem\"\ncert = \"/t/c.pem\"\n",
+              "t.toml: tls.key: is required");
+  ExpectError(Config("") + "[tls]\nca = \"\"\ncert = \"/t/c.pem\"\nkey = \"/k\"\n",
+              "t.toml: tls.ca: must name a PEM file (got \"\")");
+  ExpectError(Config("") + tls + "verify = false\n", "t.toml: tls.verify: unknown key");
+  ExpectError(Config("") + tls + "allowed_clients = [\"\"]\n",
+              "t.toml: tls.allowed_clients: must not hold an empty name (got \"\")");
+  ExpectError("tls = 3\n" + Config(""), "t.toml: tls: must be a table [tls]");
 }
 
 TEST_CASE("config: LoadConfig names a missing file, and the shipped config parses",

@@ -72,6 +72,10 @@ DaemonFixture::DaemonFixture(DaemonFixtureOptions options) : options_(std::move(
        << "log_level = \"info\"\n"
        << "log_format = \"timestamped\"\n"
        << options_.server_extra << "\n"
+       << (options_.tcp && options_.config_extra.find("[tls]") == std::string::npos &&
+                   options_.server_extra.find("insecure_tcp") == std::string::npos
+               ? "insecure_tcp = true\n"
+               : "")
        << "[[datasets]]\n"
        << "name = \"synth\"\n"
        << "format = \"imagefolder\"\n"
@@ -137,7 +141,7 @@ CommandResult DaemonFixture::Ctl(std::vector<std::string> args,
                                  std::chrono::milliseconds timeout) const {
   std::vector<std::string> argv = {CtlPath(), "--endpoint", endpoint_};
   argv.insert(argv.end(), args.begin(), args.end());
-  return RunCommand(argv, {}, timeout);
+  return RunCommand(argv, options_.ctl_env, timeout);
 }
 
 int64_t DaemonFixture::LabelOfPath(const std::string& relative_path) {
@@ -162,7 +166,7 @@ std::vector<SampleLine> ReadSamplesOut(const std::string& path) {
 }
 
 v1::GetStatsResponse Stats(const std::string& endpoint) {
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(endpoint)));
+  auto stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(endpoint)));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GetStatsResponse response;

@@ -26,9 +26,12 @@ struct DaemonFixtureOptions {
   // Extra top-level TOML (e.g. a [failpoints] table).
   std::string config_extra;
   bool supervise = false;
-  // Listen on TCP 127.0.0.1 at a free port instead of the Unix socket in the temp dir.
+  // Listen on TCP 127.0.0.1 at a free port instead of the Unix socket in the temp dir (with
+  // server.insecure_tcp = true unless config_extra has a [tls] table).
   bool tcp = false;
   std::map<std::string, std::string> env;
+  // The environment of Ctl()'s ringloaderctl (e.g. RINGLOADER_TLS_* for a TLS daemon).
+  std::map<std::string, std::string> ctl_env;
   // Runs the daemon through this command (it must exec it: the pid stays), e.g.
   // {"prlimit", "--nofile=1024:1024", "--"} for a host's open-file limit.
   std::vector<std::string> command_prefix;

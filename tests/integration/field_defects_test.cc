@@ -470,7 +470,7 @@ TEST_CASE("defect 13: another process cannot take a stream's batches without its
   // The thief reads the stream's id and incarnation from stats, as anyone can.
   v1::GetStatsResponse stats = Stats(daemon.endpoint());
   REQUIRE(stats.streams_size() == 1);
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  auto stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
   for (const std::string& token : {std::string(), std::string(16, 'x')}) {
     v1::NextBatchRequest steal;
     steal.set_stream_id(stats.streams(0).stream_id());

@@ -212,7 +212,7 @@ TEST_CASE("28.6: administrative calls need the daemon's user or admin_group, a c
   const std::string admin = daemon.endpoint().substr(0, daemon.endpoint().size() - 5);
 
   // The main socket serves everything but administration, to anyone it lets in.
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  auto stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
   {
     grpc::ClientContext context;
     v1::ClearQuarantineResponse response;
@@ -250,7 +250,7 @@ TEST_CASE("28.6: administrative calls need the daemon's user or admin_group, a c
 
   // A 900 kB client_name and dataset name: bounded in stats, logs and errors.
   const std::string huge(900'000, 'n');
-  stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
   {
     grpc::ClientContext context;
     v1::AttachRequest attach;

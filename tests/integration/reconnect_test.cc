@@ -40,7 +40,7 @@ StreamOptions Small() {
 }
 
 std::unique_ptr<v1::Loader::Stub> Stub(const DaemonFixture& d) {
-  return v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(d.endpoint())));
+  return v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(d.endpoint())));
 }
 
 }  // namespace

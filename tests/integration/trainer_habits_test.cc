@@ -38,7 +38,7 @@ StreamOptions Small() {
 }
 
 uint64_t CopiedOut(const std::string& endpoint) {
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(endpoint)));
+  auto stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(endpoint)));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GetStatsResponse stats;
@@ -331,7 +331,7 @@ TEST_CASE("16.3: Next(timeout) gives up in time and the stream goes on, and canc
   // Many raw waits cancelled by their client's deadline, one after the other on the same stream:
   // each handler is gone at once (a waiting one would refuse the next "already waiting"), and
   // the daemon keeps answering.
-  auto stub = v1::Loader::NewStub(client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
+  auto stub = v1::Loader::NewStub(*client::MakeChannel(*client::GrpcTarget(daemon.endpoint())));
   v1::OpenStreamRequest open;
   open.mutable_spec()->set_dataset("synth");
   open.mutable_spec()->set_batch_size(8);

@@ -188,10 +188,12 @@ def test_a_daemon_asked_to_listen_where_another_serves_raises_naming_it(tiny_dat
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             listen = f"127.0.0.1:{s.getsockname()[1]}"
-    with rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen) as first:
+    # A TCP listen without [tls] must say the network is trusted.
+    insecure = {"insecure_tcp": True} if transport == "tcp" else {}
+    with rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen, **insecure) as first:
         first_pid = first.stats()["pid"]
         with pytest.raises(rl.Error) as refused:
-            rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen)
+            rl.Daemon(datasets={"tiny": tiny_dataset}, listen=listen, **insecure)
         assert f"listen={listen!r}: another ringloaderd already serves there (pid {first_pid})" \
             in str(refused.value)
         # The first one is untouched and still the one serving.
