@@ -291,7 +291,8 @@ std::string DiagnoseTcp(const std::string& endpoint) {
   }
   absl::StatusOr<base::TlsIdentity> ours = base::LoadTlsIdentity(**paths, NowSeconds());
   if (!ours.ok()) return std::string(ours.status().message());
-  absl::StatusOr<base::PeerVerifier> verifier = base::PeerVerifier::Create(ours->ca_pem, {});
+  absl::StatusOr<base::PeerVerifier> verifier = base::PeerVerifier::Create(
+      ours->ca_pem, {}, base::PeerVerifier::Role::kServer);
   if (!verifier.ok()) return std::string(verifier.status().message());
   if (absl::Status s = verifier->Verify(probe.leaf_pem, probe.chain_pem, NowSeconds(),
                                         "the daemon's certificate");

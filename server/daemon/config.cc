@@ -13,6 +13,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "shm/base/x509.h"
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -409,6 +411,9 @@ absl::Status ParseTls(const toml::table& table, const std::string& source, TlsCo
   }
   for (const std::string& pattern : t->allowed_clients) {
     if (pattern.empty()) return r.Fail("allowed_clients", "must not hold an empty name", "\"\"");
+    if (absl::Status s = base::CheckNamePattern(pattern); !s.ok()) {
+      return r.Fail("allowed_clients", std::string(s.message()), "");
+    }
   }
   return absl::OkStatus();
 }

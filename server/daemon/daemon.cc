@@ -197,7 +197,9 @@ struct DaemonState {
   // A SIGHUP's reload runs here, not on the signal thread: indexing a new dataset on a mount
   // that does not answer must not keep SIGTERM from being taken.
   std::thread reloader;
-  std::atomic<bool> reloading{false};
+  std::mutex reload_mu;
+  std::atomic<bool> reloading{false};  // written under reload_mu; read without it to wait
+  bool reload_again = false;           // under reload_mu: a SIGHUP came during the reload
   std::mutex start_mu;
   absl::Status start_failure ABSL_GUARDED_BY(start_mu);  // set, then SIGTERM to ourselves
   std::mutex reservations_mu;  // fixed_reservations, from parallel indexing threads
@@ -861,6 +863,17 @@ void Reload(DaemonState& d) {
   for (const std::string& key : ChangedServerKeys(d.config.server, fresh->server)) {
     if (key != "server.log_level") restart.push_back(key);
   }
+  if (d.tls && fresh->tls.enabled()) {
+    // The files are read again even when their names did not change: that is the rotation.
+    // Before the datasets: a new dataset's indexing on a slow mount must not hold it up.
+    if (absl::Status s = d.tls->Reload(fresh->tls); s.ok()) {
+      applied.push_back("[tls] certificates");
+    } else {
+      SPDLOG_ERROR("reload: [tls]: keeping the running certificates: {}", Text(s));
+    }
+  } else if (fresh->tls.enabled() != d.config.tls.enabled() && IsTcpListen(fresh->server.listen)) {
+    restart.push_back(fresh->tls.enabled() ? "[tls] added" : "[tls] removed");
+  }
   for (size_t i = 0; i < fresh->datasets.size(); ++i) {
     const DatasetConfig& dc = fresh->datasets[i];
     const ServedDataset* served = d.datasets.Find(dc.name);
@@ -887,35 +900,39 @@ void Reload(DaemonState& d) {
     }
   }
   if (!(fresh->failpoints == d.config.failpoints)) restart.push_back("failpoints");
-  if (d.tls && fresh->tls.enabled()) {
-    // The files are read again even when their names did not change: that is the rotation.
-    if (absl::Status s = d.tls->Reload(fresh->tls); s.ok()) {
-      applied.push_back("[tls] certificates");
-    } else {
-      SPDLOG_ERROR("reload: [tls]: keeping the running certificates: {}", Text(s));
-    }
-  } else if (fresh->tls.enabled() != d.config.tls.enabled() && IsTcpListen(fresh->server.listen)) {
-    restart.push_back(fresh->tls.enabled() ? "[tls] added" : "[tls] removed");
-  }
   SPDLOG_INFO("reload: applied: {}", applied.empty() ? "nothing" : absl::StrJoin(applied, ", "));
   if (!restart.empty()) {
     SPDLOG_WARN("reload: these changes need a restart to apply: {}", absl::StrJoin(restart, ", "));
   }
 }
 
-// Reloads on DaemonState::reloader; a SIGHUP while one runs waits for none (it is said, and
-// dropped: the running reload reads the file as it is now, or nearly).
+// Reloads on DaemonState::reloader. A SIGHUP while one runs (indexing a new dataset on a slow
+// mount) is not lost: the file is read again once that reload is done, as many SIGHUPs as came
+// meanwhile making one more reload (a certificate rotation must not wait for a third SIGHUP).
 void StartReload(DaemonState& d) {
-  if (d.reloading) {
-    SPDLOG_WARN("SIGHUP while the previous reload still runs (indexing a new dataset): this one "
-                "is dropped; send SIGHUP again once it is done");
-    return;
+  {
+    std::lock_guard<std::mutex> lock(d.reload_mu);
+    if (d.reloading) {
+      if (!d.reload_again) {
+        SPDLOG_INFO("SIGHUP while the previous reload still runs (indexing a new dataset): the "
+                    "config is read again once it is done");
+      }
+      d.reload_again = true;
+      return;
+    }
+    d.reloading = true;
   }
   if (d.reloader.joinable()) d.reloader.join();
-  d.reloading = true;
   d.reloader = std::thread([&d] {
-    Reload(d);
-    d.reloading = false;
+    for (;;) {
+      Reload(d);
+      std::lock_guard<std::mutex> lock(d.reload_mu);
+      if (!d.reload_again) {
+        d.reloading = false;
+        return;
+      }
+      d.reload_again = false;
+    }
   });
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -50,12 +51,13 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text) 
 
 }  // namespace
 
-// Checks each call's client certificate (see the header). A verdict is kept a minute per
-// certificate, so a connection's calls cost a map lookup and a certificate that expires while
-// connected is refused within a minute of it.
+// Checks each call's client certificate (see the header). A certificate found good is trusted
+// for a minute (never past its end), so a connection's calls cost a map lookup and a certificate
+// that expires, or a CA or allow-list that SIGHUP changed, is held to it again at once.
 class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
  public:
-  explicit ClientCertificateCheck(base::PeerVerifier verifier) : verifier_(std::move(verifier)) {}
+  explicit ClientCertificateCheck(base::PeerVerifier verifier)
+      : verifier_(std::make_shared<const base::PeerVerifier>(std::move(verifier))) {}
 
   bool IsBlocking() const override { return false; }  // a lookup, or one chain check
 
@@ -69,44 +71,61 @@ class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
     const std::string chain_pem =
         chain.empty() ? "" : std::string(chain[0].data(), chain[0].size());
     const int64_t now = NowSeconds();
-    absl::Status verdict;
-    bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = verdicts_.find(leaf_pem);
-      if (it != verdicts_.end() && it->second.until > now) {
-        verdict = it->second.status;
-      } else {
-        verdict = verifier_.Verify(leaf_pem, chain_pem, now);
-        if (verdicts_.size() >= kMaxVerdicts) verdicts_.clear();  // bounded, whoever calls
-        verdicts_[leaf_pem] = Verdict{verdict, now + 60};
-        fresh = true;
-      }
-      if (!verdict.ok()) {
-        ++refused_;
-        last_refusal_ = std::string(verdict.message());
-        // Said once per certificate per minute, and at most 10 times a second in all: a client
-        // making a new certificate per call cannot flood the log.
-        if (now != log_second_) {
-          log_second_ = now;
-          logged_this_second_ = 0;
-        }
-        if (fresh && logged_this_second_ < kMaxLogLinesPerSecond) {
-          ++logged_this_second_;
-          SPDLOG_WARN("TLS: refused a client: {} ({} refused so far)",
-                      std::string(verdict.message()), refused_);
-        }
+      auto it = trusted_.find(leaf_pem);
+      if (it != trusted_.end() && it->second.until > now && it->second.generation == generation_) {
+        return grpc::Status::OK;
       }
     }
-    if (verdict.ok()) return grpc::Status::OK;
+    // Checked outside the lock: other connections' calls do not wait for this one.
+    std::shared_ptr<const base::PeerVerifier> verifier;
+    uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      verifier = verifier_;
+      generation = generation_;
+    }
+    int64_t not_after = 0;
+    const absl::Status verdict =
+        verifier->Verify(leaf_pem, chain_pem, now, "client certificate", &not_after);
+    bool log = false;
+    uint64_t refused = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (verdict.ok()) {
+        // Only trust is kept (a refused client pays a check per call, and cannot evict the
+        // trusted ones by showing new certificates), for a minute at most and never past the
+        // certificate's end.
+        if (generation == generation_) {
+          if (trusted_.size() >= kMaxTrusted) trusted_.clear();
+          trusted_[leaf_pem] = Trusted{std::min(now + 60, not_after), generation};
+        }
+        return grpc::Status::OK;
+      }
+      refused = ++refused_;
+      last_refusal_ = std::string(verdict.message());
+      // At most 10 lines a second in all: a client making a new certificate per call cannot
+      // flood the log.
+      if (now != log_second_) {
+        log_second_ = now;
+        logged_this_second_ = 0;
+      }
+      log = logged_this_second_++ < kMaxLogLinesPerSecond;
+    }
+    if (log) {
+      SPDLOG_WARN("TLS: refused a client: {} ({} refused so far)", std::string(verdict.message()),
+                  refused);
+    }
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         absl::StrCat("ringloaderd refused this client: ", verdict.message()));
   }
 
   void Replace(base::PeerVerifier verifier) {
     std::lock_guard<std::mutex> lock(mu_);
-    verifier_ = std::move(verifier);
-    verdicts_.clear();
+    verifier_ = std::make_shared<const base::PeerVerifier>(std::move(verifier));
+    ++generation_;  // what the old CA or allow-list trusted is checked again
+    trusted_.clear();
   }
 
   void Fill(v1::TlsStatus& status) const {
@@ -116,17 +135,18 @@ class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
   }
 
  private:
-  static constexpr size_t kMaxVerdicts = 1024;
-  struct Verdict {
-    absl::Status status;
+  static constexpr size_t kMaxTrusted = 1024;
+  static constexpr int kMaxLogLinesPerSecond = 10;
+  struct Trusted {
     int64_t until = 0;
+    uint64_t generation = 0;
   };
   mutable std::mutex mu_;
-  base::PeerVerifier verifier_;
-  std::map<std::string, Verdict> verdicts_;
+  std::shared_ptr<const base::PeerVerifier> verifier_;
+  uint64_t generation_ = 0;
+  std::map<std::string, Trusted> trusted_;  // leaf PEM -> until when
   uint64_t refused_ = 0;
   std::string last_refusal_;
-  static constexpr int kMaxLogLinesPerSecond = 10;
   int64_t log_second_ = 0;
   int logged_this_second_ = 0;
 };
@@ -159,6 +179,10 @@ absl::StatusOr<std::unique_ptr<TlsServer>> TlsServer::Start(const TlsConfig& con
   // Read now, then every second: a staged rotation is in use within about a second.
   server->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       current + "/key.pem", current + "/cert.pem", current + "/ca.pem", 1);
+  if (config.allowed_clients.empty()) {
+    SPDLOG_WARN("TLS: [tls] allowed_clients is empty: any certificate the CA signed for a client "
+                "may call this daemon; list the clients' names to narrow it");
+  }
   SPDLOG_INFO("TLS: certificate {} ({:.0f} days left), CA {}, clients allowed: {}",
               server->identity_.cert.subject, server->identity_.cert.DaysLeft(NowSeconds()),
               server->identity_.ca.subject,
@@ -184,6 +208,9 @@ absl::Status TlsServer::Stage(const base::TlsIdentity& identity) {
                                    {"key.pem", identity.key_pem}}) {
     if (absl::Status s = WritePrivateFile(absl::StrCat(dir, "/", name), text); !s.ok()) return s;
   }
+  // gRPC's watcher tells a change by the files' modification times, in whole seconds: a set
+  // staged in the same second as the one before could be read half old, half new.
+  while (NowSeconds() == last_staged_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const std::string link = stage_dir_ + "/current";
   const std::string temp = stage_dir_ + "/current.new";
   ::unlink(temp.c_str());
@@ -194,6 +221,7 @@ absl::Status TlsServer::Stage(const base::TlsIdentity& identity) {
   }
   if (generation >= 3) std::filesystem::remove_all(absl::StrCat(stage_dir_, "/", generation - 2), ec);
   generation_ = generation;
+  last_staged_ = NowSeconds();
   return absl::OkStatus();
 }
 

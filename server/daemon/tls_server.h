@@ -62,6 +62,7 @@ class TlsServer {
   base::TlsIdentity identity_;  // as staged
   std::vector<std::string> allowed_clients_;
   uint64_t generation_ = 0;
+  int64_t last_staged_ = 0;  // Unix seconds
   uint64_t reloads_ = 0;
   std::string last_reload_error_;
 };

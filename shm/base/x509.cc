@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "shm/base/x509.h"
 
+#include <arpa/inet.h>
 #include <fnmatch.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -9,12 +10,16 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
+#include <utility>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,25 +82,20 @@ std::vector<std::string> AltNames(X509* cert) {
       return std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)),
                          static_cast<size_t>(ASN1_STRING_length(s)));
     };
+    // A name with a NUL in it would read as a shorter one: it names nothing.
+    auto add = [&names](const char* type, const std::string& value) {
+      if (value.find('\0') == std::string::npos) names.push_back(absl::StrCat(type, ":", value));
+    };
     switch (name->type) {
-      case GEN_DNS: names.push_back("DNS:" + text(name->d.dNSName)); break;
-      case GEN_URI: names.push_back("URI:" + text(name->d.uniformResourceIdentifier)); break;
-      case GEN_EMAIL: names.push_back("email:" + text(name->d.rfc822Name)); break;
+      case GEN_DNS: add("DNS", text(name->d.dNSName)); break;
+      case GEN_URI: add("URI", text(name->d.uniformResourceIdentifier)); break;
+      case GEN_EMAIL: add("email", text(name->d.rfc822Name)); break;
       case GEN_IPADD: {
         const std::string bytes = text(name->d.iPAddress);
-        char buf[64] = {};
-        if (bytes.size() == 4) {
-          std::snprintf(buf, sizeof(buf), "%u.%u.%u.%u", uint8_t(bytes[0]), uint8_t(bytes[1]),
-                        uint8_t(bytes[2]), uint8_t(bytes[3]));
-          names.push_back(absl::StrCat("IP:", buf));
-        } else if (bytes.size() == 16) {
-          std::string v6;
-          for (size_t j = 0; j < 16; j += 2) {
-            std::snprintf(buf, sizeof(buf), "%s%x", j == 0 ? "" : ":",
-                          (uint8_t(bytes[j]) << 8) | uint8_t(bytes[j + 1]));
-            v6 += buf;
-          }
-          names.push_back("IP:" + v6);
+        char buf[INET6_ADDRSTRLEN] = {};
+        const int family = bytes.size() == 4 ? AF_INET : bytes.size() == 16 ? AF_INET6 : 0;
+        if (family != 0 && ::inet_ntop(family, bytes.data(), buf, sizeof(buf)) != nullptr) {
+          add("IP", buf);
         }
         break;
       }
@@ -196,6 +196,73 @@ std::unique_ptr<X509_STORE, void (*)(X509_STORE*)> NewStore(
   return store;
 }
 
+// "TYPE:VALUE" -> (canonical TYPE, VALUE); a bare name is DNS. nullopt for an unknown TYPE.
+std::optional<std::pair<std::string, std::string>> SplitName(std::string_view pattern) {
+  const size_t colon = pattern.find(':');
+  if (colon == std::string_view::npos) return std::pair<std::string, std::string>{"DNS", std::string(pattern)};
+  const std::string type = absl::AsciiStrToLower(std::string(pattern.substr(0, colon)));
+  const std::string value(pattern.substr(colon + 1));
+  for (const char* known : {"DNS", "IP", "URI", "email"}) {
+    if (type == absl::AsciiStrToLower(known)) return std::pair<std::string, std::string>{known, value};
+  }
+  return std::nullopt;
+}
+
+// The 4 or 16 bytes of an IPv4 or IPv6 address; "" if `text` is neither.
+std::string AddressBytes(const std::string& text) {
+  unsigned char bytes[16];
+  if (::inet_pton(AF_INET, text.c_str(), bytes) == 1) return std::string(reinterpret_cast<char*>(bytes), 4);
+  if (::inet_pton(AF_INET6, text.c_str(), bytes) == 1) return std::string(reinterpret_cast<char*>(bytes), 16);
+  return "";
+}
+
+// fnmatch where '*' stays within one `separator`-delimited part.
+bool MatchParts(std::string pattern, std::string name, char separator) {
+  if (separator != '/') {
+    std::replace(pattern.begin(), pattern.end(), '/', '\x01');
+    std::replace(name.begin(), name.end(), '/', '\x01');
+    std::replace(pattern.begin(), pattern.end(), separator, '/');
+    std::replace(name.begin(), name.end(), separator, '/');
+  }
+  return ::fnmatch(pattern.c_str(), name.c_str(), FNM_PATHNAME) == 0;
+}
+
+}  // namespace
+
+absl::Status CheckNamePattern(std::string_view pattern) {
+  const auto split = SplitName(pattern);
+  if (!split) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", std::string(pattern), "\": unknown name type (use DNS:, IP:, URI: or email:)"));
+  }
+  if (split->second.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", std::string(pattern), "\": no name after the type"));
+  }
+  if (split->second.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("a name pattern must not hold a NUL");
+  }
+  if (split->first == "IP" && AddressBytes(split->second).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", std::string(pattern), "\": not an IPv4 or IPv6 address (IP names match exactly)"));
+  }
+  return absl::OkStatus();
+}
+
+bool NameMatches(std::string_view pattern_text, std::string_view name_text) {
+  const auto pattern = SplitName(pattern_text);
+  const auto name = SplitName(name_text);
+  if (!pattern || !name || pattern->first != name->first) return false;
+  if (pattern->first == "IP") {
+    const std::string a = AddressBytes(pattern->second);
+    return !a.empty() && a == AddressBytes(name->second);
+  }
+  if (pattern->first == "URI") return MatchParts(pattern->second, name->second, '/');
+  // DNS names and email addresses are case-insensitive; '*' stays within a label.
+  return MatchParts(absl::AsciiStrToLower(pattern->second), absl::AsciiStrToLower(name->second),
+                    '.');
+}
+
+namespace {
 }  // namespace
 
 std::string FormatUtc(int64_t unix_seconds) {
@@ -234,10 +301,12 @@ absl::StatusOr<TlsIdentity> LoadTlsIdentity(const TlsPaths& paths, int64_t now) 
     return absl::InvalidArgumentError(absl::StrCat(cert_where, ": holds no certificate"));
   }
   BioPtr key_bio(BIO_new_mem_buf(key->data(), static_cast<int>(key->size())));
-  EVP_PKEY* pkey = PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr);
+  // No passphrase prompt on the terminal: an encrypted key is an error, not a hang.
+  EVP_PKEY* pkey = PEM_read_bio_PrivateKey(
+      key_bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr);
   if (pkey == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        key_where, ": not an unencrypted private key (", OpenSslError(), ")"));
+        key_where, ": not an unencrypted PEM private key (", OpenSslError(), ")"));
   }
   const bool matches = X509_check_private_key(chain.front().get(), pkey) == 1;
   EVP_PKEY_free(pkey);
@@ -278,36 +347,55 @@ struct PeerVerifier::Store {
 };
 
 absl::StatusOr<PeerVerifier> PeerVerifier::Create(std::string_view ca_pem,
-                                                  std::vector<std::string> allowed_names) {
+                                                  std::vector<std::string> allowed_names,
+                                                  Role role) {
   std::vector<X509Ptr> authorities = ReadCertificates(ca_pem);
   if (authorities.empty()) return absl::InvalidArgumentError("the CA bundle holds no certificate");
   auto store = std::make_shared<Store>();
   store->store = NewStore(authorities);
   for (std::string& pattern : allowed_names) {
+    if (absl::Status s = CheckNamePattern(pattern); !s.ok()) return s;
     if (pattern.find(':') == std::string::npos) pattern = "DNS:" + pattern;
   }
-  return PeerVerifier(std::move(store), std::move(allowed_names));
+  return PeerVerifier(std::move(store), std::move(allowed_names), role);
 }
 
 absl::Status PeerVerifier::Verify(std::string_view leaf_pem, std::string_view chain_pem,
-                                  int64_t now, const std::string& who) const {
+                                  int64_t now, const std::string& who, int64_t* not_after) const {
+  // The peer's bytes may leave errors in OpenSSL's per-thread queue, which gRPC's TLS on this
+  // same thread expects empty: cleared on every way out.
+  struct ClearErrors {
+    ~ClearErrors() { ERR_clear_error(); }
+  } clear_errors;
   std::vector<X509Ptr> leaf = ReadCertificates(leaf_pem);
   if (leaf.empty()) {
     return absl::PermissionDeniedError(absl::StrCat("no ", who, " was presented"));
   }
+  const CertificateFacts facts = FactsOf(leaf.front().get());
+  if (X509_check_ca(leaf.front().get()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who, " ", facts.subject, " is a CA certificate: a peer must show its own"));
+  }
   std::vector<X509Ptr> untrusted = ReadCertificates(chain_pem);
-  // X509_STORE is safe for concurrent verification once built (OpenSSL locks its lookups).
   X509* failed = nullptr;
-  const int error = VerifyChain(store_->store.get(), leaf.front().get(), untrusted, now, 0, &failed);
+  const int purpose = role_ == Role::kClient ? X509_PURPOSE_SSL_CLIENT : X509_PURPOSE_SSL_SERVER;
+  const int error =
+      VerifyChain(store_->store.get(), leaf.front().get(), untrusted, now, purpose, &failed);
   X509Ptr failed_owner(failed);
+  if (error == X509_V_ERR_INVALID_PURPOSE) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who, " ", facts.subject, " is not meant for a TLS ",
+        role_ == Role::kClient ? "client" : "server",
+        " (its extendedKeyUsage or keyUsage says otherwise)"));
+  }
   if (error != X509_V_OK) {
     return absl::PermissionDeniedError(DescribeFailure(error, leaf.front().get(), failed, who));
   }
+  if (not_after != nullptr) *not_after = facts.not_after;
   if (allowed_.empty()) return absl::OkStatus();
-  const CertificateFacts facts = FactsOf(leaf.front().get());
   for (const std::string& name : facts.names) {
     for (const std::string& pattern : allowed_) {
-      if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return absl::OkStatus();
+      if (NameMatches(pattern, name)) return absl::OkStatus();
     }
   }
   return absl::PermissionDeniedError(absl::StrCat(

@@ -56,33 +56,50 @@ absl::StatusOr<TlsIdentity> LoadTlsIdentity(const TlsPaths& paths, int64_t now);
 // The facts of the first certificate in `pem`.
 absl::StatusOr<CertificateFacts> DescribeCertificate(std::string_view pem);
 
-// Decides whether a peer's certificate is one to trust: it chains to the CA bundle and is valid
-// now, and, when an allow-list is given, one of its names matches one of the patterns (fnmatch;
-// "DNS:trainer-*.ml", "IP:10.0.0.5", "URI:spiffe://ml/*"; a pattern without a "TYPE:" prefix is a
-// DNS name). Thread-safe; cheap to copy.
+// A name pattern of an allow-list, checked: "TYPE:VALUE" with TYPE one of DNS, IP, URI, email
+// (any case), or a bare DNS name. InvalidArgument naming the rule otherwise (an unknown type, an
+// IP that is not an address, an empty value, a NUL).
+absl::Status CheckNamePattern(std::string_view pattern);
+
+// Whether the certificate name `name` ("DNS:a.b", as CertificateFacts::names has it) matches
+// `pattern` (as CheckNamePattern takes it). DNS and email: no case, and '*' within one label (it
+// never crosses a '.'); URI: '*' within one path segment (never crosses a '/'); IP: the same
+// address, however written ("IP:2001:db8::1" matches the certificate's 2001:db8:0:0:0:0:0:1).
+bool NameMatches(std::string_view pattern, std::string_view name);
+
+// Decides whether a peer's certificate is one to trust: it chains to the CA bundle, is valid now
+// and is meant for the peer's role (a client's certificate for TLS clients, a server's for
+// servers: extendedKeyUsage and keyUsage, when present, must allow it; a CA certificate is never
+// a peer), and, when an allow-list is given, one of its names matches one of the patterns
+// (NameMatches). Thread-safe; cheap to copy.
 class PeerVerifier {
  public:
-  // InvalidArgument when `ca_pem` holds no certificate.
+  enum class Role { kClient, kServer };
+  // InvalidArgument when `ca_pem` holds no certificate or a pattern is not one.
   static absl::StatusOr<PeerVerifier> Create(std::string_view ca_pem,
-                                             std::vector<std::string> allowed_names);
+                                             std::vector<std::string> allowed_names,
+                                             Role role = Role::kClient);
 
-  // OK, or PermissionDenied saying why, naming the certificate:
+  // OK, or PermissionDenied saying why, naming the certificate (`*not_after` = its end, when it
+  // checks out, for callers that cache the verdict):
   //   "client certificate CN=x (issuer CN=Other CA) is not signed by the configured CA
   //    (unable to get local issuer certificate)",
   //   "client certificate CN=x has expired (not after 2026-01-01 00:00:00 UTC)",
   //   "client certificate CN=x has no allowed name: it has DNS:mallory; allowed: DNS:trainer-*".
   // `chain_pem` may hold intermediates (and the leaf again); `who` starts the message.
   absl::Status Verify(std::string_view leaf_pem, std::string_view chain_pem, int64_t now,
-                      const std::string& who = "client certificate") const;
+                      const std::string& who = "client certificate",
+                      int64_t* not_after = nullptr) const;
 
   const std::vector<std::string>& allowed_names() const { return allowed_; }
 
  private:
   struct Store;
-  PeerVerifier(std::shared_ptr<Store> store, std::vector<std::string> allowed)
-      : store_(std::move(store)), allowed_(std::move(allowed)) {}
+  PeerVerifier(std::shared_ptr<Store> store, std::vector<std::string> allowed, Role role)
+      : store_(std::move(store)), allowed_(std::move(allowed)), role_(role) {}
   std::shared_ptr<Store> store_;
   std::vector<std::string> allowed_;
+  Role role_ = Role::kClient;
 };
 
 }  // namespace ringloader::base

@@ -13,50 +13,15 @@
 #include <vector>
 
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/delay_mount.h"
 #include "tests/integration/scrape.h"
+#include "tests/support/test_pki.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::testing {
 namespace {
 
-// A small PKI in a temp dir, made by the openssl command as an operator would.
-class Pki {
- public:
-  // A self-signed CA valid for `days`: <name>.pem and <name>.key.
-  std::string MakeCa(const std::string& name, const std::string& subject, int days = 3650) {
-    Run({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", Key(name), "-out", Pem(name), "-subj", "/CN=" + subject, "-days",
-         std::to_string(days)});
-    return Pem(name);
-  }
-  // A certificate for `subject` with `sans` ("DNS:x,IP:127.0.0.1"), signed by CA `ca`, valid
-  // for `days` from now (-1: it expired yesterday).
-  void Issue(const std::string& name, const std::string& ca, const std::string& subject,
-             const std::string& sans, int days) {
-    const std::string csr = dir_.Join(name + ".csr");
-    Run({"/usr/bin/openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", Key(name), "-out", csr, "-subj", "/CN=" + subject, "-addext",
-         "subjectAltName=" + sans});
-    Run({"/usr/bin/openssl", "x509", "-req", "-in", csr, "-CA", Pem(ca), "-CAkey", Key(ca),
-         "-CAcreateserial", "-out", Pem(name), "-days", std::to_string(days), "-copy_extensions",
-         "copy"});
-  }
-  std::string Pem(const std::string& name) const { return dir_.Join(name + ".pem"); }
-  std::string Key(const std::string& name) const { return dir_.Join(name + ".key"); }
-  std::map<std::string, std::string> ClientEnv(const std::string& ca, const std::string& name) const {
-    return {{"RINGLOADER_TLS_CA", Pem(ca)},
-            {"RINGLOADER_TLS_CERT", Pem(name)},
-            {"RINGLOADER_TLS_KEY", Key(name)}};
-  }
-
- private:
-  static void Run(const std::vector<std::string>& argv) {
-    const CommandResult r = RunCommand(argv);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-  }
-  TempDir dir_;
-};
+using Pki = TestPki;
 
 CommandResult Ctl(const DaemonFixture& daemon, const std::map<std::string, std::string>& env,
                   std::vector<std::string> args) {
@@ -74,10 +39,6 @@ std::string ServedSerial(const DaemonFixture& daemon, const Pki& pki) {
            pki.Pem("trainer") + " -key " + pki.Key("trainer") +
            " </dev/null 2>/dev/null | openssl x509 -noout -serial"});
   return r.output;
-}
-
-std::string SerialOf(const std::string& pem) {
-  return RunCommand({"/usr/bin/openssl", "x509", "-in", pem, "-noout", "-serial"}).output;
 }
 
 }  // namespace
@@ -200,10 +161,10 @@ TEST_CASE("mutual TLS: a trusted client is served, others get nothing and both s
   CHECK_THAT(doctor_config.output, Catch::Contains("[tls]: certificate CN=ringloaderd valid, 5 days left"));
 
   // Rotation: a new certificate at the same path and SIGHUP; new connections see it.
-  const std::string old_serial = SerialOf(pki.Pem("daemon"));
+  const std::string old_serial = pki.SerialOf("daemon");
   CHECK(ServedSerial(daemon, pki) == old_serial);
   pki.Issue("daemon", "ca", "ringloaderd", "DNS:localhost,IP:127.0.0.1", 300);
-  const std::string new_serial = SerialOf(pki.Pem("daemon"));
+  const std::string new_serial = pki.SerialOf("daemon");
   REQUIRE(new_serial != old_serial);
   daemon.process().Kill(SIGHUP);
   CHECK(WaitFor([&] { return ServedSerial(daemon, pki) == new_serial; }, std::chrono::seconds(15)));
@@ -214,6 +175,7 @@ TEST_CASE("mutual TLS: a trusted client is served, others get nothing and both s
   CHECK(Ctl(daemon, trainer, {"doctor", "--live"}).exit_code == 0);
 
   // A bad set (a key that is not the certificate's) is refused; the running one keeps serving.
+  const std::string good_key = ReadFile(pki.Key("daemon"));
   WriteFile(pki.Key("daemon"), ReadFile(pki.Key("trainer")));
   daemon.process().Kill(SIGHUP);
   CHECK(WaitFor([&] { return daemon.Log().find("keeping the running certificates") != std::string::npos; },
@@ -222,8 +184,58 @@ TEST_CASE("mutual TLS: a trusted client is served, others get nothing and both s
   CommandResult after_bad = Ctl(daemon, trainer, {"stats"});
   CHECK(after_bad.exit_code == 0);
   CHECK_THAT(after_bad.output, Catch::Contains("the latest SIGHUP's files were refused"));
+  // Nothing of the bad set was staged for gRPC's watcher: "current" still names the good one.
+  CHECK(ReadFile(daemon.state_dir() + "/tls/current/key.pem") == good_key);
   CHECK(ServedSerial(daemon, pki) == new_serial);
   CHECK(Value(Scrape(metrics).output, "ringloader_tls_reload_failed") == 1.0);
+}
+
+TEST_CASE("a certificate rotation is not held up by a reload indexing a dataset on a hung mount, "
+          "and a SIGHUP meanwhile is not lost",
+          "[tls]") {
+  if (const std::string why = DelayMount::Unavailable(); !why.empty()) RINGLOADER_SKIP(why);
+  Pki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("daemon", "ca", "ringloaderd", "DNS:localhost,IP:127.0.0.1", 5);
+  pki.Issue("trainer", "ca", "trainer-1", "DNS:trainer-1", 30);
+  DaemonFixtureOptions options;
+  options.tcp = true;
+  options.images = 16;
+  options.config_extra = "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem("daemon") +
+                         "\"\nkey = \"" + pki.Key("daemon") + "\"\n";
+  options.ctl_env = pki.ClientEnv("ca", "trainer");
+  DaemonFixture daemon(options);
+  REQUIRE(daemon.Start());
+  INFO(daemon.Log());
+  // A new dataset on a mount that answers nothing, and a rotated certificate, in one SIGHUP:
+  // the reload waits in the dataset's indexing, the rotation does not wait for it.
+  DelayMount mount(daemon.dataset_root(), daemon.dir(), std::chrono::milliseconds(0));
+  mount.Stall();
+  WriteFile(daemon.config_path(), ReadFile(daemon.config_path()) +
+                                      "\n[[datasets]]\nname = \"slow\"\nformat = \"imagefolder\"\n"
+                                      "path = \"" + mount.path() + "\"\n");
+  pki.Issue("daemon", "ca", "ringloaderd", "DNS:localhost,IP:127.0.0.1", 100);
+  const std::string second_serial = pki.SerialOf("daemon");
+  daemon.process().Kill(SIGHUP);
+  REQUIRE(mount.AwaitHeld(1, std::chrono::seconds(20)));
+  CHECK(WaitFor([&] { return ServedSerial(daemon, pki) == second_serial; }, std::chrono::seconds(15)));
+  // Another rotation, and its SIGHUP while that reload still waits: not dropped, but applied
+  // once the reload is done.
+  pki.Issue("daemon", "ca", "ringloaderd", "DNS:localhost,IP:127.0.0.1", 300);
+  const std::string third_serial = pki.SerialOf("daemon");
+  daemon.process().Kill(SIGHUP);
+  REQUIRE(WaitFor(
+      [&] { return daemon.Log().find("the config is read again once it is done") != std::string::npos; },
+      std::chrono::seconds(10)));
+  CHECK(ServedSerial(daemon, pki) == second_serial);  // the second reload has not run yet
+  CHECK(Ctl(daemon, options.ctl_env, {"stats"}).exit_code == 0);  // serving all along
+  mount.Answer();
+  CHECK(WaitFor([&] { return ServedSerial(daemon, pki) == third_serial; }, std::chrono::seconds(20)));
+  CHECK(WaitFor([&] { return daemon.Log().find("applied: [tls] certificates, new dataset slow") !=
+                             std::string::npos; },
+                std::chrono::seconds(10)));
+  CHECK_THAT(Ctl(daemon, options.ctl_env, {"stats"}).output,
+             Catch::Contains("certificate CN=ringloaderd, 300 days left"));
 }
 
 TEST_CASE("a TCP listen without TLS must be asked for, and is warned of at every start", "[tls]") {
