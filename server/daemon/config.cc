@@ -255,6 +255,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.Integer("watchdog_ms", &s->watchdog_ms, 0, 86'400'000);
   r.String("metrics_listen", &s->metrics_listen);
   r.Bool("insecure_tcp", &s->insecure_tcp);
+  r.String("feeder_listen", &s->feeder_listen);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
@@ -281,6 +282,19 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
     if (!m.ok()) {
       return r.Fail("metrics_listen", std::string(m.message()),
                     absl::StrCat("\"", s->metrics_listen, "\""));
+    }
+  }
+  if (!s->feeder_listen.empty()) {
+    absl::Status f = absl::StartsWith(s->feeder_listen, "unix:")
+                         ? absl::InvalidArgumentError("must be HOST:PORT (other hosts dial it)")
+                         : ValidateListen(s->feeder_listen);
+    if (f.ok() && (s->feeder_listen == s->listen || s->feeder_listen == s->health_listen ||
+                   s->feeder_listen == s->metrics_listen)) {
+      f = absl::InvalidArgumentError("must differ from listen, health_listen and metrics_listen");
+    }
+    if (!f.ok()) {
+      return r.Fail("feeder_listen", std::string(f.message()),
+                    absl::StrCat("\"", s->feeder_listen, "\""));
     }
   }
   if (!s->admin_listen.empty() &&
@@ -567,6 +581,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.watchdog_ms == b.watchdog_ms, "watchdog_ms");
   check(a.metrics_listen == b.metrics_listen, "metrics_listen");
   check(a.insecure_tcp == b.insecure_tcp, "insecure_tcp");
+  check(a.feeder_listen == b.feeder_listen, "feeder_listen");
   return keys;
 }
 
@@ -665,7 +680,15 @@ bool IsTcpListen(std::string_view listen) {
 
 absl::Status CheckTcpSecurity(const DaemonConfig& config) {
   const ServerConfig& s = config.server;
-  if (!IsTcpListen(s.listen) || config.tls.enabled() || s.insecure_tcp) return absl::OkStatus();
+  if (config.tls.enabled() || s.insecure_tcp) return absl::OkStatus();
+  if (!s.feeder_listen.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": server.feeder_listen: \"", s.feeder_listen,
+        "\" is TCP without [tls]: any host that reaches the port could have this daemon decode "
+        "for it. Add [tls] ca, cert and key (mutual TLS), or set server.insecure_tcp = true on a "
+        "network you trust"));
+  }
+  if (!IsTcpListen(s.listen)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       config.source, ": server.listen: \"", s.listen,
       "\" is TCP without [tls]: anyone who reaches the port could read batches and call the "

@@ -147,6 +147,10 @@ struct ServerConfig {
   // who reaches the port may read batches and call the daemon); it is then warned of at every
   // start. health_listen and metrics_listen are plaintext always: they say only how it runs.
   bool insecure_tcp = false;
+  // "HOST:PORT" where this daemon serves as a feeder: it decodes samples other hosts' daemons
+  // ask for (service Feeder). TCP; mutual TLS under [tls], else only with insecure_tcp. Empty =
+  // not a feeder.
+  std::string feeder_listen;
   bool operator==(const ServerConfig&) const = default;
 };
 
@@ -182,8 +186,8 @@ struct DaemonConfig {
   const DatasetConfig* FindDataset(std::string_view name) const;
 };
 
-// A TCP server.listen needs [tls] or server.insecure_tcp = true: InvalidArgument naming both
-// otherwise. Checked at load and again after `ringloaderd --listen`.
+// A TCP server.listen, and server.feeder_listen, need [tls] or server.insecure_tcp = true:
+// InvalidArgument naming both otherwise. Checked at load and again after `ringloaderd --listen`.
 absl::Status CheckTcpSecurity(const DaemonConfig& config);
 
 // The decode limits a dataset's samples are held to.

@@ -40,6 +40,7 @@
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/host_notify.h"
 #include "server/daemon/progress_watch.h"
+#include "server/daemon/feeder_service.h"
 #include "server/daemon/tls_server.h"
 #include "server/daemon/watchdog.h"
 #include "server/daemon/dataset_registry.h"
@@ -179,6 +180,8 @@ struct DaemonState {
   std::unique_ptr<grpc::Server> server;
   ProbeHealthService probe_health;
   std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
+  std::unique_ptr<FeederService> feeder_service;
+  std::unique_ptr<grpc::Server> feeder_server;  // server.feeder_listen: Feeder only
   std::unique_ptr<AdminService> admin_service;
   std::unique_ptr<grpc::Server> admin_server;  // server.admin_listen: AdminService only
   std::string admin_socket_path;
@@ -699,7 +702,8 @@ absl::Status StartUp(DaemonState& d) {
   if (server.io_depth > 0) {
     d.read_files = std::make_unique<pipeline::FileBudget>(d.open_files.read_files);
   }
-  if (IsTcpListen(listen) && d.config.tls.enabled()) {
+  const bool tcp = IsTcpListen(listen) || !server.feeder_listen.empty();
+  if (tcp && d.config.tls.enabled()) {
     absl::StatusOr<std::unique_ptr<TlsServer>> tls =
         TlsServer::Start(d.config.tls, server.state_dir + "/tls");
     if (!tls.ok()) {
@@ -707,12 +711,13 @@ absl::Status StartUp(DaemonState& d) {
                           absl::StrCat(d.config.source, ": ", tls.status().message()));
     }
     d.tls = std::move(*tls);
-  } else if (IsTcpListen(listen)) {
-    SPDLOG_WARN("server.listen {} is TCP without TLS (server.insecure_tcp = true): anyone who "
-                "reaches it can read batches and call this daemon; configure [tls]",
-                listen);
+  } else if (tcp) {
+    SPDLOG_WARN("{} is TCP without TLS (server.insecure_tcp = true): anyone who reaches it can "
+                "call this daemon; configure [tls]",
+                IsTcpListen(listen) ? absl::StrCat("server.listen ", listen)
+                                    : absl::StrCat("server.feeder_listen ", server.feeder_listen));
   } else if (d.config.tls.enabled()) {
-    SPDLOG_INFO("[tls] is configured, but server.listen is a Unix socket: it is not used");
+    SPDLOG_INFO("[tls] is configured, but nothing listens on TCP: it is not used");
   }
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
@@ -731,8 +736,11 @@ absl::Status StartUp(DaemonState& d) {
   // gRPC.
   grpc::ServerBuilder builder;
   int port = 0;
+  // A Unix socket is plaintext (the kernel checks who connects); TCP is TLS under [tls].
   builder.AddListeningPort(listen,
-                           d.tls ? d.tls->Credentials() : grpc::InsecureServerCredentials(), &port);
+                           d.tls && IsTcpListen(listen) ? d.tls->Credentials()
+                                                        : grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(d.service.get());
   builder.RegisterService(&d.main_health);  // NOT_SERVING until the datasets are indexed
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; a huge one is hostile
@@ -765,6 +773,25 @@ absl::Status StartUp(DaemonState& d) {
   }
   if (d.server && !admin_listen.empty()) {
     if (absl::Status s = StartAdminServer(d, admin_listen); !s.ok()) return s;
+  }
+  if (d.server && !server.feeder_listen.empty()) {
+    d.feeder_service = std::make_unique<FeederService>(server, d.datasets, *d.filler, *d.budget,
+                                                       d.gate.get());
+    grpc::ServerBuilder feeder_builder;
+    int feeder_port = 0;
+    feeder_builder.AddListeningPort(
+        server.feeder_listen, d.tls ? d.tls->Credentials() : grpc::InsecureServerCredentials(),
+        &feeder_port);
+    feeder_builder.RegisterService(d.feeder_service.get());
+    feeder_builder.SetMaxReceiveMessageSize(1 << 20);
+    d.feeder_server = feeder_builder.BuildAndStart();
+    if (!d.feeder_server || feeder_port == 0) {
+      return absl::UnavailableError(absl::StrCat(d.config.source,
+                                                 ": server.feeder_listen: cannot listen on ",
+                                                 server.feeder_listen));
+    }
+    SPDLOG_INFO("feeding other hosts on {} ({})", server.feeder_listen,
+                d.tls ? "mutual TLS" : "plaintext: server.insecure_tcp");
   }
   if (d.server && !server.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -825,6 +852,10 @@ void ShutDown(DaemonState& d) {
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
   // the server's grace period below does not wait for them.
   if (d.streams) d.streams->Shutdown();
+  if (d.feeder_server) {  // a feed in progress stops (its Fill polls the call's cancellation)
+    d.feeder_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    d.feeder_server->Wait();
+  }
   if (d.server) {
     d.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     d.server->Wait();

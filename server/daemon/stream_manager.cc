@@ -42,23 +42,6 @@ constexpr auto kWaitForRoom = std::chrono::seconds(2);
 constexpr auto kLostOpenMemory = std::chrono::seconds(60);
 constexpr size_t kMaxLostOpens = 4096;
 
-image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
-  image::TransformSpec t;
-  t.image_size = spec.image_size();
-  t.augment = spec.augmentation() == v1::AUGMENTATION_EVAL ? image::Augment::kEval
-                                                            : image::Augment::kTrain;
-  t.dtype = spec.dtype() == v1::DTYPE_FLOAT32 ? image::DType::kFloat32 : image::DType::kUint8;
-  t.layout = spec.layout() == v1::LAYOUT_NCHW ? image::Layout::kNCHW : image::Layout::kNHWC;
-  t.exact_resize = spec.resize() == v1::RESIZE_EXACT;
-  if (spec.mean_size() == 3) {
-    for (int c = 0; c < 3; ++c) t.mean[c] = spec.mean(c);
-  }
-  if (spec.std_size() == 3) {
-    for (int c = 0; c < 3; ++c) t.std[c] = spec.std(c);
-  }
-  return t;
-}
-
 void ToProto(const QuarantineEntry& e, v1::QuarantinedSample* q) {
   q->set_dataset(e.dataset);
   q->set_sample_index(e.sample_index);
@@ -110,6 +93,23 @@ std::optional<gid_t> LookupGroup(const std::string& name) {
 
 }  // namespace
 
+image::TransformSpec ToTransform(const v1::StreamSpec& spec) {
+  image::TransformSpec t;
+  t.image_size = spec.image_size();
+  t.augment = spec.augmentation() == v1::AUGMENTATION_EVAL ? image::Augment::kEval
+                                                            : image::Augment::kTrain;
+  t.dtype = spec.dtype() == v1::DTYPE_FLOAT32 ? image::DType::kFloat32 : image::DType::kUint8;
+  t.layout = spec.layout() == v1::LAYOUT_NCHW ? image::Layout::kNCHW : image::Layout::kNHWC;
+  t.exact_resize = spec.resize() == v1::RESIZE_EXACT;
+  if (spec.mean_size() == 3) {
+    for (int c = 0; c < 3; ++c) t.mean[c] = spec.mean(c);
+  }
+  if (spec.std_size() == 3) {
+    for (int c = 0; c < 3; ++c) t.std[c] = spec.std(c);
+  }
+  return t;
+}
+
 StreamManager::StreamManager(StreamManagerDeps deps) : deps_(deps) {}
 
 StreamManager::~StreamManager() { Shutdown(); }
@@ -121,7 +121,10 @@ absl::Status StreamManager::Reject(absl::Status status) {
 }
 
 absl::Status StreamManager::Validate(const v1::StreamSpec& spec) const {
-  const ServerConfig& s = deps_.config->server;
+  return ValidateStreamSpec(deps_.config->server, spec);
+}
+
+absl::Status ValidateStreamSpec(const ServerConfig& s, const v1::StreamSpec& spec) {
   auto invalid = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat(parts...));
   };

@@ -75,6 +75,12 @@ struct StreamManagerDeps {
   const TlsServer* tls = nullptr;               // [tls], for stats; null = no TLS
 };
 
+// The transform a stream's spec asks for.
+image::TransformSpec ToTransform(const v1::StreamSpec& spec);
+
+// A stream spec checked against the server's limits: InvalidArgument naming the field and rule.
+absl::Status ValidateStreamSpec(const ServerConfig& server, const v1::StreamSpec& spec);
+
 // Which client a gRPC peer string belongs to, for server.max_streams_per_client: the TCP host
 // ("ipv4:10.0.0.5:41234" -> "ipv4:10.0.0.5", "ipv6:[::1]:5000" -> "ipv6:[::1]"). Empty for Unix
 // socket peers (gRPC 1.51 reports every one of them alike) and anything else: not counted.

@@ -241,6 +241,18 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
   ExpectError(Config("") + tls + "allowed_clients = [\"\"]\n",
               "t.toml: tls.allowed_clients: must not hold an empty name (got \"\")");
   ExpectError("tls = 3\n" + Config(""), "t.toml: tls: must be a table [tls]");
+  // A feeder's port is TCP, and held to the same rule.
+  ExpectError(Config("feeder_listen = \"0.0.0.0:7001\""),
+              "t.toml: server.feeder_listen: \"0.0.0.0:7001\" is TCP without [tls]: any host that "
+              "reaches the port could have this daemon decode for it. Add [tls] ca, cert and key "
+              "(mutual TLS), or set server.insecure_tcp = true on a network you trust");
+  CHECK(Parse(Config("feeder_listen = \"0.0.0.0:7001\"") + tls).ok());
+  ExpectError(Config("feeder_listen = \"unix:/run/f.sock\"") + tls,
+              "t.toml: server.feeder_listen: must be HOST:PORT (other hosts dial it) (got "
+              "\"unix:/run/f.sock\")");
+  ExpectError(Config("feeder_listen = \"0.0.0.0:7001\"\nmetrics_listen = \"0.0.0.0:7001\"") + tls,
+              "t.toml: server.feeder_listen: must differ from listen, health_listen and "
+              "metrics_listen (got \"0.0.0.0:7001\")");
 }
 
 TEST_CASE("config: LoadConfig names a missing file, and the shipped config parses",

@@ -30,7 +30,9 @@ def test_dataloader_over_the_iterable_dataset(daemon):
 
 def test_dataloader_workers_are_refused_with_a_clear_message(daemon):
     loader = rl.Loader("tiny", endpoint=daemon.endpoint, batch_size=8, image_size=32)
-    data = DataLoader(rlt.IterableDataset(loader), batch_size=None, num_workers=1)
+    # timeout: a worker that hangs (CI once saw the forked worker stuck in a futex) fails the
+    # test instead of hanging the suite.
+    data = DataLoader(rlt.IterableDataset(loader), batch_size=None, num_workers=1, timeout=60)
     with pytest.raises(Exception, match="num_workers=0|fork"):
         next(iter(data))
     loader.close()

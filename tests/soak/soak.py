@@ -23,8 +23,13 @@ At the end, checked:
 A one-page report goes to stdout (and --report). Exit 0 when every check passed, 1 otherwise;
 the same --seed draws the same faults at the same moments.
 
+With --tls the daemon listens on TCP 127.0.0.1 with mutual TLS (a CA and certificates made with
+the openssl command; every trainer connects with RINGLOADER_TLS_*), and each hup fault rotates
+its certificate first: at the end, the certificate served must be the last one issued and no
+client may have been refused.
+
   tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape,stall]
-                     [--nofile 1024] [--keep]
+                     [--nofile 1024] [--tls] [--keep]
 """
 
 from __future__ import annotations
@@ -175,10 +180,12 @@ class Daemon:
     """ringloaderd --supervise with the soak's config, in the cgroup when there is one."""
 
     def __init__(self, work: Path, data: Path, cgroup: Optional[MemoryCgroup], metrics_port: int,
-                 name: str, nofile: int = 0):
+                 name: str, nofile: int = 0, tls: Optional["Pki"] = None):
         self.work = work / name
         self.work.mkdir()
-        self.endpoint = f"unix:{self.work}/ringloader.sock"
+        self.tls = tls
+        self.endpoint = (f"127.0.0.1:{free_port()}" if tls else
+                         f"unix:{self.work}/ringloader.sock")
         self.config = self.work / "ringloaderd.toml"
         self.log_path = self.work / "ringloaderd.log"
         self.data = data
@@ -220,6 +227,13 @@ class Daemon:
             "decode_deadline_ms = 10000",
             f'metrics_listen = "{self.metrics}"',
             "",
+            *([] if self.tls is None else [
+                "[tls]",
+                f'ca = "{self.tls.dir}/ca.pem"',
+                f'cert = "{self.tls.dir}/daemon.pem"',
+                f'key = "{self.tls.dir}/daemon.key"',
+                'allowed_clients = ["DNS:trainer"]',
+                ""]),
             "[[datasets]]",
             'name = "imagenet"',
             'format = "imagefolder"',
@@ -294,6 +308,51 @@ def oom_kill(daemon: Daemon, cgroup: MemoryCgroup) -> None:
         hog.kill()
         hog.wait()
         cgroup.set_limit(None)
+
+
+class Pki:
+    """A CA, the daemon's certificate (re-issued by rotate()) and the trainers' one, made with the
+    openssl command in `dir`."""
+
+    def __init__(self, dir: Path):
+        self.dir = dir
+        dir.mkdir()
+        self._openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                      "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=soak CA",
+                      "-days", "30")
+        self.issue("trainer", "DNS:trainer")
+        self.rotate()
+
+    def _openssl(self, *args: str) -> str:
+        return subprocess.run(["openssl", *args], cwd=self.dir, check=True, capture_output=True,
+                              text=True).stdout
+
+    def issue(self, name: str, sans: str) -> None:
+        self._openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                      "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+                      f"/CN={name}", "-addext", f"subjectAltName={sans}")
+        self._openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                      "-CAcreateserial", "-out", f"{name}.pem", "-days", "30", "-copy_extensions",
+                      "copy")
+
+    def rotate(self) -> str:
+        """A new certificate for the daemon, at the same paths; its serial."""
+        self.issue("daemon", "IP:127.0.0.1")
+        self.serial = self._openssl("x509", "-in", "daemon.pem", "-noout", "-serial").strip()
+        return self.serial
+
+    def client_env(self) -> Dict[str, str]:
+        return {"RINGLOADER_TLS_CA": str(self.dir / "ca.pem"),
+                "RINGLOADER_TLS_CERT": str(self.dir / "trainer.pem"),
+                "RINGLOADER_TLS_KEY": str(self.dir / "trainer.key")}
+
+    def served_serial(self, endpoint: str) -> str:
+        """The serial of the certificate a new connection to `endpoint` is shown."""
+        shown = subprocess.run(["openssl", "s_client", "-connect", endpoint, "-CAfile", "ca.pem",
+                                "-cert", "trainer.pem", "-key", "trainer.key"], cwd=self.dir,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout
+        return subprocess.run(["openssl", "x509", "-noout", "-serial"], input=shown,
+                              capture_output=True, text=True).stdout.strip()
 
 
 def free_port() -> int:
@@ -382,6 +441,8 @@ def main() -> int:
                    help=f"comma-separated, of {','.join(ALL_FAULTS)}")
     p.add_argument("--nofile", type=int, default=1024,
                    help="the daemon's open-file limit, as a container's (0: the host's)")
+    p.add_argument("--tls", action="store_true",
+                   help="TCP with mutual TLS; each hup fault rotates the daemon's certificate")
     p.add_argument("--report", help="also write the report here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     a = p.parse_args()
@@ -432,7 +493,10 @@ def main() -> int:
                 faults.remove("oom")
                 cgroup = None
         metrics_port = free_port()
-        daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile)
+        pki = Pki(work / "tls") if a.tls else None
+        if pki:
+            os.environ.update(pki.client_env())  # the trainers, health checks and stats
+        daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile, pki)
         endpoint = daemon.endpoint
         epochs_cap = 1_000_000  # the clock ends the run, not the epochs
         for t in TRAINERS:
@@ -511,6 +575,8 @@ def main() -> int:
                     oom_kill(daemon, cgroup)
                 elif kind == "hup":
                     pid = daemon.serving_pid()
+                    if pid and pki:
+                        events[-1] += f" (certificate {pki.rotate()})"
                     if pid:
                         os.kill(daemon.process.pid, signal.SIGHUP)
                 elif kind == "trainer":
@@ -548,6 +614,23 @@ def main() -> int:
             t.process.kill()
             t.process.wait()
         final = rl.daemon_stats(endpoint, 30)
+        tls_line = "tls: off"
+        if pki:
+            # The last rotation may be a second old: gRPC's watcher reads the files each second.
+            deadline = time.monotonic() + 10
+            while pki.served_serial(endpoint) != pki.serial and time.monotonic() < deadline:
+                time.sleep(0.5)
+            served = pki.served_serial(endpoint)
+            refused = int(final.get("tls", {}).get("clients_refused", 0))
+            tls_line = (f"tls: {done.get('hup', 0)} certificate rotations, served {served} "
+                        f"(last issued {pki.serial}), clients refused (last incarnation): "
+                        f"{refused}")
+            if served != pki.serial:
+                failures.append(f"the daemon serves certificate {served}, not the last issued "
+                                f"{pki.serial}")
+            if refused:
+                failures.append(f"{refused} client calls refused: "
+                                f"{final['tls'].get('last_refusal')}")
         oom_kills = (cgroup.oom_kills() - oom_before) if cgroup else 0
         log("run over; checking")
 
@@ -669,6 +752,7 @@ def main() -> int:
             f"daemon restarts: {final.get('daemon_restarts', 0)}, batches served (last "
             f"incarnation): {final.get('batches_served', 0)}, opens abandoned: "
             f"{final.get('opens_abandoned', 0)}",
+            tls_line,
             f"storage stalls said in the log: {stalls_said} (of {done.get('stall', 0)} stall "
             f"faults; one met by a kill before its deadline passed is not said)",
             "faults in order:", *[f"  {e}" for e in events[:30]],
@@ -676,7 +760,7 @@ def main() -> int:
             "verdict: " + ("PASSED" if not failures else f"FAILED ({len(failures)})"),
             *[f"  - {f}" for f in failures],
             f"reproduce: scripts/soak --minutes {a.minutes:g} --seed {a.seed} --faults "
-            f"{','.join(faults)}",
+            f"{','.join(faults)}" + (" --tls" if a.tls else ""),
         ]
     except Exception as e:  # the harness itself broke: a failure, said as such
         failures.append(f"the soak could not run: {type(e).__name__}: {e}")
