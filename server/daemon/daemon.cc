@@ -852,7 +852,7 @@ void ShutDown(DaemonState& d) {
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
   // the server's grace period below does not wait for them.
   if (d.streams) d.streams->Shutdown();
-  if (d.feeder_server) {  // a feed in progress stops (its Fill polls the call's cancellation)
+  if (d.feeder_server) {  // a feed whose samples the pool abandoned above answers UNAVAILABLE
     d.feeder_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     d.feeder_server->Wait();
   }
@@ -902,7 +902,8 @@ void Reload(DaemonState& d) {
     } else {
       SPDLOG_ERROR("reload: [tls]: keeping the running certificates: {}", Text(s));
     }
-  } else if (fresh->tls.enabled() != d.config.tls.enabled() && IsTcpListen(fresh->server.listen)) {
+  } else if (fresh->tls.enabled() != d.config.tls.enabled() &&
+             (IsTcpListen(fresh->server.listen) || !fresh->server.feeder_listen.empty())) {
     restart.push_back(fresh->tls.enabled() ? "[tls] added" : "[tls] removed");
   }
   for (size_t i = 0; i < fresh->datasets.size(); ++i) {

@@ -4,7 +4,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <memory>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +20,95 @@
 #include "spdlog/spdlog.h"
 
 namespace ringloader::server {
+namespace {
+
+// Cancels `context` unless destroyed within `after`: a host that stops reading its answer
+// blocks the write on flow control, and must not hold the feed's memory for ever.
+class CutOff {
+ public:
+  CutOff(grpc::ServerContext* context, std::chrono::seconds after)
+      : thread_([this, context, after] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, after, [this] { return done_; })) context->TryCancel();
+        }) {}
+  ~CutOff() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+// Reasons a sample may fail on this feeder but not elsewhere (or later).
+bool MayPass(const std::string& reason, const std::string& message) {
+  return reason == "deadline_exceeded" || reason == "io_error" || reason == "quarantined" ||
+         reason == "other" || (reason == "too_large" && message.find("memory_limit") != std::string::npos);
+}
+
+}  // namespace
+
+// The daemon's observer (crash records, quarantine, failpoints) without its strike for a sample
+// that met its deadline: a host's request is no evidence against one of the feeder's samples.
+class FeederService::NoStrikes final : public pipeline::SampleObserver {
+ public:
+  explicit NoStrikes(pipeline::SampleObserver& inner) : inner_(inner) {}
+  absl::Status BeforeRead(const pipeline::Dataset& d, uint64_t i) override {
+    return inner_.BeforeRead(d, i);
+  }
+  absl::Status Refused(const pipeline::Dataset& d, uint64_t i) override {
+    return inner_.Refused(d, i);
+  }
+  void AfterRead(const pipeline::Dataset& d, uint64_t i, std::chrono::nanoseconds w) override {
+    inner_.AfterRead(d, i, w);
+  }
+  absl::Status BeforeDecode(const pipeline::Dataset& d, uint64_t i, uint32_t worker) override {
+    return inner_.BeforeDecode(d, i, worker);
+  }
+  void AfterDecode(const pipeline::Dataset& d, uint64_t i, uint32_t worker) override {
+    inner_.AfterDecode(d, i, worker);
+  }
+
+ private:
+  pipeline::SampleObserver& inner_;
+};
+
+FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
+                             pipeline::BatchFiller& filler, MemoryBudget& budget,
+                             pipeline::SampleObserver* observer)
+    : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
+      observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr) {}
+
+FeederService::~FeederService() = default;
 
 grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
                                         const v1::FeedRequest* request,
                                         grpc::ServerWriter<v1::FeedFrame>* writer) {
+  const std::string host = ClientKeyOfPeer(context->peer());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (feeds_by_host_[host] >= kMaxFeedsPerHost) {
+      return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+          "this feeder runs ", kMaxFeedsPerHost, " feeds for ", host.empty() ? "this host" : host,
+          " already: decode these elsewhere")));
+    }
+    ++feeds_by_host_[host];
+  }
+  grpc::Status status = Feed(context, request, writer);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--feeds_by_host_[host] == 0) feeds_by_host_.erase(host);
+  return status;
+}
+
+grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
+                                 grpc::ServerWriter<v1::FeedFrame>* writer) {
   const ServedDataset* served = datasets_.Find(request->dataset());
   if (served == nullptr && datasets_.Indexing(request->dataset())) {
     return ToGrpc(absl::UnavailableError(absl::StrCat(
@@ -47,6 +135,9 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
         absl::StrCat("indices: must hold 1 to ", kMaxFeedSamples, " samples (got ", n, ")")));
   }
   std::vector<uint32_t> indices(request->indices().begin(), request->indices().end());
+  if (std::set<uint32_t>(indices.begin(), indices.end()).size() != indices.size()) {
+    return ToGrpc(absl::InvalidArgumentError("indices: each sample at most once"));
+  }
   for (uint32_t index : indices) {
     if (index >= dataset.size()) {
       return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
@@ -65,10 +156,28 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
   const image::TransformSpec transform = ToTransform(spec);
   const pipeline::BatchLayout layout =
       pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), transform, &dataset);
-  // The answer's buffer is drawn from memory_limit like a ring: a host cannot make a feeder
-  // allocate past it, whatever it asks.
+  // The answer's buffer is drawn from memory_limit, at once or not at all, and feeds together
+  // hold at most a quarter of it: the feeder's own trainers come first.
+  const uint64_t share = config_.memory_limit_bytes / 4;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_bytes_ + layout.total_bytes > share) {
+      return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+          "feeds would hold ", held_bytes_ + layout.total_bytes, " bytes, past their share ",
+          share, " (a quarter of memory_limit): decode these elsewhere")));
+    }
+    held_bytes_ += layout.total_bytes;
+  }
+  struct GiveBack {
+    FeederService* service;
+    uint64_t bytes;
+    ~GiveBack() {
+      std::lock_guard<std::mutex> lock(service->mu_);
+      service->held_bytes_ -= bytes;
+    }
+  } give_back{this, layout.total_bytes};
   absl::StatusOr<Reservation> held = budget_.Reserve(
-      layout.total_bytes, absl::StrCat("a feed of ", n, " samples"), std::chrono::seconds(2));
+      layout.total_bytes, absl::StrCat("a feed of ", n, " samples"), std::chrono::milliseconds(0));
   if (!held.ok()) return ToGrpc(held.status());
   std::vector<uint8_t> payload(layout.total_bytes);
 
@@ -87,8 +196,22 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
   fill.epoch = request->epoch();
   fill.limits = DecodeLimitsOf(served->config);
   fill.stop = [context] { return context->IsCancelled(); };
-  absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_);
+  absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_.get());
   if (!filled.ok()) return ToGrpc(filled.status());
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  // A failure that may pass (or a shutdown's abandoned samples) is no verdict on the sample.
+  std::string passing;  // the reason of one such failure
+  for (const auto& [reason, count] : filled->skipped_by_reason) {
+    if (MayPass(reason, "")) passing = reason;
+  }
+  for (const pipeline::SampleError& e : filled->errors) {
+    if (MayPass(e.reason, e.message)) passing = e.reason;
+  }
+  if (!passing.empty()) {
+    return ToGrpc(absl::UnavailableError(absl::StrCat(
+        "a sample failed here with \"", passing,
+        "\", which may pass or differ elsewhere: decode these elsewhere")));
+  }
 
   v1::FeedFrame frame;
   v1::FeedHeader* header = frame.mutable_header();
@@ -102,6 +225,7 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
   }
   header->set_payload_bytes(payload.size());
   header->set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
+  const CutOff cut_off(context, kFeedWriteTimeout);
   if (!writer->Write(frame)) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {
     v1::FeedFrame chunk;

@@ -9,9 +9,23 @@
 // its own decode limits, quarantine and deadlines), into a buffer drawn from its memory_limit,
 // and answers with a FeedHeader and the buffer in 1 MiB frames. It holds no cursor: everything a
 // sample's bytes depend on is in the request.
+//
+// Hosts are untrusted, and the feeder's own trainers come first:
+//   - feeds together hold at most a quarter of memory_limit, taken at once or refused
+//     (RESOURCE_EXHAUSTED: the host decodes elsewhere), never waited for;
+//   - at most kMaxFeedsPerHost at once per host address; duplicate indices are refused;
+//   - a host that stops reading its answer is cut off after kFeedWriteTimeout;
+//   - a feed's sample that meets its deadline is never struck on the feeder (the host's
+//     request is no evidence against it), and a failure that may pass (deadline, I/O, memory,
+//     quarantine, shutdown) fails the whole call UNAVAILABLE rather than reading as a bad file.
 
 #include <atomic>
 #include <cstdint>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 
 #include "proto/ringloader.grpc.pb.h"
 #include "server/daemon/config.h"
@@ -23,15 +37,18 @@ namespace ringloader::server {
 
 inline constexpr int kMaxFeedSamples = 256;
 inline constexpr size_t kFeedFrameBytes = 1 << 20;
+// Feeds at once from one host (its address): more are RESOURCE_EXHAUSTED, decoded elsewhere.
+inline constexpr int kMaxFeedsPerHost = 4;
+// A host that does not take its answer within this long is cut off (its memory given back).
+inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 
 class FeederService final : public v1::Feeder::Service {
  public:
   // All outlive the service. `observer` may be null.
   FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                 pipeline::BatchFiller& filler, MemoryBudget& budget,
-                pipeline::SampleObserver* observer)
-      : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
-        observer_(observer) {}
+                pipeline::SampleObserver* observer);
+  ~FeederService();
 
   grpc::Status FeedSamples(grpc::ServerContext* context, const v1::FeedRequest* request,
                            grpc::ServerWriter<v1::FeedFrame>* writer) override;
@@ -40,11 +57,18 @@ class FeederService final : public v1::Feeder::Service {
   uint64_t samples_fed() const { return samples_fed_.load(); }
 
  private:
+  class NoStrikes;
+  grpc::Status Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
+                    grpc::ServerWriter<v1::FeedFrame>* writer);
+
   const ServerConfig& config_;
   const DatasetRegistry& datasets_;
   pipeline::BatchFiller& filler_;
   MemoryBudget& budget_;
-  pipeline::SampleObserver* const observer_;
+  std::unique_ptr<NoStrikes> observer_;  // null without one
+  std::mutex mu_;
+  uint64_t held_bytes_ = 0;                  // by feeds in progress, under mu_
+  std::map<std::string, int> feeds_by_host_;  // in progress, under mu_
   std::atomic<uint64_t> feeds_{0};
   std::atomic<uint64_t> samples_fed_{0};
 };

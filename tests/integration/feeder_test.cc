@@ -184,6 +184,21 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   refused = Feed(feeder_address, wrong);
   CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK_THAT(refused.status.error_message(), Catch::Contains("must hold 1 to 256 samples"));
+  // 48 float32 images of 1024 px (576 MiB) are past a quarter of the 1 GiB memory_limit:
+  // refused at once, nothing allocated.
+  wrong = request;
+  wrong.mutable_spec()->set_image_size(1024);
+  wrong.mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+  wrong.clear_indices();
+  for (const auto& [index, line] : delivered) wrong.add_indices(static_cast<uint32_t>(index));
+  refused = Feed(feeder_address, wrong);
+  CHECK(refused.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK_THAT(refused.status.error_message(), Catch::Contains("a quarter of memory_limit"));
+  wrong = request;
+  wrong.add_indices(request.indices(0));
+  refused = Feed(feeder_address, wrong);
+  CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(refused.status.error_message(), Catch::Contains("each sample at most once"));
   wrong = request;
   wrong.mutable_spec()->set_image_size(100000);
   refused = Feed(feeder_address, wrong);
