@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -69,11 +70,28 @@ struct PendingOpen {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_until(lock, until, [this] { return done; });
   }
+  // The call's callback holds only a raw pointer: the last reference to `context` (and through it
+  // to the grpc::Channel) must never be dropped on gRPC's callback thread. A Channel destroyed
+  // there shuts down and frees the very completion queue that thread goes on polling (gRPC 1.51's
+  // CallbackAlternativeCQ), an abort in grpc_cq_internal_unref.
+  ~PendingOpen() {
+    if (!sent) return;
+    context.TryCancel();
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [this] { return done; });
+  }
 };
 
 std::chrono::system_clock::time_point SystemTime(Clock::time_point t) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+// A test seam: RINGLOADER_TEST_OPEN_CALLBACK_LINGER_MS keeps gRPC's callback thread in an open's
+// callback that long after it has finished, so that the caller is done with everything first.
+std::chrono::milliseconds OpenCallbackLinger() {
+  const char* value = std::getenv("RINGLOADER_TEST_OPEN_CALLBACK_LINGER_MS");
+  return std::chrono::milliseconds(value == nullptr ? 0 : std::atoi(value));
 }
 
 uint64_t Nanos(Clock::duration d) {
@@ -228,7 +246,10 @@ struct Stream::Impl {
       p.sent = true;
       connection->stub().async()->OpenStream(
           &p.context, &p.request, &p.response,
-          [call = pending](grpc::Status status) { call->Finish(std::move(status)); });
+          [call = pending.get(), linger = OpenCallbackLinger()](grpc::Status status) {
+            call->Finish(std::move(status));
+            if (linger.count() > 0) std::this_thread::sleep_for(linger);
+          });
     }
     while (true) {
       const auto now = Clock::now();
