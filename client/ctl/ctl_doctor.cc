@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/channel.h"
 #include "client/internal.h"
@@ -532,6 +533,27 @@ Check LiveTls(const v1::TlsStatus& tls) {
   return Ok(what);
 }
 
+// A feeder the daemon draws from ([[feeders]]): a problem when it is not given leases (failing
+// lately, or gone from its name's addresses) or refuses a dataset.
+Check LiveFeeder(const v1::FeederStatus& f) {
+  std::string what = absl::StrFormat(
+      "feeder %s (%s): %s; %d samples, %d leases failed, %.1f ms round trip", f.address(),
+      f.configured(), f.state(), f.samples(), f.lease_failures(), f.round_trip_ms());
+  if (!f.refused_datasets().empty()) {
+    return Problem(absl::StrCat(what, "; refused: ", absl::StrJoin(f.refused_datasets(), "; ")),
+                   "give the feeder the host's files and decode limits (the same mount and "
+                   "[[datasets]] settings), then restart it");
+  }
+  if (f.state() != "up") {
+    return Problem(absl::StrCat(what, f.last_error().empty() ? "" : "; latest: ", f.last_error()),
+                   f.state() == "gone" ? "the name no longer resolves to it: nothing to do if "
+                                         "it was scaled down"
+                                       : "check the feeder is running and reachable, and that "
+                                         "each side's certificate is valid for the other");
+  }
+  return Ok(what);
+}
+
 // doctor --live: the running daemon's streams, each judged as above.
 int RunLive(const DoctorOptions& options, std::ostream& out) {
   std::vector<Check> checks;
@@ -554,6 +576,7 @@ int RunLive(const DoctorOptions& options, std::ostream& out) {
         stats.streams_open(), stats.images_per_second(), stats.decode_threads_busy(),
         stats.decode_threads())));
     if (stats.has_tls()) checks.push_back(LiveTls(stats.tls()));
+    for (const v1::FeederStatus& f : stats.feeders()) checks.push_back(LiveFeeder(f));
     for (const v1::StreamStats& st : stats.streams()) checks.push_back(InputBound(stats, st));
   }
   if (absl::StatusOr<std::optional<base::TlsPaths>> ours = client::TlsPathsFromEnvironment();

@@ -86,6 +86,21 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                                : "; the latest SIGHUP's files were refused: " +
                                      t.last_reload_error());
   }
+  for (const v1::FeederStatus& f : s.feeders()) {
+    out << absl::StrFormat("%-20s %s (%s): %s; %d samples, %d leases, %d failed, %.1f ms round "
+                           "trip, %.0f samples/s%s%s\n",
+                           "feeder", f.address(), f.configured(), f.state(), f.samples(),
+                           f.calls(), f.lease_failures(), f.round_trip_ms(),
+                           f.samples_per_second(),
+                           f.last_error().empty() ? "" : "; latest failure: " + f.last_error(),
+                           f.refused_datasets().empty()
+                               ? ""
+                               : "; refused: " + absl::StrJoin(f.refused_datasets(), "; "));
+  }
+  if (s.feeders_size() > 0) {
+    out << absl::StrFormat("%-20s %d samples/s here; %d decoded here for want of a feeder\n",
+                           "local decode", s.local_decode_rate(), s.feeder_fallback_samples());
+  }
   if (s.daemon_restarts() > 0) {
     out << absl::StrFormat("%-20s %d (after an unclean exit)\n", "daemon restarts",
                            s.daemon_restarts());

@@ -256,6 +256,8 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.String("metrics_listen", &s->metrics_listen);
   r.Bool("insecure_tcp", &s->insecure_tcp);
   r.String("feeder_listen", &s->feeder_listen);
+  r.Bool("local_decode", &s->local_decode);
+  r.Integer("feeder_lease_ms", &s->feeder_lease_ms, 100, 600'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (absl::Status listen = ValidateListen(s->listen); !listen.ok()) {
@@ -453,6 +455,9 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
   r.Integer("session_end_delay_ms", &f->session_end_delay_ms, 0, 60'000);
   r.Integer("open_delay_ms", &f->open_delay_ms, 0, 60'000);
+  int lie = -1;
+  r.Enum("feed_lie", {"", "checksum", "index", "short", "slow"}, &lie);
+  if (lie > 0) f->feed_lie = std::vector<std::string>{"", "checksum", "index", "short", "slow"}[lie];
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {
@@ -582,6 +587,8 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.metrics_listen == b.metrics_listen, "metrics_listen");
   check(a.insecure_tcp == b.insecure_tcp, "insecure_tcp");
   check(a.feeder_listen == b.feeder_listen, "feeder_listen");
+  check(a.local_decode == b.local_decode, "local_decode");
+  check(a.feeder_lease_ms == b.feeder_lease_ms, "feeder_lease_ms");
   return keys;
 }
 
@@ -658,6 +665,32 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view toml_text, const std::
       config.datasets.push_back(std::move(d));
     }
   }
+  if (const toml::node* feeders = top.Get("feeders")) {
+    if (!feeders->is_array_of_tables()) {
+      return top.Fail("feeders", "must be an array of tables [[feeders]]", "");
+    }
+    const toml::array& arr = *feeders->as_array();
+    for (size_t i = 0; i < arr.size(); ++i) {
+      const std::string path = absl::StrCat("feeders[", i, "]");
+      absl::Status feeder_error;
+      TableReader r(*arr[i].as_table(), path, source, &feeder_error);
+      FeederConfig f;
+      r.String("address", &f.address, /*required=*/true);
+      r.RejectUnknown();
+      if (!feeder_error.ok()) return feeder_error;
+      absl::Status valid = absl::StartsWith(f.address, "unix:")
+                               ? absl::InvalidArgumentError("must be HOST:PORT (a feeder_listen)")
+                               : ValidateListen(f.address);
+      if (valid.ok() && std::find(config.feeders.begin(), config.feeders.end(), f) !=
+                            config.feeders.end()) {
+        valid = absl::InvalidArgumentError("is listed twice");
+      }
+      if (!valid.ok()) {
+        return r.Fail("address", std::string(valid.message()), absl::StrCat("\"", f.address, "\""));
+      }
+      config.feeders.push_back(std::move(f));
+    }
+  }
   if (const toml::node* fp = top.Get("failpoints")) {
     if (!fp->is_table()) return top.Fail("failpoints", "must be a table [failpoints]", "");
     if (auto s = ParseFailpoints(*fp->as_table(), source, &config.failpoints); !s.ok()) return s;
@@ -681,6 +714,13 @@ bool IsTcpListen(std::string_view listen) {
 absl::Status CheckTcpSecurity(const DaemonConfig& config) {
   const ServerConfig& s = config.server;
   if (config.tls.enabled() || s.insecure_tcp) return absl::OkStatus();
+  if (!config.feeders.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": feeders[0].address: \"", config.feeders[0].address,
+        "\" would be dialled without [tls]: anyone on the path could feed this host's trainers "
+        "samples of their choosing. Add [tls] ca, cert and key (mutual TLS), or set "
+        "server.insecure_tcp = true on a network you trust"));
+  }
   if (!s.feeder_listen.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source, ": server.feeder_listen: \"", s.feeder_listen,

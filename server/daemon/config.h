@@ -77,6 +77,11 @@ struct FailpointConfig {
   // ring of gigabytes) for the tests of clients that give up or reconnect meanwhile.
   // Independent of `action`.
   uint32_t open_delay_ms = 0;
+  // A feeder (server.feeder_listen) lies in every answer: "checksum" (a payload byte flipped after
+  // its XXH64), "index" (its first sample's index is one not asked for), "short" (a payload one
+  // byte shorter than its header says), "slow" (each answer waits 3 s first). "" = honest.
+  // Independent of `action`: the host must catch each and decode those samples itself.
+  std::string feed_lie;
   bool enabled() const { return action != Action::kNone; }
   bool operator==(const FailpointConfig&) const = default;
 };
@@ -151,7 +156,21 @@ struct ServerConfig {
   // ask for (service Feeder). TCP; mutual TLS under [tls], else only with insecure_tcp. Empty =
   // not a feeder.
   std::string feeder_listen;
+  // With [[feeders]]: whether this host's decode threads take part (false keeps its cores for its
+  // trainers: all decoding goes to feeders, and to the local threads only when none answers).
+  bool local_decode = true;
+  // How long a feeder has to answer a lease before its samples are decoded elsewhere.
+  uint32_t feeder_lease_ms = 5'000;
   bool operator==(const ServerConfig&) const = default;
+};
+
+// [[feeders]]: a daemon on another machine that decodes for this host (its server.feeder_listen).
+// `address` is "HOST:PORT"; a name with several addresses (a Kubernetes headless Service) means
+// each of them, resolved again every 30 s. Under [tls] the connection is mutual TLS with this
+// daemon's certificate, the feeder's checked against tls.ca for HOST; else insecure_tcp is needed.
+struct FeederConfig {
+  std::string address;
+  bool operator==(const FeederConfig&) const = default;
 };
 
 // The "server.<key>" names of the fields that differ between `a` and `b`.
@@ -181,6 +200,7 @@ struct DaemonConfig {
   ServerConfig server;
   TlsConfig tls;
   std::vector<DatasetConfig> datasets;
+  std::vector<FeederConfig> feeders;
   FailpointConfig failpoints;
 
   const DatasetConfig* FindDataset(std::string_view name) const;

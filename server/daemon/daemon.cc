@@ -40,6 +40,7 @@
 #include "server/daemon/daemon_stats.h"
 #include "server/daemon/host_notify.h"
 #include "server/daemon/progress_watch.h"
+#include "server/daemon/feeder_pool.h"
 #include "server/daemon/feeder_service.h"
 #include "server/daemon/tls_server.h"
 #include "server/daemon/watchdog.h"
@@ -174,6 +175,7 @@ struct DaemonState {
   OpenFilesPlan open_files;                  // RLIMIT_NOFILE shared out (open_files.h)
   std::unique_ptr<pipeline::FileBudget> read_files;  // the reads ahead's share; null: io_depth 0
   std::unique_ptr<TlsServer> tls;  // [tls] for a TCP listen; null = none (Unix socket, insecure)
+  std::unique_ptr<FeederPool> feeders;  // [[feeders]]; null = none
   std::unique_ptr<StreamManager> streams;
   std::unique_ptr<LoaderService> service;
   ProbeHealthService main_health;  // the main server's grpc.health.v1
@@ -716,8 +718,22 @@ absl::Status StartUp(DaemonState& d) {
                 "call this daemon; configure [tls]",
                 IsTcpListen(listen) ? absl::StrCat("server.listen ", listen)
                                     : absl::StrCat("server.feeder_listen ", server.feeder_listen));
-  } else if (d.config.tls.enabled()) {
+  } else if (d.config.tls.enabled() && d.config.feeders.empty()) {
     SPDLOG_INFO("[tls] is configured, but nothing listens on TCP: it is not used");
+  }
+  if (!d.config.feeders.empty()) {
+    if (!d.config.tls.enabled()) {
+      SPDLOG_WARN("[[feeders]] are dialled without TLS (server.insecure_tcp = true): anyone on "
+                  "the path can feed this host's trainers; configure [tls]");
+    }
+    absl::StatusOr<std::unique_ptr<FeederPool>> feeders = FeederPool::Start(d.config, *d.budget);
+    if (!feeders.ok()) {
+      return absl::Status(feeders.status().code(),
+                          absl::StrCat(d.config.source, ": ", feeders.status().message()));
+    }
+    d.feeders = std::move(*feeders);
+    SPDLOG_INFO("drawing decoded samples from {} feeder address(es){}", d.config.feeders.size(),
+                server.local_decode ? "" : "; this host's decode threads only stand in for them");
   }
   StreamManagerDeps deps{&d.config,     &d.datasets, d.filler.get(), d.gate.get(), &d.stats,
                          d.budget.get(), d.quarantine.get(), d.failpoints.get(), d.incarnation,
@@ -727,6 +743,7 @@ absl::Status StartUp(DaemonState& d) {
   deps.read_window = d.open_files.window;
   deps.read_stream_files = d.open_files.stream_files;
   deps.tls = d.tls.get();
+  deps.feeders = d.feeders.get();
   d.streams = std::make_unique<StreamManager>(deps);
   d.streams->SetStarting("indexing datasets");
   const std::string admin_listen =
@@ -776,7 +793,7 @@ absl::Status StartUp(DaemonState& d) {
   }
   if (d.server && !server.feeder_listen.empty()) {
     d.feeder_service = std::make_unique<FeederService>(server, d.datasets, *d.filler, *d.budget,
-                                                       d.gate.get());
+                                                       d.gate.get(), d.config.failpoints.feed_lie);
     grpc::ServerBuilder feeder_builder;
     int feeder_port = 0;
     feeder_builder.AddListeningPort(
@@ -932,6 +949,7 @@ void Reload(DaemonState& d) {
     }
   }
   if (!(fresh->failpoints == d.config.failpoints)) restart.push_back("failpoints");
+  if (fresh->feeders != d.config.feeders) restart.push_back("[[feeders]]");
   SPDLOG_INFO("reload: applied: {}", applied.empty() ? "nothing" : absl::StrJoin(applied, ", "));
   if (!restart.empty()) {
     SPDLOG_WARN("reload: these changes need a restart to apply: {}", absl::StrJoin(restart, ", "));

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <condition_variable>
 #include <memory>
 #include <set>
@@ -82,9 +83,10 @@ class FeederService::NoStrikes final : public pipeline::SampleObserver {
 
 FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                              pipeline::BatchFiller& filler, MemoryBudget& budget,
-                             pipeline::SampleObserver* observer)
+                             pipeline::SampleObserver* observer, std::string lie)
     : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
-      observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr) {}
+      observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr),
+      lie_(std::move(lie)) {}
 
 FeederService::~FeederService() = default;
 
@@ -128,6 +130,28 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
         "dataset \"%s\": this feeder's fingerprint is %016x, the host's %016x: the two machines "
         "do not see the same files (its samples would differ)",
         served->config.name, dataset.fingerprint(), request->dataset_fingerprint())));
+  }
+  const image::DecodeLimits limits = DecodeLimitsOf(served->config);
+  if (request->has_limits()) {
+    const v1::FeedLimits& theirs = request->limits();
+    const auto describe = [](uint64_t pixels, uint64_t bytes, bool warnings, uint32_t scans) {
+      return absl::StrCat("max_pixels ", pixels, ", max_file_bytes ", bytes,
+                          ", warnings_are_errors ", warnings ? "true" : "false", ", max_scans ",
+                          scans);
+    };
+    if (theirs.max_pixels() != limits.max_pixels ||
+        theirs.max_file_bytes() != limits.max_file_bytes ||
+        theirs.warnings_are_errors() != limits.warnings_are_errors ||
+        theirs.max_scans() != limits.max_scans) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "dataset \"", served->config.name, "\": this feeder's decode limits are ",
+          describe(limits.max_pixels, limits.max_file_bytes, limits.warnings_are_errors,
+                   limits.max_scans),
+          ", the host's ",
+          describe(theirs.max_pixels(), theirs.max_file_bytes(), theirs.warnings_are_errors(),
+                   theirs.max_scans()),
+          ": a sample one refuses the other would deliver")));
+    }
   }
   const int n = request->indices_size();
   if (n == 0 || n > kMaxFeedSamples) {
@@ -194,7 +218,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   fill.on_error = pipeline::OnError::kSkip;
   fill.seed = spec.seed();
   fill.epoch = request->epoch();
-  fill.limits = DecodeLimitsOf(served->config);
+  fill.limits = limits;
   fill.stop = [context] { return context->IsCancelled(); };
   absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_.get());
   if (!filled.ok()) return ToGrpc(filled.status());
@@ -223,8 +247,15 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     bad->set_reason(e.reason);
     bad->set_message(wire::EscapeBytes(e.message));
   }
+  if (lie_ == "index" && filled->count > 0) {  // failpoint: a sample not asked for
+    const int64_t stranger = static_cast<int64_t>(dataset.size()) + 7;
+    std::memcpy(payload.data() + layout.indices_offset, &stranger, 8);
+  }
   header->set_payload_bytes(payload.size());
   header->set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
+  if (lie_ == "checksum" && !payload.empty()) payload[payload.size() / 2] ^= 0x5a;
+  if (lie_ == "short" && !payload.empty()) payload.pop_back();
+  if (lie_ == "slow") std::this_thread::sleep_for(std::chrono::seconds(3));
   const CutOff cut_off(context, kFeedWriteTimeout);
   if (!writer->Write(frame)) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {

@@ -45,9 +45,10 @@ inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 class FeederService final : public v1::Feeder::Service {
  public:
   // All outlive the service. `observer` may be null.
+  // `lie`: FailpointConfig::feed_lie (tests of the host's checks); empty = honest.
   FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                 pipeline::BatchFiller& filler, MemoryBudget& budget,
-                pipeline::SampleObserver* observer);
+                pipeline::SampleObserver* observer, std::string lie = "");
   ~FeederService();
 
   grpc::Status FeedSamples(grpc::ServerContext* context, const v1::FeedRequest* request,
@@ -66,6 +67,7 @@ class FeederService final : public v1::Feeder::Service {
   pipeline::BatchFiller& filler_;
   MemoryBudget& budget_;
   std::unique_ptr<NoStrikes> observer_;  // null without one
+  const std::string lie_;
   std::mutex mu_;
   uint64_t held_bytes_ = 0;                  // by feeds in progress, under mu_
   std::map<std::string, int> feeds_by_host_;  // in progress, under mu_

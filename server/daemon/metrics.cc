@@ -210,6 +210,35 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                          "1 while the latest SIGHUP's certificate files were refused", kGauge,
                          s.tls().last_reload_error().empty() ? 0 : 1));
   }
+  if (s.feeders_size() > 0) {
+    MetricFamily samples = Family("feeder_samples_total",
+                                  "Samples a feeder decoded that this host delivered", kCounter);
+    MetricFamily failures = Family(
+        "feeder_lease_failures_total",
+        "Leases a feeder did not answer in time or in full: their samples were decoded elsewhere",
+        kCounter);
+    MetricFamily up = Family("feeder_up", "1 while a feeder is given leases (not paused, not gone)",
+                             kGauge);
+    MetricFamily round_trip = Family("feeder_round_trip_seconds",
+                                     "A lease's time from sending to its last byte (moving average)",
+                                     kGauge);
+    for (const v1::FeederStatus& f : s.feeders()) {
+      const std::string& a = f.address();
+      samples.metric.push_back(Value(kCounter, static_cast<double>(f.samples()), {{"feeder", a}}));
+      failures.metric.push_back(
+          Value(kCounter, static_cast<double>(f.lease_failures()), {{"feeder", a}}));
+      up.metric.push_back(Value(kGauge, f.state() == "up" ? 1 : 0, {{"feeder", a}}));
+      round_trip.metric.push_back(Value(kGauge, f.round_trip_ms() / 1e3, {{"feeder", a}}));
+    }
+    out.push_back(std::move(samples));
+    out.push_back(std::move(failures));
+    out.push_back(std::move(up));
+    out.push_back(std::move(round_trip));
+    out.push_back(Single("feeder_fallback_samples_total",
+                         "Samples decoded on this host only because no feeder could take them "
+                         "(server.local_decode = false)",
+                         kCounter, static_cast<double>(s.feeder_fallback_samples())));
+  }
   if (sources.progress != nullptr) {
     out.push_back(Histogram("decode_duration_seconds",
                             "Time from a sample's committed read to its decoded pixels in the slot",

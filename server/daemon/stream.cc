@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire_text.h"
+#include "server/daemon/feeder_pool.h"
 #include "server/pipeline/sampler.h"
 #include "server/daemon/status_text.h"
 #include "spdlog/spdlog.h"
@@ -40,6 +41,10 @@ Stream::Stream(StreamSetup setup, std::unique_ptr<shm::ProducerRing> ring, Reser
                             deps.read_window != 0 ? deps.read_window : deps.read_pool->depth(),
                             deps.memory, deps.observer, deps.io_retry, deps.files,
                             deps.max_files)),
+      remote_(deps.feeders == nullptr
+                  ? nullptr
+                  : deps.feeders->ForStream(setup_.spec.dataset(), *setup_.dataset, setup_.spec,
+                                            setup_.limits)),
       schedule_(setup_.id, *ring_, setup_.start),
       last_activity_ns_(base::SteadyNowNs()) {}
 
@@ -130,6 +135,7 @@ void Stream::FillStep(ProducerCursor& cursor, const BatchSchedule::Step& step) {
   request.seed = spec.seed();
   request.epoch = f.pos.epoch();
   request.read_ahead = read_ahead_.get();
+  request.remote = remote_.get();
   request.end_epoch = spec.end_epoch();
   request.stop = [this] { return schedule_.stopped(); };
   if (!setup_.cache_key.empty()) {

@@ -46,12 +46,15 @@
 #include "server/daemon/trainer_clock.h"
 #include "server/image/transform.h"
 #include "server/pipeline/batch_filler.h"
+#include "server/pipeline/remote_decode.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/epoch_progress.h"
 #include "server/pipeline/read_ahead.h"
 #include "shm/ring.h"
 
 namespace ringloader::server {
+
+class FeederPool;
 
 struct StreamSetup {
   uint64_t id = 0;
@@ -92,6 +95,7 @@ struct StreamDeps {
   pipeline::FileBudget* files = nullptr;
   uint64_t read_window = 0;
   uint64_t max_files = 0;  // of `files`, what this stream may hold (0 = no cap of its own)
+  FeederPool* feeders = nullptr;  // [[feeders]]: part of each round decoded there; null = none
 };
 
 class Stream {
@@ -177,6 +181,7 @@ class Stream {
   const StreamDeps deps_;
   // This stream's reads ahead (null without a read pool); used by the producer's fills only.
   const std::unique_ptr<pipeline::ReadAhead> read_ahead_;
+  const std::unique_ptr<pipeline::RemoteDecode> remote_;  // null without feeders
   BatchSchedule schedule_;  // the producer's state and the hand-over to NextBatch
   std::thread producer_;
   // Bad samples skipped without a line each (RecordSkipped), by reason, in epoch

@@ -17,6 +17,7 @@
 #include "proto/resume_limits.h"
 #include "proto/wire_text.h"
 #include "server/pipeline/sampler.h"
+#include "server/daemon/feeder_pool.h"
 #include "server/daemon/heap.h"
 #include "server/daemon/resume_position.h"
 #include "server/daemon/tls_server.h"
@@ -380,7 +381,10 @@ absl::Status StreamManager::Open(const v1::OpenStreamRequest& request,
   }
   StreamDeps stream_deps{deps_.filler, deps_.observer, deps_.stats, deps_.failpoints,
                          deps_.cache};
-  stream_deps.read_pool = served->lane.get();
+  stream_deps.feeders = deps_.feeders;
+  // Without local decoding the host reads no files ahead: feeders read them.
+  const bool local_reads = deps_.feeders == nullptr || deps_.config->server.local_decode;
+  stream_deps.read_pool = local_reads ? served->lane.get() : nullptr;
   stream_deps.memory = deps_.budget;
   stream_deps.files = deps_.read_files;
   stream_deps.read_window = deps_.read_window;
@@ -746,6 +750,11 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     response->set_decode_threads_busy(deps_.pool->busy());
   }
   if (deps_.tls != nullptr) *response->mutable_tls() = deps_.tls->Status();
+  if (deps_.feeders != nullptr) {
+    for (v1::FeederStatus& f : deps_.feeders->Status()) *response->add_feeders() = std::move(f);
+    response->set_feeder_fallback_samples(deps_.feeders->fallback_samples());
+    response->set_local_decode_rate(deps_.feeders->local_rate());
+  }
   if (deps_.progress != nullptr) {
     const LatencySnapshot read_wait = deps_.progress->read_wait();
     const LatencySnapshot decode = deps_.progress->latency();

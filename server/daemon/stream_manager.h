@@ -53,6 +53,8 @@
 
 namespace ringloader::server {
 
+class FeederPool;
+
 class TlsServer;
 
 struct StreamManagerDeps {
@@ -73,6 +75,7 @@ struct StreamManagerDeps {
   uint64_t read_window = 0;                     // each stream's reads ahead; 0 = io_depth
   uint64_t read_stream_files = 0;               // files one stream's reads may hold; 0 = any
   const TlsServer* tls = nullptr;               // [tls], for stats; null = no TLS
+  FeederPool* feeders = nullptr;                // [[feeders]]; null = none
 };
 
 // The transform a stream's spec asks for.

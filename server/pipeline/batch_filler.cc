@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -133,7 +134,8 @@ struct BatchFiller::Assembly {
   std::vector<int64_t> labels;
   std::vector<uint64_t> rows;  // [i * extras.size() + t]
   // Where the time went (FilledBatch's), and the round's committed tasks' time and memory waits.
-  int64_t read_wait_ns = 0, memory_wait_ns = 0, decode_ns = 0;
+  int64_t read_wait_ns = 0, memory_wait_ns = 0, decode_ns = 0, remote_wait_ns = 0;
+  uint32_t remote_samples = 0;
   std::atomic<int64_t> tasks_ns{0}, tasks_memory_ns{0};
 };
 
@@ -184,6 +186,8 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
   filled.read_wait_ns = batch.read_wait_ns;
   filled.memory_wait_ns = batch.memory_wait_ns;
   filled.decode_ns = batch.decode_ns;
+  filled.remote_samples = batch.remote_samples;
+  filled.remote_wait_ns = batch.remote_wait_ns;
 
   // A short batch (end of shard) zeroes its unused tail so the whole buffer is deterministic too.
   if (filled.count < request.batch_size) {
@@ -204,10 +208,138 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   batch.prefetched.assign(batch.k, nullptr);
   batch.reread.clear();
   batch.reread_once.assign(batch.k, false);
+  std::vector<bool> leased(batch.k, false);
+  std::vector<std::unique_ptr<RemoteCall>> calls;
+  if (request.remote != nullptr) calls = StartRemote(batch, observer, leased);
+  std::vector<uint64_t> local;
+  for (uint64_t i = 0; i < batch.k; ++i) {
+    if (!leased[i]) local.push_back(i);
+  }
+  const auto local_started = std::chrono::steady_clock::now();
+  if (absl::Status s = LocalWaves(batch, local, observer); !s.ok()) return s;
+  if (request.remote != nullptr && !local.empty()) {
+    request.remote->LocalDone(local.size(), std::chrono::steady_clock::now() - local_started);
+  }
+  if (calls.empty()) return absl::OkStatus();
+  const auto waited_from = std::chrono::steady_clock::now();
+  const std::vector<uint64_t> redo = CollectRemote(batch, calls);
+  batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
+  return redo.empty() ? absl::OkStatus() : LocalWaves(batch, redo, observer);
+}
+
+std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batch,
+                                                                  SampleObserver* observer,
+                                                                  std::vector<bool>& leased) {
+  const FillRequest& request = batch.request;
+  const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
+  if (share == 0) return {};
+  // The round's tail: the local threads start at its head, so whichever side is late, the
+  // other has done what comes first. A sample asked for twice in a round (a padded shard) is
+  // decoded here: a feeder answers each index once.
+  std::map<uint64_t, uint64_t> position_of;  // dataset index -> round position
+  std::map<uint64_t, int> seen;
+  for (uint64_t i = 0; i < batch.k; ++i) ++seen[batch.shard.at(batch.pos + i)];
+  std::vector<uint64_t> indices;
+  for (uint64_t i = batch.k; i-- > 0 && indices.size() < share;) {
+    const uint64_t index = batch.shard.at(batch.pos + i);
+    if (seen[index] > 1) continue;
+    if (observer != nullptr && !observer->Refused(batch.dataset, index).ok()) continue;
+    if (batch.dataset.has_images() && request.cache != nullptr &&
+        request.cache->Holds(request.cache_key, index)) {
+      continue;
+    }
+    position_of[index] = i;
+    indices.push_back(index);
+  }
+  std::reverse(indices.begin(), indices.end());
+  std::vector<std::unique_ptr<RemoteCall>> calls = request.remote->Start(request.epoch, indices);
+  for (const auto& call : calls) {
+    // A read ahead of a leased sample is left to the read-ahead: taken if the sample is decoded
+    // here after all, else dropped by the next batch's Advance.
+    for (uint64_t index : call->indices()) leased[position_of.at(index)] = true;
+  }
+  return calls;
+}
+
+std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
+                                                 std::vector<std::unique_ptr<RemoteCall>>& calls) {
+  const FillRequest& request = batch.request;
+  const size_t tensors = batch.extras.size();
+  std::map<uint64_t, uint64_t> position_of;  // dataset index -> round position
+  for (uint64_t i = 0; i < batch.k; ++i) position_of[batch.shard.at(batch.pos + i)] = i;
+  std::vector<uint64_t> redo;
+  for (const auto& call : calls) {
+    const std::vector<uint64_t>& asked = call->indices();
+    std::vector<bool> answered(asked.size(), false);
+    absl::Status status = call->Wait();
+    const BatchLayout layout = ComputeBatchLayout(static_cast<uint32_t>(asked.size()),
+                                                  request.transform, &batch.dataset);
+    const std::span<const uint8_t> payload = status.ok() ? call->payload() : std::span<const uint8_t>();
+    if (status.ok() && (payload.size() != layout.total_bytes || call->count() > asked.size())) {
+      status = absl::DataLossError(absl::StrCat("an answer of ", payload.size(), " bytes and ",
+                                                call->count(), " samples for ", asked.size(),
+                                                " samples laid out in ", layout.total_bytes));
+    }
+    // The answer's samples, checked before any is copied: each one asked for, once.
+    std::vector<uint64_t> slot_of_answer;
+    for (uint32_t j = 0; status.ok() && j < call->count(); ++j) {
+      int64_t index = 0;
+      std::memcpy(&index, payload.data() + layout.indices_offset + j * 8, 8);
+      const auto asked_at = std::find(asked.begin(), asked.end(), static_cast<uint64_t>(index));
+      if (index < 0 || asked_at == asked.end() || answered[asked_at - asked.begin()]) {
+        status = absl::DataLossError(
+            absl::StrCat("its answer's sample ", j, " is index ", index, ", not one asked for"));
+        break;
+      }
+      answered[asked_at - asked.begin()] = true;
+      slot_of_answer.push_back(position_of.at(static_cast<uint64_t>(index)));
+    }
+    if (!status.ok()) {
+      if (absl::IsDataLoss(status)) call->Reject(status);
+      for (uint64_t index : asked) redo.push_back(position_of.at(index));
+      continue;
+    }
+    const uint8_t* const base = payload.data();
+    for (uint32_t j = 0; j < call->count(); ++j) {
+      const uint64_t i = slot_of_answer[j];
+      const uint64_t slot = batch.first_slot + i;
+      if (batch.sample_bytes > 0) {
+        std::memcpy(batch.Image(slot).data(), base + layout.images_offset + j * batch.sample_bytes,
+                    batch.sample_bytes);
+      }
+      std::memcpy(&batch.labels[i], base + layout.labels_offset + j * 8, 8);
+      for (size_t t = 0; t < tensors; ++t) {
+        const TensorPlacement& mine = *batch.extras[t];
+        const TensorPlacement* theirs = layout.Find(mine.name);
+        std::memcpy(batch.At(mine, slot), base + theirs->offset + j * theirs->sample_bytes,
+                    mine.sample_bytes);
+        if (batch.lengths[t] != nullptr) {
+          const TensorPlacement* rows = layout.Find(mine.name + "_lengths");
+          int64_t n = 0;
+          std::memcpy(&n, base + rows->offset + j * 8, 8);
+          batch.rows[i * tensors + t] = static_cast<uint64_t>(std::max<int64_t>(0, n));
+        }
+      }
+      batch.statuses[i] = absl::OkStatus();
+      ++batch.remote_samples;
+    }
+    call->Accept();
+    // What the feeder could not decode is decoded here: the verdict on a file is this host's.
+    for (size_t a = 0; a < asked.size(); ++a) {
+      if (!answered[a]) redo.push_back(position_of.at(asked[a]));
+    }
+  }
+  std::sort(redo.begin(), redo.end());
+  return redo;
+}
+
+absl::Status BatchFiller::LocalWaves(Assembly& batch, const std::vector<uint64_t>& which,
+                                     SampleObserver* observer) {
+  const FillRequest& request = batch.request;
   // unstarted: reads not started yet for want of a file (FileBudget); waiting: reads running.
   std::vector<uint64_t> unstarted, waiting, ready;
   ReadAhead* const ahead = request.read_ahead;
-  for (uint64_t i = 0; i < batch.k; ++i) {
+  for (uint64_t i : which) {
     const uint64_t index = batch.shard.at(batch.pos + i);
     // A quarantined sample is refused at once by its task, whatever its read does; a cached one
     // is not read.
@@ -277,7 +409,6 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
     }
     batch.read_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   }
-  batch.prefetched.clear();
   return absl::OkStatus();
 }
 

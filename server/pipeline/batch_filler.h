@@ -33,6 +33,7 @@
 #include "server/image/sample_decoder.h"
 #include "server/image/transform.h"
 #include "server/pipeline/dataset.h"
+#include "server/pipeline/remote_decode.h"
 #include "server/pipeline/sampler.h"
 #include "server/pipeline/worker_pool.h"
 
@@ -91,6 +92,10 @@ struct FilledBatch {
   int64_t read_wait_ns = 0;
   int64_t memory_wait_ns = 0;
   int64_t decode_ns = 0;
+  // Samples of the batch decoded elsewhere (FillRequest::remote), and how long this thread
+  // waited for their calls once its own decodes were done.
+  uint32_t remote_samples = 0;
+  int64_t remote_wait_ns = 0;
 };
 
 // Hooks the daemon uses around each decode (in-flight records for crash strikes, quarantine,
@@ -221,6 +226,8 @@ struct FillRequest {
   // Polled while the batch waits for its reads (a stalled storage may keep it waiting for
   // ever): once true, Fill returns Cancelled. Empty = never.
   std::function<bool()> stop;
+  // Where some of each round's samples may be decoded instead (remote_decode.h); null = here.
+  RemoteDecode* remote = nullptr;
 };
 
 // How a BatchFiller reads and decodes, beyond the per-dataset limits.
@@ -266,6 +273,18 @@ class BatchFiller {
   // poison or as the storage's outage) and hands the decode threads only samples already read,
   // in waves as their reads end. Cancelled when request.stop says so while it waits.
   absl::Status DecodeRound(Assembly& batch, SampleObserver* observer);
+  // The round's samples `which` (round positions), decoded on this host: in waves as their reads
+  // end with read-ahead, else all at once.
+  absl::Status LocalWaves(Assembly& batch, const std::vector<uint64_t>& which,
+                          SampleObserver* observer);
+  // Leases the tail of the round to request.remote (never a refused, cached or repeated sample);
+  // `leased[i]` says which went out.
+  std::vector<std::unique_ptr<RemoteCall>> StartRemote(Assembly& batch, SampleObserver* observer,
+                                                       std::vector<bool>& leased);
+  // Waits for the calls and copies each good sample they answered into its slot; returns the
+  // round positions still to decode here (failed calls, samples not answered as good).
+  std::vector<uint64_t> CollectRemote(Assembly& batch,
+                                      std::vector<std::unique_ptr<RemoteCall>>& calls);
   // The tasks of samples `which` (round positions), on the pool; returns when all are done.
   // Its time goes into the batch's decode_ns and memory_wait_ns.
   void RunTasks(Assembly& batch, const std::vector<uint64_t>& which, SampleObserver* observer);

@@ -29,6 +29,15 @@ void ExpectError(const std::string& text, const std::string& message) {
   CHECK(std::string(c.status().message()) == message);
 }
 
+// The same, for a message that goes on (the rule's wording, the value got).
+void ExpectErrorStarting(const std::string& text, const std::string& start) {
+  absl::StatusOr<DaemonConfig> c = Parse(text);
+  INFO(text);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(c.status().message()), Catch::StartsWith(start));
+}
+
 }  // namespace
 
 TEST_CASE("config: defaults", "[daemon][config]") {
@@ -253,6 +262,36 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
   ExpectError(Config("feeder_listen = \"0.0.0.0:7001\"\nmetrics_listen = \"0.0.0.0:7001\"") + tls,
               "t.toml: server.feeder_listen: must differ from listen, health_listen and "
               "metrics_listen (got \"0.0.0.0:7001\")");
+
+  // [[feeders]]: dialled over TLS (or insecure_tcp), each a HOST:PORT once.
+  const std::string feeder = "[[feeders]]\naddress = \"feeders.ml.svc:7001\"\n";
+  absl::StatusOr<DaemonConfig> fed = Parse(Config("local_decode = false\nfeeder_lease_ms = 800") +
+                                           tls + feeder + "[[feeders]]\naddress = \"[::1]:7002\"\n");
+  REQUIRE(fed.ok());
+  REQUIRE(fed->feeders.size() == 2);
+  CHECK(fed->feeders[0].address == "feeders.ml.svc:7001");
+  CHECK(fed->feeders[1].address == "[::1]:7002");
+  CHECK_FALSE(fed->server.local_decode);
+  CHECK(fed->server.feeder_lease_ms == 800);
+  ExpectError(Config("") + feeder,
+              "t.toml: feeders[0].address: \"feeders.ml.svc:7001\" would be dialled without [tls]: "
+              "anyone on the path could feed this host's trainers samples of their choosing. Add "
+              "[tls] ca, cert and key (mutual TLS), or set server.insecure_tcp = true on a "
+              "network you trust");
+  CHECK(Parse(Config("insecure_tcp = true") + feeder).ok());
+  ExpectError(Config("") + tls + feeder + feeder,
+              "t.toml: feeders[1].address: is listed twice (got \"feeders.ml.svc:7001\")");
+  ExpectError(Config("") + tls + "[[feeders]]\naddress = \"unix:/f.sock\"\n",
+              "t.toml: feeders[0].address: must be HOST:PORT (a feeder_listen) (got "
+              "\"unix:/f.sock\")");
+  ExpectErrorStarting(Config("") + tls + "[[feeders]]\naddress = \"feeder\"\n",
+              "t.toml: feeders[0].address: ");
+  ExpectErrorStarting(Config("") + tls + "[[feeders]]\nadress = \"f:1\"\n", "t.toml: feeders[0].");
+  ExpectError("feeders = \"f:1\"\n" + Config("") + tls,
+              "t.toml: feeders: must be an array of tables [[feeders]]");
+  ExpectErrorStarting(Config("feeder_lease_ms = 5") + tls, "t.toml: server.feeder_lease_ms: ");
+  ExpectErrorStarting(Config("local_decode = \"no\"") + tls, "t.toml: server.local_decode: ");
+  ExpectErrorStarting(Config("") + "[failpoints]\nfeed_lie = \"often\"\n", "t.toml: failpoints.feed_lie: ");
 }
 
 TEST_CASE("config: LoadConfig names a missing file, and the shipped config parses",

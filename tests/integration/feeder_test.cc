@@ -5,6 +5,7 @@
 // host whose dataset differs, a malformed request, and a host without a trusted certificate get
 // nothing, and are told why.
 
+#include <signal.h>
 #include <xxhash.h>
 
 #include <catch2/catch.hpp>
@@ -70,6 +71,30 @@ void SetTlsEnv(const std::map<std::string, std::string>& env) {
   }
 }
 
+// [tls] with certificate `cert` of `pki` (its CA "ca"), and `extra` lines.
+std::string TlsTable(const TestPki& pki, const std::string& cert, const std::string& extra = "") {
+  return "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem(cert) + "\"\nkey = \"" +
+         pki.Key(cert) + "\"\n" + extra;
+}
+
+// A feeder on `address` with 48 images, its certificate "feeder", letting in hosts "host-*".
+DaemonFixtureOptions FeederOptions(const TestPki& pki, const std::string& address) {
+  DaemonFixtureOptions options;
+  options.images = 48;
+  options.server_extra = "feeder_listen = \"" + address + "\"";
+  options.config_extra = TlsTable(pki, "feeder", "allowed_clients = [\"DNS:host-*\"]\n");
+  return options;
+}
+
+// Points `daemon`'s dataset at the files under `root` (another fixture's: the same fingerprint).
+void UseFilesOf(DaemonFixture& daemon, const std::string& root) {
+  std::string config = ReadFile(daemon.config_path());
+  const std::string own = "path = \"" + daemon.dataset_root() + "\"";
+  REQUIRE(config.find(own) != std::string::npos);
+  config.replace(config.find(own), own.size(), "path = \"" + root + "\"");
+  WriteFile(daemon.config_path(), config);
+}
+
 }  // namespace
 
 TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's streams do, over "
@@ -82,12 +107,7 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
   pki.Issue("stranger", "other", "host-2", "DNS:host-2", 30);
   const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
-  DaemonFixtureOptions options;
-  options.images = 48;
-  options.server_extra = "feeder_listen = \"" + feeder_address + "\"";
-  options.config_extra = "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem("feeder") +
-                         "\"\nkey = \"" + pki.Key("feeder") +
-                         "\"\nallowed_clients = [\"DNS:host-*\"]\n";
+  const DaemonFixtureOptions options = FeederOptions(pki, feeder_address);
   DaemonFixture daemon(options);
   // One bad sample among the good ones.
   WriteFile(daemon.dataset_root() + "/class_00/zz_bad.jpg", "\xff\xd8\xff not a JPEG at all");
@@ -220,6 +240,190 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   SetTlsEnv(pki.ClientEnv("ca", "host"));
   CHECK(Feed(feeder_address, request).status.ok());  // and the feeder still serves
   SetTlsEnv({});
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Issue 40 item 1, the host's side: a host with [[feeders]] leases part of each round to them and
+// delivers exactly what it delivers alone, whatever the feeders do.
+
+namespace {
+
+// A daemon serving the dataset at `dataset_root` (another fixture's files) and drawing from
+// `feeder` over mutual TLS with certificate `cert` of `pki`.
+struct HostOptions {
+  std::string dataset_root;
+  std::string feeder;
+  std::string cert = "host";
+  bool local_decode = true;
+  uint32_t lease_ms = 1500;
+};
+
+std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const HostOptions& h,
+                                        uint64_t dataset_seed = 7) {
+  DaemonFixtureOptions options;
+  options.images = 48;
+  options.dataset_seed = dataset_seed;
+  options.server_extra = absl::StrFormat("local_decode = %s\nfeeder_lease_ms = %d",
+                                         h.local_decode ? "true" : "false", h.lease_ms);
+  options.config_extra =
+      TlsTable(pki, h.cert) + "[[feeders]]\naddress = \"" + h.feeder + "\"\n";
+  auto host = std::make_unique<DaemonFixture>(options);
+  if (!h.dataset_root.empty()) UseFilesOf(*host, h.dataset_root);
+  return host;
+}
+
+// Two epochs of seed 5 at 32 px, batch 8, as `daemon` delivers them.
+std::vector<SampleLine> Delivered(DaemonFixture& daemon, const std::string& name) {
+  const std::string out = daemon.dir() + "/" + name + ".tsv";
+  const CommandResult consumed =
+      daemon.Ctl({"consume", "--dataset", "synth", "--batch-size", "8", "--image-size", "32",
+                  "--seed", "5", "--epochs", "2", "--samples-out", out});
+  INFO(consumed.output);
+  REQUIRE(consumed.exit_code == 0);
+  return ReadSamplesOut(out);
+}
+
+// Same samples, same order, same bytes.
+void CheckSame(const std::vector<SampleLine>& got, const std::vector<SampleLine>& want) {
+  REQUIRE(got.size() == want.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].epoch != want[i].epoch || got[i].sequence != want[i].sequence ||
+        got[i].sample_index != want[i].sample_index || got[i].label != want[i].label ||
+        got[i].digest != want[i].digest) {
+      ++differ;
+    }
+  }
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all leased, half "
+          "leased, the feeder stopped, killed, or serving other files",
+          "[feeder][tls]") {
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  const DaemonFixtureOptions options = FeederOptions(pki, feeder_address);
+  DaemonFixture feeder(options);
+  WriteFile(feeder.dataset_root() + "/class_00/zz_bad.jpg", "\xff\xd8\xff not a JPEG at all");
+  if (!feeder.Start()) FAIL(feeder.Log());
+  // What one host alone delivers (the feeder's own streams decode locally).
+  const std::vector<SampleLine> alone = Delivered(feeder, "alone");
+  REQUIRE(alone.size() == 96);
+
+  SECTION("local_decode = false: every good sample comes from the feeder, the bad one is judged "
+          "here, and the feeder's pauses and death cost nothing but time") {
+    auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "host", false, 1500});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    CheckSame(Delivered(*host, "leased"), alone);
+    v1::GetStatsResponse stats = Stats(host->endpoint());
+    REQUIRE(stats.feeders_size() == 1);
+    CHECK(stats.feeders(0).address() == feeder_address);
+    CHECK(stats.feeders(0).state() == "up");
+    CHECK(stats.feeders(0).samples() == 96);
+    CHECK(stats.feeders(0).lease_failures() == 0);
+    CHECK(stats.feeder_fallback_samples() == 0);
+    const CommandResult text = host->Ctl({"stats"});
+    CHECK_THAT(text.output, Catch::Contains("feeder") && Catch::Contains(feeder_address + " (" +
+                                                                         feeder_address + "): up"));
+
+    // Stopped: each lease runs out (1.5 s), its samples are decoded here, the feeder is paused.
+    feeder.process().Kill(SIGSTOP);
+    CheckSame(Delivered(*host, "stopped"), alone);
+    stats = Stats(host->endpoint());
+    CHECK(stats.feeders(0).lease_failures() >= 1);
+    CHECK_THAT(stats.feeders(0).last_error(), Catch::Contains("no answer within"));
+    CHECK(stats.feeder_fallback_samples() > 0);
+    CHECK_THAT(host->Log(), Catch::Contains("feeder " + feeder_address + ": no answer within"));
+    feeder.process().Kill(SIGCONT);
+
+    // Killed: refused connections, decoded here.
+    feeder.process().Kill(SIGKILL);
+    feeder.process().Wait();
+    CheckSame(Delivered(*host, "killed"), alone);
+  }
+
+  SECTION("local_decode = true: the round is shared between this host's threads and the "
+          "feeder") {
+    auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "host", true, 5000});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    CheckSame(Delivered(*host, "shared"), alone);
+    const v1::GetStatsResponse stats = Stats(host->endpoint());
+    REQUIRE(stats.feeders_size() == 1);
+    CHECK(stats.feeders(0).samples() > 0);
+    CHECK(stats.feeders(0).samples() < 96);
+    CHECK(stats.local_decode_rate() > 0);
+    const CommandResult doctor = host->Ctl({"doctor", "--live"});
+    CHECK_THAT(doctor.output, Catch::Contains("feeder " + feeder_address + " (" + feeder_address +
+                                              "): up"));
+  }
+
+  SECTION("a feeder whose files differ is refused naming both fingerprints, and the host "
+          "decodes alone") {
+    // The host's own files (another dataset seed): not the feeder's.
+    auto host = MakeHost(pki, {"", feeder_address, "host", false, 1500}, /*dataset_seed=*/8);
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    const std::vector<SampleLine> own = Delivered(*host, "own");
+    CHECK(own.size() == 96);
+    const v1::GetStatsResponse stats = Stats(host->endpoint());
+    REQUIRE(stats.feeders_size() == 1);
+    CHECK(stats.feeders(0).samples() == 0);
+    REQUIRE(stats.feeders(0).refused_datasets_size() == 1);
+    CHECK_THAT(stats.feeders(0).refused_datasets(0),
+               Catch::Contains("synth: ") && Catch::Contains("fingerprint is") &&
+                   Catch::Contains("the host's"));
+    CHECK_THAT(host->Log(), Catch::Contains("refused dataset \"synth\""));
+    const CommandResult doctor = host->Ctl({"doctor", "--live"});
+    CHECK(doctor.exit_code != 0);
+    CHECK_THAT(doctor.output, Catch::Contains("feeder " + feeder_address) &&
+                                  Catch::Contains("refused: synth: "));
+  }
+
+  SECTION("a feeder that lies (checksum, an index not asked for, a short payload, too slow) is "
+          "caught: its samples are decoded here and the trainer sees the same batches") {
+    for (const std::string lie : {"checksum", "index", "short", "slow"}) {
+      INFO("feed_lie = " << lie);
+      DaemonFixtureOptions liar_options = options;
+      const std::string liar_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+      liar_options.server_extra = "feeder_listen = \"" + liar_address + "\"";
+      liar_options.config_extra += "[failpoints]\nfeed_lie = \"" + lie + "\"\n";
+      DaemonFixture liar(liar_options);
+      UseFilesOf(liar, feeder.dataset_root());
+      if (!liar.Start()) FAIL(liar.Log());
+      auto host = MakeHost(pki, {feeder.dataset_root(), liar_address, "host", false, 1500});
+      if (!host->Start()) FAIL(host->Log());
+      INFO(host->Log());
+      CheckSame(Delivered(*host, "lied"), alone);
+      const v1::GetStatsResponse stats = Stats(host->endpoint());
+      REQUIRE(stats.feeders_size() == 1);
+      CHECK(stats.feeders(0).samples() == 0);
+      CHECK(stats.feeders(0).lease_failures() >= 1);
+      CHECK_FALSE(stats.feeders(0).last_error().empty());
+    }
+  }
+
+  SECTION("a feeder that does not allow the host's certificate gives nothing, and the host "
+          "says why") {
+    // Signed by the CA both trust, but not a name the feeder's allowed_clients lists.
+    pki.Issue("intruder", "ca", "intruder", "DNS:intruder", 30);
+    auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "intruder", false, 1500});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    CheckSame(Delivered(*host, "untrusted"), alone);
+    const v1::GetStatsResponse stats = Stats(host->endpoint());
+    REQUIRE(stats.feeders_size() == 1);
+    CHECK(stats.feeders(0).samples() == 0);
+    CHECK(stats.feeders(0).lease_failures() >= 1);
+    CHECK_THAT(stats.feeders(0).last_error(), Catch::Contains("refused this client"));
+  }
 }
 
 }  // namespace ringloader::testing

@@ -496,5 +496,178 @@ TEST_CASE("BatchFiller: bad requests are refused, a cursor at the end gives an e
   CHECK(end->next_cursor == 1);
 }
 
+// A stand-in for the daemon's feeders (the seam a unit test cannot otherwise reach): it decodes
+// what it is leased with its own BatchFiller, as a feeder does, then answers honestly or not.
+class FakeRemote final : public RemoteDecode {
+ public:
+  enum class Answer { kHonest, kFails, kDropsHalf, kStranger, kWrongSize };
+  FakeRemote(BatchFiller& filler, const Dataset& ds, Answer answer, bool all)
+      : filler_(filler), ds_(ds), answer_(answer), all_(all) {}
+
+  uint64_t Share(uint64_t k) override { return all_ ? k : k / 2; }
+  std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
+                                                 std::span<const uint64_t> indices) override;
+  void LocalDone(uint64_t samples, std::chrono::nanoseconds) override { local += samples; }
+
+  uint64_t leased = 0, accepted = 0, rejected = 0, local = 0;
+  uint64_t seed = 0;
+
+ private:
+  class Call;
+  BatchFiller& filler_;
+  const Dataset& ds_;
+  const Answer answer_;
+  const bool all_;
+};
+
+class FakeRemote::Call final : public RemoteCall {
+ public:
+  Call(FakeRemote& owner, std::vector<uint64_t> indices) : owner_(owner), indices_(indices) {}
+  const std::vector<uint64_t>& indices() const override { return indices_; }
+  absl::Status Wait() override { return status; }
+  uint32_t count() const override { return count_; }
+  std::span<const uint8_t> payload() const override { return payload_; }
+  void Accept() override { owner_.accepted += count_; }
+  void Reject(const absl::Status&) override { ++owner_.rejected; }
+
+  absl::Status status;
+  uint32_t count_ = 0;
+  std::vector<uint8_t> payload_;
+
+ private:
+  FakeRemote& owner_;
+  std::vector<uint64_t> indices_;
+};
+
+std::vector<std::unique_ptr<RemoteCall>> FakeRemote::Start(uint64_t epoch,
+                                                           std::span<const uint64_t> indices) {
+  std::vector<std::unique_ptr<RemoteCall>> calls;
+  if (indices.empty()) return calls;
+  leased += indices.size();
+  auto call = std::make_unique<Call>(*this, std::vector<uint64_t>(indices.begin(), indices.end()));
+  ShardSpec spec;
+  spec.seed = seed;
+  spec.epoch = epoch;
+  const EpochShard shard(spec, std::vector<uint32_t>(indices.begin(), indices.end()));
+  const uint32_t n = static_cast<uint32_t>(indices.size());
+  const BatchLayout layout = ComputeBatchLayout(n, SmallTrain(), &ds_);
+  call->payload_.assign(layout.total_bytes, 0);
+  FillRequest req;
+  req.dataset = &ds_;
+  req.shard = &shard;
+  req.batch_size = n;
+  req.transform = SmallTrain();
+  req.seed = seed;
+  req.epoch = epoch;
+  absl::StatusOr<FilledBatch> filled = filler_.Fill(req, call->payload_, nullptr);
+  REQUIRE(filled.ok());
+  call->count_ = filled->count;
+  switch (answer_) {
+    case Answer::kHonest:
+      break;
+    case Answer::kFails:
+      call->status = absl::UnavailableError("the feeder went away");
+      break;
+    case Answer::kDropsHalf:
+      call->count_ /= 2;  // the rest reads as samples it could not decode
+      break;
+    case Answer::kStranger:
+      if (call->count_ > 0) {
+        const int64_t stranger = static_cast<int64_t>(ds_.size()) + 3;
+        std::memcpy(call->payload_.data() + layout.indices_offset, &stranger, 8);
+      }
+      break;
+    case Answer::kWrongSize:
+      call->payload_.pop_back();
+      break;
+  }
+  calls.push_back(std::move(call));
+  return calls;
+}
+
+TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same batches byte for "
+          "byte, whatever the other side answers",
+          "[pipeline][feeder]") {
+  CorruptCorpus corpus;
+  auto ds = OpenFolder(corpus.dir.path());
+  ShardSpec s;
+  s.seed = 11;
+  s.epoch = 2;
+  EpochShard shard(ds->size(), s);
+  WorkerPool pool(2);
+  BatchFiller filler(pool, image::DecodeLimits{});
+  constexpr uint32_t kBatch = 4;
+  const uint64_t bytes = ComputeBatchLayout(kBatch, SmallTrain()).total_bytes;
+  // Every batch of the epoch, decoded here alone.
+  const auto epoch = [&](RemoteDecode* remote) {
+    std::vector<Filled> out;
+    for (uint64_t cursor = 0; cursor < shard.size();) {
+      FillRequest req;
+      req.dataset = ds.get();
+      req.shard = &shard;
+      req.cursor = cursor;
+      req.batch_size = kBatch;
+      req.transform = SmallTrain();
+      req.seed = s.seed;
+      req.epoch = s.epoch;
+      req.remote = remote;
+      Filled f;
+      f.bytes.assign(bytes, 0xAB);
+      absl::StatusOr<FilledBatch> batch = filler.Fill(req, f.bytes, nullptr);
+      REQUIRE(batch.ok());
+      f.batch = *std::move(batch);
+      cursor = f.batch.next_cursor;
+      out.push_back(std::move(f));
+    }
+    return out;
+  };
+  const std::vector<Filled> alone = epoch(nullptr);
+  using Answer = FakeRemote::Answer;
+  for (const auto& [answer, all] :
+       std::vector<std::pair<Answer, bool>>{{Answer::kHonest, true},
+                                            {Answer::kHonest, false},
+                                            {Answer::kFails, true},
+                                            {Answer::kDropsHalf, true},
+                                            {Answer::kStranger, false},
+                                            {Answer::kWrongSize, true}}) {
+    INFO("answer " << static_cast<int>(answer) << ", all leased " << all);
+    FakeRemote remote(filler, *ds, answer, all);
+    remote.seed = s.seed;
+    const std::vector<Filled> leased = epoch(&remote);
+    REQUIRE(leased.size() == alone.size());
+    uint32_t from_remote = 0;
+    for (size_t b = 0; b < alone.size(); ++b) {
+      CHECK(leased[b].bytes == alone[b].bytes);
+      CHECK(leased[b].batch.count == alone[b].batch.count);
+      CHECK(leased[b].batch.next_cursor == alone[b].batch.next_cursor);
+      CHECK(leased[b].batch.skipped_by_reason == alone[b].batch.skipped_by_reason);
+      from_remote += leased[b].batch.remote_samples;
+    }
+    CHECK(remote.leased > 0);
+    CHECK(from_remote == remote.accepted);
+    switch (answer) {
+      case Answer::kHonest:
+        // Every good sample leased came from the other side; bad ones were judged here.
+        CHECK(remote.accepted > 0);
+        CHECK(remote.rejected == 0);
+        if (all) CHECK(remote.local == 0);
+        if (!all) CHECK(remote.local > 0);
+        break;
+      case Answer::kDropsHalf:
+        CHECK(remote.accepted > 0);
+        CHECK(remote.accepted < remote.leased);
+        break;
+      case Answer::kFails:
+        CHECK(remote.accepted == 0);
+        break;
+      case Answer::kStranger:
+      case Answer::kWrongSize:
+        CHECK(remote.accepted == 0);
+        CHECK(remote.rejected > 0);
+        break;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringloader::pipeline

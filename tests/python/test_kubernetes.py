@@ -37,6 +37,15 @@ def mounts(pod_spec: Dict[str, Any]) -> Dict[str, str]:
     return out
 
 
+def assert_daemon_accepts(toml_text: str, tmp_path: Path) -> None:
+    """`ringloaderd --check-config` passes the config."""
+    path = tmp_path / "ringloaderd.toml"
+    path.write_text(toml_text)
+    checked = subprocess.run([rl.find_binary("ringloaderd"), "--config", str(path),
+                              "--check-config"], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+
+
 def test_manifests_agree_with_the_config_and_each_other(tmp_path: Path) -> None:
     daemon_docs = load("ringloaderd.yaml")
     config_map = by_kind(daemon_docs, "ConfigMap")
@@ -49,11 +58,7 @@ def test_manifests_agree_with_the_config_and_each_other(tmp_path: Path) -> None:
     toml_text = config_map["data"]["ringloaderd.toml"]
     config = tomllib.loads(toml_text)
     # The daemon itself accepts it (every key known, every rule kept).
-    path = tmp_path / "ringloaderd.toml"
-    path.write_text(toml_text)
-    checked = subprocess.run([rl.find_binary("ringloaderd"), "--config", str(path),
-                              "--check-config"], capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stderr
+    assert_daemon_accepts(toml_text, tmp_path)
 
     pod = daemon_set["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -97,3 +102,47 @@ def test_manifests_agree_with_the_config_and_each_other(tmp_path: Path) -> None:
         "supplementalGroups"]
     assert config["server"]["socket_mode"] == "0660"
     assert config["server"]["segment_mode"] == "0640"
+
+
+def test_feeder_manifests_agree_with_their_config(tmp_path: Path) -> None:
+    """Issue 40 item 5: the feeders' Deployment, headless Service and autoscaler agree with the
+    feeders' config (ports, mounts), the config passes the daemon's own check, and the autoscaler
+    scales on a series the training nodes' daemons export."""
+    docs = load("feeders.yaml")
+    config_map = by_kind(docs, "ConfigMap")
+    deployment = by_kind(docs, "Deployment")
+    service = by_kind(docs, "Service")
+    hpa = by_kind(docs, "HorizontalPodAutoscaler")
+    toml_text = config_map["data"]["ringloaderd.toml"]
+    config = tomllib.loads(toml_text)
+    assert_daemon_accepts(toml_text, tmp_path)
+
+    feeder_port = int(config["server"]["feeder_listen"].rsplit(":", 1)[1])
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == f"ringloader:{rl.__version__}"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["feeder"] == feeder_port
+    assert ports["health"] == int(config["server"]["health_listen"].rsplit(":", 1)[1])
+    assert ports["metrics"] == int(config["server"]["metrics_listen"].rsplit(":", 1)[1])
+    # Headless, selecting the Deployment's pods, on the feeder port: its name is each feeder.
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [feeder_port]
+    # [tls]'s files are where the Secret is mounted; the config's dataset path is mounted.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounted = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    for key in ("ca", "cert", "key"):
+        directory = str(Path(config["tls"][key]).parent)
+        assert "secret" in mounted[directory], (key, directory)
+    command = container["command"]
+    config_dir = str(Path(command[command.index("--config") + 1]).parent)
+    assert mounted[config_dir]["configMap"]["name"] == config_map["metadata"]["name"]
+    data_path = config["datasets"][0]["path"]
+    assert any(data_path.startswith(m + "/") for m in mounted), data_path
+    # The autoscaler targets the Deployment, on a series the daemon's /metrics has.
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    metric = hpa["spec"]["metrics"][0]["external"]["metric"]["name"]
+    assert metric == "ringloader_trainer_input_bound"
+    rules = (DEPLOY.parent / "prometheus" / "ringloader-rules.yml").read_text()
+    assert metric in rules  # the series the alert rules (tested with promtool) use

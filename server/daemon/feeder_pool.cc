@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/daemon/feeder_pool.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "server/daemon/feeder_service.h"
+#include "server/daemon/stream_manager.h"
+#include "server/pipeline/batch_filler.h"
+#include "shm/base/x509.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::seconds kResolveEvery{30};
+constexpr std::chrono::seconds kMaxPause{30};
+// A feeder busy with other hosts (RESOURCE_EXHAUSTED) is asked again after this, no failure.
+constexpr std::chrono::milliseconds kBusyPause{500};
+
+// A moving average that starts at its first sample.
+void Average(double& average, double sample) {
+  average = average == 0 ? sample : 0.7 * average + 0.3 * sample;
+}
+
+// "HOST:PORT" or "[V6]:PORT" (ValidateListen's forms) split in two.
+std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, address.substr(colon + 1)};
+}
+
+}  // namespace
+
+struct FeederPool::Feeder {
+  std::string configured;  // the [[feeders]] address
+  std::string address;     // IP:PORT
+  std::unique_ptr<v1::Feeder::Stub> stub;
+  bool present = true;  // in its name's latest resolution
+  int in_flight = 0;
+  int failures_in_row = 0;
+  Clock::time_point retry_at{};
+  std::map<std::string, std::string> refused;  // dataset -> why
+  double rate = 0, round_trip_ms = 0;
+  uint64_t samples = 0, calls = 0, lease_failures = 0;
+  std::string last_error;
+};
+
+// Shared by a call's thread and the filler's Call.
+struct FeederPool::CallState {
+  v1::FeedRequest request;
+  std::string dataset;
+  std::vector<uint64_t> indices;
+  uint64_t expected_bytes = 0;
+  Reservation held;  // the answer's buffer, from memory_limit
+  grpc::ClientContext context;
+  Clock::time_point started, deadline;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // the answer (or its failure) is in
+  bool abandoned = false;  // the filler stopped waiting: the outcome counts for nothing
+  absl::Status status;
+  uint32_t count = 0;
+  std::vector<uint8_t> payload;
+  std::atomic<bool> finished{false};  // the thread is about to return (joined without waiting)
+};
+
+class FeederPool::Call final : public pipeline::RemoteCall {
+ public:
+  Call(FeederPool& pool, std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state)
+      : pool_(pool), feeder_(std::move(feeder)), state_(std::move(state)) {}
+  ~Call() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->abandoned = true;
+      state_->context.TryCancel();
+    }
+    // The answer's memory goes back now, not when the thread is next reaped.
+    state_->payload = std::vector<uint8_t>();
+    state_->held = Reservation();
+  }
+  const std::vector<uint64_t>& indices() const override { return state_->indices; }
+  absl::Status Wait() override {
+    {
+      std::unique_lock<std::mutex> lock(state_->mu);
+      if (state_->cv.wait_until(lock, state_->deadline, [&] { return state_->done; })) {
+        return state_->status;
+      }
+      state_->abandoned = true;
+      state_->context.TryCancel();
+    }
+    const std::string why = absl::StrCat("no answer within server.feeder_lease_ms (",
+                                         pool_.lease_.count(), " ms)");
+    std::lock_guard<std::mutex> lock(pool_.mu_);
+    pool_.Failed(*feeder_, why);
+    return absl::DeadlineExceededError(why);
+  }
+  uint32_t count() const override { return state_->count; }
+  std::span<const uint8_t> payload() const override { return state_->payload; }
+  void Accept() override {
+    std::lock_guard<std::mutex> lock(pool_.mu_);
+    feeder_->samples += state_->count;
+    ++feeder_->calls;
+  }
+  void Reject(const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(pool_.mu_);
+    pool_.Failed(*feeder_, absl::StrCat("a bad answer: ", why.message()));
+  }
+
+ private:
+  FeederPool& pool_;
+  std::shared_ptr<Feeder> feeder_;
+  std::shared_ptr<CallState> state_;
+};
+
+class FeederPool::StreamView final : public pipeline::RemoteDecode {
+ public:
+  StreamView(FeederPool& pool, std::string dataset_name, const pipeline::Dataset& dataset,
+             const v1::StreamSpec& spec, const image::DecodeLimits& limits)
+      : pool_(pool), dataset_name(std::move(dataset_name)), dataset(dataset),
+        transform(ToTransform(spec)) {
+    base.set_dataset(this->dataset_name);
+    base.set_dataset_fingerprint(dataset.fingerprint());
+    *base.mutable_spec() = spec;
+    v1::FeedLimits* l = base.mutable_limits();
+    l->set_max_pixels(limits.max_pixels);
+    l->set_max_file_bytes(limits.max_file_bytes);
+    l->set_warnings_are_errors(limits.warnings_are_errors);
+    l->set_max_scans(limits.max_scans);
+  }
+  uint64_t Share(uint64_t k) override { return pool_.ShareFor(dataset_name, k); }
+  std::vector<std::unique_ptr<pipeline::RemoteCall>> Start(
+      uint64_t epoch, std::span<const uint64_t> indices) override {
+    return pool_.StartFor(*this, epoch, indices);
+  }
+  void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) override {
+    pool_.LocalDone(samples, elapsed);
+  }
+
+  FeederPool& pool_;
+  const std::string dataset_name;
+  const pipeline::Dataset& dataset;
+  const image::TransformSpec transform;
+  v1::FeedRequest base;  // all but epoch and indices
+};
+
+absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::Start(const DaemonConfig& config,
+                                                              MemoryBudget& budget) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (config.tls.enabled()) {
+    absl::StatusOr<base::TlsIdentity> identity = base::LoadTlsIdentity(
+        base::TlsPaths{config.tls.ca, config.tls.cert, config.tls.key}, std::time(nullptr));
+    if (!identity.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("[[feeders]] dial with [tls]'s certificate: ", identity.status().message()));
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = identity->ca_pem;
+    ssl.pem_private_key = identity->key_pem;
+    ssl.pem_cert_chain = identity->cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return std::unique_ptr<FeederPool>(new FeederPool(config, budget, std::move(credentials)));
+}
+
+FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : configured_(config.feeders),
+      local_decode_(config.server.local_decode),
+      lease_(config.server.feeder_lease_ms),
+      budget_(budget),
+      credentials_(std::move(credentials)),
+      tls_(config.tls.enabled()) {
+  Resolve(/*numeric_only=*/true);
+  resolver_ = std::thread([this] { ResolveLoop(); });
+}
+
+FeederPool::~FeederPool() {
+  std::list<Running> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    threads.swap(threads_);
+  }
+  stop_cv_.notify_all();
+  for (Running& r : threads) r.state->context.TryCancel();
+  for (Running& r : threads) r.thread.join();
+  resolver_.join();
+}
+
+std::unique_ptr<pipeline::RemoteDecode> FeederPool::ForStream(const std::string& dataset_name,
+                                                              const pipeline::Dataset& dataset,
+                                                              const v1::StreamSpec& spec,
+                                                              const image::DecodeLimits& limits) {
+  return std::make_unique<StreamView>(*this, dataset_name, dataset, spec, limits);
+}
+
+void FeederPool::ResolveLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    Resolve(/*numeric_only=*/false);
+    lock.lock();
+    stop_cv_.wait_for(lock, kResolveEvery, [this] { return stopping_; });
+  }
+}
+
+void FeederPool::Resolve(bool numeric_only) {
+  for (const FeederConfig& f : configured_) {
+    const auto [host, port] = SplitHostPort(f.address);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = numeric_only ? AI_NUMERICHOST : 0;
+    addrinfo* found = nullptr;
+    const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) {
+      if (!numeric_only) {
+        SPDLOG_WARN("feeder {}: cannot resolve {}: {} (its addresses so far stay in use)",
+                    f.address, host, gai_strerror(rc));
+      }
+      continue;
+    }
+    std::set<std::string> addresses;
+    std::map<std::string, std::string> targets;  // address -> gRPC target
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      char ip[INET6_ADDRSTRLEN] = {};
+      const bool v6 = a->ai_family == AF_INET6;
+      const void* where =
+          v6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr)
+             : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr);
+      if (inet_ntop(a->ai_family, where, ip, sizeof(ip)) == nullptr) continue;
+      const std::string address = v6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
+      addresses.insert(address);
+      targets[address] = absl::StrCat(v6 ? "ipv6:" : "ipv4:", address);
+    }
+    freeaddrinfo(found);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& feeder : feeders_) {
+      if (feeder->configured == f.address) feeder->present = addresses.count(feeder->address) > 0;
+    }
+    for (const std::string& address : addresses) {
+      const bool known = std::any_of(feeders_.begin(), feeders_.end(), [&](const auto& feeder) {
+        return feeder->configured == f.address && feeder->address == address;
+      });
+      if (known) continue;
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(4 << 20);
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      // The feeder's certificate names the host as configured, not each of its addresses.
+      if (tls_) args.SetSslTargetNameOverride(host);
+      auto feeder = std::make_shared<Feeder>();
+      feeder->configured = f.address;
+      feeder->address = address;
+      feeder->stub =
+          v1::Feeder::NewStub(grpc::CreateCustomChannel(targets[address], credentials_, args));
+      SPDLOG_INFO("feeder {}: drawing decoded samples from {}", f.address, address);
+      feeders_.push_back(std::move(feeder));
+    }
+  }
+}
+
+bool FeederPool::Available(const Feeder& feeder, const std::string& dataset,
+                           Clock::time_point now) const {
+  return feeder.present && now >= feeder.retry_at && feeder.in_flight < kMaxFeedsPerHost &&
+         feeder.refused.count(dataset) == 0;
+}
+
+uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  const double local = local_rate_ > 0 ? local_rate_ : 1;
+  double remote = 0;
+  for (const auto& feeder : feeders_) {
+    if (!Available(*feeder, dataset, now)) continue;
+    // Unmeasured: as fast as this host, until its first answer says otherwise.
+    remote += feeder->rate > 0 ? feeder->rate : local;
+  }
+  if (remote == 0) {
+    if (!local_decode_) fallback_samples_.fetch_add(k);
+    return 0;
+  }
+  if (!local_decode_) return k;
+  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * remote / (remote + local)));
+}
+
+std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
+    const StreamView& view, uint64_t epoch, std::span<const uint64_t> indices) {
+  std::vector<std::unique_ptr<pipeline::RemoteCall>> calls;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return calls;
+  ReapThreads();
+  const auto now = Clock::now();
+  const double local = local_rate_ > 0 ? local_rate_ : 1;
+  std::vector<std::pair<std::shared_ptr<Feeder>, double>> takers;
+  double total = 0;
+  for (const auto& feeder : feeders_) {
+    if (!Available(*feeder, view.dataset_name, now)) continue;
+    takers.emplace_back(feeder, feeder->rate > 0 ? feeder->rate : local);
+    total += takers.back().second;
+  }
+  size_t next = 0;
+  for (size_t t = 0; t < takers.size() && next < indices.size(); ++t) {
+    auto& [feeder, rate] = takers[t];
+    // Its share by rate (the last taker takes the rest), in calls of at most kMaxFeedSamples.
+    size_t share = t + 1 == takers.size()
+                       ? indices.size() - next
+                       : static_cast<size_t>(std::llround(static_cast<double>(indices.size()) *
+                                                          rate / total));
+    share = std::min(share, indices.size() - next);
+    while (share > 0 && feeder->in_flight < kMaxFeedsPerHost) {
+      const size_t n = std::min<size_t>(share, kMaxFeedSamples);
+      const uint64_t bytes =
+          pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), view.transform, &view.dataset)
+              .total_bytes;
+      absl::StatusOr<Reservation> held =
+          budget_.Reserve(bytes, absl::StrCat("a feeder's answer of ", n, " samples"),
+                          std::chrono::milliseconds(0));
+      if (!held.ok()) break;  // memory is short: these are decoded here
+      auto state = std::make_shared<CallState>();
+      state->request = view.base;
+      state->request.set_epoch(epoch);
+      for (size_t i = next; i < next + n; ++i) {
+        state->request.add_indices(static_cast<uint32_t>(indices[i]));
+        state->indices.push_back(indices[i]);
+      }
+      state->dataset = view.dataset_name;
+      state->expected_bytes = bytes;
+      state->held = *std::move(held);
+      state->started = Clock::now();
+      state->deadline = state->started + lease_;
+      ++feeder->in_flight;
+      threads_.push_back(
+          Running{std::thread([this, feeder, state] { RunCall(feeder, state); }), state});
+      calls.push_back(std::make_unique<Call>(*this, feeder, state));
+      next += n;
+      share -= n;
+    }
+  }
+  if (!local_decode_ && next < indices.size()) fallback_samples_.fetch_add(indices.size() - next);
+  return calls;
+}
+
+void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
+  pthread_setname_np(pthread_self(), "rl-feeder-call");
+  state->context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
+  std::unique_ptr<grpc::ClientReader<v1::FeedFrame>> reader =
+      feeder->stub->FeedSamples(&state->context, state->request);
+  const size_t n = state->indices.size();
+  absl::Status result;
+  uint32_t count = 0;
+  std::vector<uint8_t> payload;
+  v1::FeedFrame frame;
+  uint64_t checksum = 0;
+  if (reader->Read(&frame)) {
+    if (!frame.has_header()) {
+      result = absl::DataLossError("its answer did not start with a header");
+    } else if (frame.header().payload_bytes() != state->expected_bytes ||
+               frame.header().count() > n) {
+      result = absl::DataLossError(absl::StrCat(
+          "its answer holds ", frame.header().count(), " samples in ",
+          frame.header().payload_bytes(), " bytes; ", n, " samples take ", state->expected_bytes,
+          " (another transform or version?)"));
+    } else {
+      count = frame.header().count();
+      checksum = frame.header().payload_xxh64();
+      payload.reserve(state->expected_bytes);
+      while (result.ok() && reader->Read(&frame)) {
+        if (!frame.has_payload() ||
+            payload.size() + frame.payload().size() > state->expected_bytes) {
+          result = absl::DataLossError("its answer's payload is longer than its header said");
+          break;
+        }
+        payload.insert(payload.end(), frame.payload().begin(), frame.payload().end());
+      }
+    }
+  }
+  if (!result.ok()) state->context.TryCancel();
+  const grpc::Status finished = reader->Finish();
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  if (result.ok() && !finished.ok()) {
+    code = finished.error_code();
+    result = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
+                          finished.error_message());
+  }
+  if (result.ok() && payload.size() != state->expected_bytes) {
+    result = absl::DataLossError(
+        absl::StrCat("its answer ended after ", payload.size(), " of ", state->expected_bytes,
+                     " bytes"));
+  }
+  if (result.ok() && XXH64(payload.data(), payload.size(), 0) != checksum) {
+    result = absl::DataLossError("its answer's XXH64 is not the one its header gave");
+  }
+  const auto ended = Clock::now();
+  bool abandoned = false;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    abandoned = state->abandoned;
+    state->done = true;
+    state->status = result;
+    state->count = count;
+    if (!abandoned) state->payload = std::move(payload);
+    if (abandoned) state->held = Reservation();  // nobody reads it
+    state->cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --feeder->in_flight;
+    if (!abandoned) {
+      if (result.ok()) {
+        feeder->failures_in_row = 0;  // samples and calls count once the filler used them
+        const double seconds = std::chrono::duration<double>(ended - state->started).count();
+        Average(feeder->round_trip_ms, seconds * 1e3);
+        if (seconds > 0) Average(feeder->rate, static_cast<double>(n) / seconds);
+      } else if (code == grpc::StatusCode::FAILED_PRECONDITION ||
+                 code == grpc::StatusCode::NOT_FOUND ||
+                 code == grpc::StatusCode::INVALID_ARGUMENT) {
+        // Its files or rules are not this host's: never that dataset again (until a restart).
+        ++feeder->lease_failures;
+        feeder->last_error = std::string(result.message());
+        if (feeder->refused.emplace(state->dataset, std::string(result.message())).second) {
+          SPDLOG_ERROR("feeder {} refused dataset \"{}\", decoded elsewhere from now on: {}",
+                       feeder->address, state->dataset, std::string(result.message()));
+        }
+      } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++feeder->lease_failures;  // busy with other hosts: asked again shortly, no fault
+        feeder->last_error = std::string(result.message());
+        feeder->retry_at = Clock::now() + kBusyPause;
+      } else {
+        Failed(*feeder, std::string(result.message()));
+      }
+    }
+  }
+  state->finished = true;
+}
+
+void FeederPool::Failed(Feeder& feeder, const std::string& why) {
+  ++feeder.lease_failures;
+  ++feeder.failures_in_row;
+  feeder.last_error = why;
+  const auto pause = std::min<std::chrono::milliseconds>(
+      kMaxPause, std::chrono::milliseconds(1000 << std::min(feeder.failures_in_row - 1, 5)));
+  feeder.retry_at = Clock::now() + pause;
+  if (feeder.failures_in_row == 1 || feeder.failures_in_row % 10 == 0) {
+    SPDLOG_WARN("feeder {}: {} (its samples are decoded elsewhere; asked again in {} ms, {} "
+                "failure(s) in a row)",
+                feeder.address, why, pause.count(), feeder.failures_in_row);
+  }
+}
+
+void FeederPool::ReapThreads() {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    if (it->state->finished) {
+      it->thread.join();
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void FeederPool::LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) {
+  const double seconds = std::chrono::duration<double>(elapsed).count();
+  if (seconds <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Average(local_rate_, static_cast<double>(samples) / seconds);
+}
+
+uint64_t FeederPool::local_rate() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<uint64_t>(local_rate_);
+}
+
+std::vector<v1::FeederStatus> FeederPool::Status() const {
+  std::vector<v1::FeederStatus> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  for (const auto& feeder : feeders_) {
+    v1::FeederStatus s;
+    s.set_address(feeder->address);
+    s.set_configured(feeder->configured);
+    s.set_state(!feeder->present ? "gone" : now < feeder->retry_at ? "backoff" : "up");
+    s.set_samples(feeder->samples);
+    s.set_calls(feeder->calls);
+    s.set_lease_failures(feeder->lease_failures);
+    s.set_round_trip_ms(feeder->round_trip_ms);
+    s.set_samples_per_second(feeder->rate);
+    s.set_last_error(feeder->last_error);
+    for (const auto& [dataset, why] : feeder->refused) {
+      s.add_refused_datasets(absl::StrCat(dataset, ": ", why));
+    }
+    s.set_in_flight(static_cast<uint32_t>(feeder->in_flight));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace ringloader::server

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The host's side of feeders ([[feeders]]): the connections to the daemons that decode for this
+// host, which of them takes which samples, and what each has done.
+//
+// Each stream leases part of each round of its batches (pipeline::RemoteDecode) through a
+// FeederPool::ForStream view. The pool splits the samples between the feeders that are up, in
+// proportion to how fast each has delivered, and against this host's own decode threads (their
+// measured rate) unless server.local_decode = false. Each call runs on a thread of its own into a
+// buffer drawn from memory_limit (at once or not at all) and is checked (size, XXH64) before the
+// filler copies anything out of it. A feeder that fails a call, or does not answer within
+// server.feeder_lease_ms, is given no more for a pause that doubles with each failure in a row
+// (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
+// or rules are not this host's) is given none of that dataset's samples again, and says why in
+// stats. A name with several addresses is each of them, resolved again every 30 s.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/ringloader.grpc.pb.h"
+#include "server/daemon/config.h"
+#include "server/daemon/memory_budget.h"
+#include "server/pipeline/dataset.h"
+#include "server/pipeline/remote_decode.h"
+
+namespace ringloader::server {
+
+class FeederPool {
+ public:
+  // Reads [tls]'s files (the host's certificate is its client certificate to feeders) and starts
+  // resolving the feeders' addresses. Errors name the [tls] key and file.
+  static absl::StatusOr<std::unique_ptr<FeederPool>> Start(const DaemonConfig& config,
+                                                           MemoryBudget& budget);
+  ~FeederPool();  // cancels the calls in flight and waits for their threads
+
+  // A stream's view: leases for its dataset (served as `dataset_name`), spec and decode limits.
+  // The pool outlives the view.
+  std::unique_ptr<pipeline::RemoteDecode> ForStream(const std::string& dataset_name,
+                                                    const pipeline::Dataset& dataset,
+                                                    const v1::StreamSpec& spec,
+                                                    const image::DecodeLimits& limits);
+
+  // For GetStats and /metrics.
+  std::vector<v1::FeederStatus> Status() const;
+  uint64_t fallback_samples() const { return fallback_samples_.load(); }
+  uint64_t local_rate() const;
+
+ private:
+  struct Feeder;
+  struct CallState;
+  class Call;
+  class StreamView;
+  FeederPool(const DaemonConfig& config, MemoryBudget& budget,
+             std::shared_ptr<grpc::ChannelCredentials> credentials);
+  uint64_t ShareFor(const std::string& dataset, uint64_t k);
+  std::vector<std::unique_ptr<pipeline::RemoteCall>> StartFor(const StreamView& view,
+                                                              uint64_t epoch,
+                                                              std::span<const uint64_t> indices);
+  void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
+  void ResolveLoop();
+  // Each [[feeders]] address's IPs, dialled from now on; `numeric_only`: only those that need
+  // no DNS (at start, which must not wait on a resolver).
+  void Resolve(bool numeric_only);
+  // A call's thread: the RPC, its checks, and what it says of the feeder.
+  void RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state);
+  void Failed(Feeder& feeder, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Available(const Feeder& feeder, const std::string& dataset,
+                 std::chrono::steady_clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapThreads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::vector<FeederConfig> configured_;
+  const bool local_decode_;
+  const std::chrono::milliseconds lease_;
+  MemoryBudget& budget_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const bool tls_;
+
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address, never removed
+  double local_rate_ ABSL_GUARDED_BY(mu_) = 0;  // samples/s of this host's threads; 0 = unknown
+  struct Running {
+    std::thread thread;
+    std::shared_ptr<CallState> state;
+  };
+  std::list<Running> threads_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> fallback_samples_{0};
+  std::thread resolver_;  // last: starts once the rest is built
+};
+
+}  // namespace ringloader::server

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Decoding part of a batch on other machines (the daemon's feeders), as BatchFiller sees it.
+//
+// A round of a batch (batch_filler.h) may lease some of its samples: the samples go out as calls,
+// each answered with a buffer laid out as a batch of exactly those samples (ComputeBatchLayout of
+// their count): the good ones first, in the order asked, with their dataset indices in the
+// `indices` tensor. The filler copies each good sample into its own slot only once it has checked
+// the answer, on its own thread, so an answer that comes late (the lease given up) never touches
+// the ring. Every sample not answered as good (a failed call, a lease past its deadline, a sample
+// the other side could not decode) is decoded locally in the same round: which machine decoded a
+// sample never shows in the batch.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ringloader::pipeline {
+
+// One call decoding samples elsewhere. Thread-safe.
+class RemoteCall {
+ public:
+  virtual ~RemoteCall() = default;
+  // The dataset indices asked for, in order.
+  virtual const std::vector<uint64_t>& indices() const = 0;
+  // Blocks until the call has ended or its lease runs out. OK: `payload()` is the answer, checked
+  // for size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
+  virtual absl::Status Wait() = 0;
+  // After Wait() returned OK: the good samples' count and the buffer.
+  virtual uint32_t count() const = 0;
+  virtual std::span<const uint8_t> payload() const = 0;
+  // The answer was used: its good samples are in their slots (counted as the feeder's).
+  virtual void Accept() = 0;
+  // The answer was unusable after all (an index not asked for, a label or length out of place):
+  // reported against the feeder, and the call's samples are decoded locally.
+  virtual void Reject(const absl::Status& why) = 0;
+};
+
+// Where a stream's rounds lease samples. Thread-safe.
+class RemoteDecode {
+ public:
+  virtual ~RemoteDecode() = default;
+  // How many of a round's `k` samples to decode elsewhere now (0 = all here): the share that
+  // ends the round soonest given how fast the local threads and the feeders have been, or all of
+  // them when the host's threads are kept for its trainers (server.local_decode = false).
+  virtual uint64_t Share(uint64_t k) = 0;
+  // Starts decoding `indices` of `epoch` elsewhere, split into calls; indices no feeder takes
+  // now are left out (decoded locally).
+  virtual std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
+                                                         std::span<const uint64_t> indices) = 0;
+  // What a round's local decodes took (`samples` in `elapsed`), for Share().
+  virtual void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) = 0;
+};
+
+}  // namespace ringloader::pipeline
