@@ -112,9 +112,9 @@ class FeederPool::Call final : public pipeline::RemoteCall {
   }
   uint32_t count() const override { return state_->count; }
   std::span<const uint8_t> payload() const override { return state_->payload; }
-  void Accept() override {
+  void Accept(uint32_t used) override {
     std::lock_guard<std::mutex> lock(pool_.mu_);
-    feeder_->samples += state_->count;
+    feeder_->samples += used;
     ++feeder_->calls;
   }
   void Reject(const absl::Status& why) override {
@@ -151,12 +151,35 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) override {
     pool_.LocalDone(samples, elapsed);
   }
+  void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
+    for (auto& call : pool_.StartFor(*this, epoch, indices)) {
+      ahead_.emplace_back(epoch, std::move(call));
+    }
+  }
+  std::vector<std::unique_ptr<pipeline::RemoteCall>> Claim(
+      uint64_t epoch, std::span<const uint64_t> indices) override {
+    const std::set<uint64_t> wanted(indices.begin(), indices.end());
+    std::vector<std::unique_ptr<pipeline::RemoteCall>> claimed;
+    for (auto& [call_epoch, call] : ahead_) {
+      const auto& held = call->indices();
+      if (call_epoch == epoch &&
+          std::any_of(held.begin(), held.end(), [&](uint64_t i) { return wanted.count(i) > 0; })) {
+        claimed.push_back(std::move(call));
+      }
+    }
+    ahead_.clear();  // the rest are past: cancelled as they go
+    return claimed;
+  }
 
   FeederPool& pool_;
   const std::string dataset_name;
   const pipeline::Dataset& dataset;
   const image::TransformSpec transform;
   v1::FeedRequest base;  // all but epoch and indices
+
+ private:
+  // Calls started ahead for the next round (the stream's producer alone uses a view).
+  std::vector<std::pair<uint64_t, std::unique_ptr<pipeline::RemoteCall>>> ahead_;
 };
 
 absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::Start(const DaemonConfig& config,
@@ -245,7 +268,8 @@ void FeederPool::Resolve(bool numeric_only) {
           v6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr)
              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr);
       if (inet_ntop(a->ai_family, where, ip, sizeof(ip)) == nullptr) continue;
-      const std::string address = v6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
+      const std::string address =
+          v6 ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port);
       addresses.insert(address);
       targets[address] = absl::StrCat(v6 ? "ipv6:" : "ipv4:", address);
     }
@@ -388,7 +412,8 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
           result = absl::DataLossError("its answer's payload is longer than its header said");
           break;
         }
-        payload.insert(payload.end(), frame.payload().begin(), frame.payload().end());
+        const auto* bytes = reinterpret_cast<const uint8_t*>(frame.payload().data());
+        payload.insert(payload.end(), bytes, bytes + frame.payload().size());  // a memcpy
       }
     }
   }

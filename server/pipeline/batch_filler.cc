@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -222,7 +223,7 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   }
   if (calls.empty()) return absl::OkStatus();
   const auto waited_from = std::chrono::steady_clock::now();
-  const std::vector<uint64_t> redo = CollectRemote(batch, calls);
+  const std::vector<uint64_t> redo = CollectRemote(batch, calls, leased);
   batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   return redo.empty() ? absl::OkStatus() : LocalWaves(batch, redo, observer);
 }
@@ -231,42 +232,83 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
                                                                   SampleObserver* observer,
                                                                   std::vector<bool>& leased) {
   const FillRequest& request = batch.request;
-  const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
-  if (share == 0) return {};
-  // The round's tail: the local threads start at its head, so whichever side is late, the
-  // other has done what comes first. A sample asked for twice in a round (a padded shard) is
-  // decoded here: a feeder answers each index once.
+  // A sample asked for twice in a round (a padded shard) is decoded here: a feeder answers each
+  // index once.
   std::map<uint64_t, uint64_t> position_of;  // dataset index -> round position
   std::map<uint64_t, int> seen;
-  for (uint64_t i = 0; i < batch.k; ++i) ++seen[batch.shard.at(batch.pos + i)];
-  std::vector<uint64_t> indices;
-  for (uint64_t i = batch.k; i-- > 0 && indices.size() < share;) {
+  std::vector<uint64_t> round;
+  for (uint64_t i = 0; i < batch.k; ++i) {
     const uint64_t index = batch.shard.at(batch.pos + i);
-    if (seen[index] > 1) continue;
-    if (observer != nullptr && !observer->Refused(batch.dataset, index).ok()) continue;
-    if (batch.dataset.has_images() && request.cache != nullptr &&
-        request.cache->Holds(request.cache_key, index)) {
-      continue;
-    }
+    ++seen[index];
     position_of[index] = i;
+    round.push_back(index);
+  }
+  const auto leasable = [&](uint64_t index) {
+    return (observer == nullptr || observer->Refused(batch.dataset, index).ok()) &&
+           !(batch.dataset.has_images() && request.cache != nullptr &&
+             request.cache->Holds(request.cache_key, index));
+  };
+  // The calls started ahead for this round's samples come first.
+  std::vector<std::unique_ptr<RemoteCall>> calls = request.remote->Claim(request.epoch, round);
+  uint64_t claimed = 0;
+  for (const auto& call : calls) {
+    for (uint64_t index : call->indices()) {
+      const auto it = position_of.find(index);
+      if (it == position_of.end() || seen[index] > 1 || leased[it->second]) continue;
+      leased[it->second] = true;
+      ++claimed;
+    }
+  }
+  const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
+  // Then the round's tail up to its share: the local threads start at its head, so whichever
+  // side is late, the other has done what comes first.
+  std::vector<uint64_t> indices;
+  for (uint64_t i = batch.k; i-- > 0 && claimed + indices.size() < share;) {
+    const uint64_t index = batch.shard.at(batch.pos + i);
+    if (leased[i] || seen[index] > 1 || !leasable(index)) continue;
     indices.push_back(index);
   }
   std::reverse(indices.begin(), indices.end());
-  std::vector<std::unique_ptr<RemoteCall>> calls = request.remote->Start(request.epoch, indices);
-  for (const auto& call : calls) {
-    // A read ahead of a leased sample is left to the read-ahead: taken if the sample is decoded
-    // here after all, else dropped by the next batch's Advance.
+  for (auto& call : request.remote->Start(request.epoch, indices)) {
     for (uint64_t index : call->indices()) leased[position_of.at(index)] = true;
+    calls.push_back(std::move(call));
   }
+  // And ahead: the next round's tail, the same share of the positions after this round.
+  if (share > 0) {
+    const uint64_t next = batch.pos + batch.k;
+    const uint64_t end = std::min<uint64_t>(batch.shard.size(), next + batch.k);
+    std::set<uint64_t> ahead_seen;
+    std::vector<uint64_t> ahead;
+    for (uint64_t p = end; p-- > next && ahead.size() < share;) {
+      const uint64_t index = batch.shard.at(p);
+      if (index >= batch.dataset.size() || !ahead_seen.insert(index).second) continue;
+      if (position_of.count(index) != 0 || !leasable(index)) continue;
+      ahead.push_back(index);
+    }
+    std::reverse(ahead.begin(), ahead.end());
+    if (!ahead.empty()) request.remote->Ahead(request.epoch, ahead);
+  }
+  // A read ahead of a leased sample is left to the read-ahead: taken if the sample is decoded
+  // here after all, else dropped by the next batch's Advance.
   return calls;
 }
 
 std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
-                                                 std::vector<std::unique_ptr<RemoteCall>>& calls) {
+                                                 std::vector<std::unique_ptr<RemoteCall>>& calls,
+                                                 const std::vector<bool>& leased) {
   const FillRequest& request = batch.request;
   const size_t tensors = batch.extras.size();
   std::map<uint64_t, uint64_t> position_of;  // dataset index -> round position
   for (uint64_t i = 0; i < batch.k; ++i) position_of[batch.shard.at(batch.pos + i)] = i;
+  // Which call each leased sample of the round went to (StartRemote's rule: a sample of the
+  // round once, to the first call holding it).
+  std::map<uint64_t, const RemoteCall*> leased_to;
+  for (const auto& call : calls) {
+    for (uint64_t index : call->indices()) {
+      const auto it = position_of.find(index);
+      if (it != position_of.end() && leased[it->second]) leased_to.emplace(index, call.get());
+    }
+  }
   std::vector<uint64_t> redo;
   for (const auto& call : calls) {
     const std::vector<uint64_t>& asked = call->indices();
@@ -274,14 +316,16 @@ std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
     absl::Status status = call->Wait();
     const BatchLayout layout = ComputeBatchLayout(static_cast<uint32_t>(asked.size()),
                                                   request.transform, &batch.dataset);
-    const std::span<const uint8_t> payload = status.ok() ? call->payload() : std::span<const uint8_t>();
+    const std::span<const uint8_t> payload =
+        status.ok() ? call->payload() : std::span<const uint8_t>();
     if (status.ok() && (payload.size() != layout.total_bytes || call->count() > asked.size())) {
       status = absl::DataLossError(absl::StrCat("an answer of ", payload.size(), " bytes and ",
                                                 call->count(), " samples for ", asked.size(),
                                                 " samples laid out in ", layout.total_bytes));
     }
     // The answer's samples, checked before any is copied: each one asked for, once.
-    std::vector<uint64_t> slot_of_answer;
+    // (answer j, round position) of the answer's samples this round leased to the call.
+    std::vector<std::pair<uint32_t, uint64_t>> taken;
     for (uint32_t j = 0; status.ok() && j < call->count(); ++j) {
       int64_t index = 0;
       std::memcpy(&index, payload.data() + layout.indices_offset + j * 8, 8);
@@ -292,20 +336,27 @@ std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
         break;
       }
       answered[asked_at - asked.begin()] = true;
-      slot_of_answer.push_back(position_of.at(static_cast<uint64_t>(index)));
+      const auto mine = leased_to.find(static_cast<uint64_t>(index));
+      if (mine != leased_to.end() && mine->second == call.get()) {
+        taken.emplace_back(j, position_of.at(mine->first));
+      }
     }
     if (!status.ok()) {
       if (absl::IsDataLoss(status)) call->Reject(status);
-      for (uint64_t index : asked) redo.push_back(position_of.at(index));
+      for (uint64_t index : asked) {
+        const auto mine = leased_to.find(index);
+        if (mine != leased_to.end() && mine->second == call.get()) {
+          redo.push_back(position_of.at(index));
+        }
+      }
       continue;
     }
     const uint8_t* const base = payload.data();
-    for (uint32_t j = 0; j < call->count(); ++j) {
-      const uint64_t i = slot_of_answer[j];
+    for (const auto& [j, i] : taken) {
       const uint64_t slot = batch.first_slot + i;
       if (batch.sample_bytes > 0) {
-        std::memcpy(batch.Image(slot).data(), base + layout.images_offset + j * batch.sample_bytes,
-                    batch.sample_bytes);
+        std::memcpy(batch.Image(slot).data(),
+                    base + layout.images_offset + j * batch.sample_bytes, batch.sample_bytes);
       }
       std::memcpy(&batch.labels[i], base + layout.labels_offset + j * 8, 8);
       for (size_t t = 0; t < tensors; ++t) {
@@ -323,10 +374,13 @@ std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
       batch.statuses[i] = absl::OkStatus();
       ++batch.remote_samples;
     }
-    call->Accept();
+    call->Accept(static_cast<uint32_t>(taken.size()));
     // What the feeder could not decode is decoded here: the verdict on a file is this host's.
     for (size_t a = 0; a < asked.size(); ++a) {
-      if (!answered[a]) redo.push_back(position_of.at(asked[a]));
+      const auto mine = leased_to.find(asked[a]);
+      if (!answered[a] && mine != leased_to.end() && mine->second == call.get()) {
+        redo.push_back(position_of.at(asked[a]));
+      }
     }
   }
   std::sort(redo.begin(), redo.end());

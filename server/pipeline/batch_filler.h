@@ -277,14 +277,16 @@ class BatchFiller {
   // end with read-ahead, else all at once.
   absl::Status LocalWaves(Assembly& batch, const std::vector<uint64_t>& which,
                           SampleObserver* observer);
-  // Leases the tail of the round to request.remote (never a refused, cached or repeated sample);
-  // `leased[i]` says which went out.
+  // Claims the calls started ahead for the round's samples, leases the rest of its share from the
+  // round's tail (never a refused, cached or repeated sample), and starts the next round's tail
+  // ahead; `leased[i]` says which of the round's samples went out.
   std::vector<std::unique_ptr<RemoteCall>> StartRemote(Assembly& batch, SampleObserver* observer,
                                                        std::vector<bool>& leased);
   // Waits for the calls and copies each good sample they answered into its slot; returns the
   // round positions still to decode here (failed calls, samples not answered as good).
   std::vector<uint64_t> CollectRemote(Assembly& batch,
-                                      std::vector<std::unique_ptr<RemoteCall>>& calls);
+                                      std::vector<std::unique_ptr<RemoteCall>>& calls,
+                                      const std::vector<bool>& leased);
   // The tasks of samples `which` (round positions), on the pool; returns when all are done.
   // Its time goes into the batch's decode_ns and memory_wait_ns.
   void RunTasks(Assembly& batch, const std::vector<uint64_t>& which, SampleObserver* observer);

@@ -25,7 +25,8 @@ namespace ringloader::pipeline {
 class RemoteCall {
  public:
   virtual ~RemoteCall() = default;
-  // The dataset indices asked for, in order.
+  // The dataset indices asked for, in order (the answer is laid out for all of them; a call
+  // started ahead may hold some the round does not).
   virtual const std::vector<uint64_t>& indices() const = 0;
   // Blocks until the call has ended or its lease runs out. OK: `payload()` is the answer, checked
   // for size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
@@ -33,8 +34,9 @@ class RemoteCall {
   // After Wait() returned OK: the good samples' count and the buffer.
   virtual uint32_t count() const = 0;
   virtual std::span<const uint8_t> payload() const = 0;
-  // The answer was used: its good samples are in their slots (counted as the feeder's).
-  virtual void Accept() = 0;
+  // The answer was used: `used` of its good samples are in their slots (counted as the
+  // feeder's; a call started ahead may hold samples another round had).
+  virtual void Accept(uint32_t used) = 0;
   // The answer was unusable after all (an index not asked for, a label or length out of place):
   // reported against the feeder, and the call's samples are decoded locally.
   virtual void Reject(const absl::Status& why) = 0;
@@ -52,6 +54,22 @@ class RemoteDecode {
   // now are left out (decoded locally).
   virtual std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
                                                          std::span<const uint64_t> indices) = 0;
+  // Leases ahead: the samples the next round will likely lease (its tail), started now so that
+  // the other side decodes them while this round is collected and the trainer reads. Their
+  // bytes depend only on (dataset, seed, epoch, sample), so they serve whichever round holds
+  // them. Default: none.
+  virtual void Ahead(uint64_t epoch, std::span<const uint64_t> indices) {
+    (void)epoch;
+    (void)indices;
+  }
+  // The calls started ahead that hold any of `indices` of `epoch`, now this round's; the rest
+  // started ahead are given up (the round moved past them). Default: none.
+  virtual std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
+                                                         std::span<const uint64_t> indices) {
+    (void)epoch;
+    (void)indices;
+    return {};
+  }
   // What a round's local decodes took (`samples` in `elapsed`), for Share().
   virtual void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) = 0;
 };

@@ -508,6 +508,23 @@ class FakeRemote final : public RemoteDecode {
   std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
                                                  std::span<const uint64_t> indices) override;
   void LocalDone(uint64_t samples, std::chrono::nanoseconds) override { local += samples; }
+  // Calls started ahead are kept whole and handed back when a round holds any of their samples.
+  void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
+    for (auto& call : Start(epoch, indices)) ahead_.emplace_back(epoch, std::move(call));
+  }
+  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
+                                                 std::span<const uint64_t> indices) override {
+    std::vector<std::unique_ptr<RemoteCall>> claimed;
+    for (auto& [e, call] : ahead_) {
+      bool holds = false;
+      for (uint64_t i : call->indices()) {
+        holds |= std::find(indices.begin(), indices.end(), i) != indices.end();
+      }
+      if (e == epoch && holds) claimed.push_back(std::move(call));
+    }
+    ahead_.clear();
+    return claimed;
+  }
 
   uint64_t leased = 0, accepted = 0, rejected = 0, local = 0;
   uint64_t seed = 0;
@@ -518,6 +535,7 @@ class FakeRemote final : public RemoteDecode {
   const Dataset& ds_;
   const Answer answer_;
   const bool all_;
+  std::vector<std::pair<uint64_t, std::unique_ptr<RemoteCall>>> ahead_;
 };
 
 class FakeRemote::Call final : public RemoteCall {
@@ -527,7 +545,7 @@ class FakeRemote::Call final : public RemoteCall {
   absl::Status Wait() override { return status; }
   uint32_t count() const override { return count_; }
   std::span<const uint8_t> payload() const override { return payload_; }
-  void Accept() override { owner_.accepted += count_; }
+  void Accept(uint32_t used) override { owner_.accepted += used; }
   void Reject(const absl::Status&) override { ++owner_.rejected; }
 
   absl::Status status;

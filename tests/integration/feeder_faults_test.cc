@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 40 item 4: feeders' faults through the real binaries. A trainer reading through a host
+// that draws from feeders gets every sample exactly once, with the same bytes as a host alone,
+// while feeders come and go, the host is SIGKILLed with leases out, a feeder sits in another
+// network namespace behind a veth that is cut, and (where the kernel has netem) the link loses
+// and delays packets.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/storage_data.h"
+#include "tests/support/test_pki.h"
+#include "tests/support/test_support.h"
+
+namespace ringloader::testing {
+namespace {
+
+constexpr uint32_t kImages = 96;
+
+// [tls] with certificate `cert` of `pki` (its CA "ca").
+std::string TlsTable(const TestPki& pki, const std::string& cert, const std::string& extra = "") {
+  return "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem(cert) + "\"\nkey = \"" +
+         pki.Key(cert) + "\"\n" + extra;
+}
+
+// A feeder of dataset "shared" (the files at `data`) on `address`, certificate `cert`.
+std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string& cert,
+                                          const std::string& data, const std::string& address,
+                                          std::vector<std::string> command_prefix = {}) {
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.server_extra = "feeder_listen = \"" + address + "\"";
+  options.config_extra = DatasetTable("shared", data) +
+                         TlsTable(pki, cert, "allowed_clients = [\"DNS:host-*\"]\n");
+  options.command_prefix = std::move(command_prefix);
+  return std::make_unique<DaemonFixture>(options);
+}
+
+// A host of dataset "shared" drawing from `feeders` only (local_decode = false), supervised.
+std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const std::string& data,
+                                        const std::vector<std::string>& feeders) {
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.supervise = true;
+  options.server_extra = "local_decode = false\nfeeder_lease_ms = 1500";
+  options.config_extra = DatasetTable("shared", data) + TlsTable(pki, "host");
+  for (const std::string& f : feeders) {
+    options.config_extra += "[[feeders]]\naddress = \"" + f + "\"\n";
+  }
+  return std::make_unique<DaemonFixture>(options);
+}
+
+// What a host alone delivers: two epochs of "shared" read from a plain daemon.
+std::vector<std::string> Alone(const std::string& data) {
+  DaemonFixtureOptions options;
+  options.images = 4;
+  options.config_extra = DatasetTable("shared", data);
+  DaemonFixture alone(options);
+  REQUIRE(alone.Start());
+  client::Client c(alone.endpoint());
+  return Lines(*c.Open(Options("shared", 2)));
+}
+
+uint64_t FeederSamples(const v1::GetStatsResponse& stats) {
+  uint64_t n = 0;
+  for (const v1::FeederStatus& f : stats.feeders()) n += f.samples();
+  return n;
+}
+
+// A network namespace joined to this one by a veth pair: outer_ip here, inner_ip there.
+class NetNs {
+ public:
+  NetNs() {
+    const int id = static_cast<int>(::getpid() % 200) + 20;
+    name_ = "rl-feeder-" + std::to_string(::getpid());
+    outer_ = "rlf" + std::to_string(id) + "a";
+    inner_ = "rlf" + std::to_string(id) + "b";
+    outer_ip_ = "10.231." + std::to_string(id) + ".1";
+    inner_ip_ = "10.231." + std::to_string(id) + ".2";
+    for (const std::vector<std::string>& step : std::vector<std::vector<std::string>>{
+             {"netns", "add", name_},
+             {"netns", "exec", name_, kIp, "link", "set", "lo", "up"},
+             {"link", "add", outer_, "type", "veth", "peer", "name", inner_},
+             {"link", "set", inner_, "netns", name_},
+             {"addr", "add", outer_ip_ + "/30", "dev", outer_},
+             {"link", "set", outer_, "up"},
+             {"netns", "exec", name_, kIp, "addr", "add", inner_ip_ + "/30", "dev", inner_},
+             {"netns", "exec", name_, kIp, "link", "set", inner_, "up"}}) {
+      std::vector<std::string> argv = {kIp};
+      argv.insert(argv.end(), step.begin(), step.end());
+      const CommandResult r = RunCommand(argv);
+      if (r.exit_code != 0) {
+        why_ = "ip " + step[0] + " " + step[1] + ": " + r.output;
+        return;
+      }
+    }
+  }
+  ~NetNs() {
+    (void)RunCommand({kIp, "link", "del", outer_});
+    (void)RunCommand({kIp, "netns", "del", name_});
+  }
+  // Empty when the namespace and its link are up.
+  const std::string& why_not() const { return why_; }
+  const std::string& inner_ip() const { return inner_ip_; }
+  std::vector<std::string> Exec() const { return {kIp, "netns", "exec", name_}; }
+  void Link(bool up) {
+    REQUIRE(RunCommand({kIp, "link", "set", outer_, up ? "up" : "down"}).exit_code == 0);
+  }
+  // tc netem on both ends ("delay 50ms loss 10%"); the error when the kernel has none.
+  std::string Netem(const std::string& spec) {
+    std::vector<std::string> outer = {kTc, "qdisc", "replace", "dev", outer_, "root", "netem"};
+    std::vector<std::string> inner = {kIp, "netns", "exec", name_, kTc, "qdisc", "replace",
+                                      "dev", inner_, "root", "netem"};
+    for (const std::string& word : std::vector<std::string>(absl::StrSplit(spec, ' '))) {
+      outer.push_back(word);
+      inner.push_back(word);
+    }
+    for (const auto& argv : {outer, inner}) {
+      const CommandResult r = RunCommand(argv);
+      if (r.exit_code != 0) return r.output;
+    }
+    return "";
+  }
+
+ private:
+  static constexpr const char* kIp = "/usr/sbin/ip";
+  static constexpr const char* kTc = "/usr/sbin/tc";
+  std::string name_, outer_, inner_, outer_ip_, inner_ip_, why_;
+};
+
+// A feeder in `ns` (its certificate for the namespace's address) and a host here drawing from
+// it alone, over a generated dataset; `reference`: what a host alone delivers.
+struct ThroughNetns {
+  explicit ThroughNetns(const NetNs& ns) {
+    WriteDataset(data.Join("images"), kImages);
+    pki.MakeCa("ca", "ringloader test CA");
+    pki.Issue("feeder", "ca", "feeder", "IP:" + ns.inner_ip(), 30);
+    pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+    reference = Alone(data.Join("images"));
+    const std::string address = ns.inner_ip() + ":7001";
+    feeder = MakeFeeder(pki, "feeder", data.Join("images"), address, ns.Exec());
+    if (!feeder->Start()) FAIL(feeder->Log());
+    host = MakeHost(pki, data.Join("images"), {address});
+    if (!host->Start()) FAIL(host->Log());
+  }
+  TempDir data;
+  TestPki pki;
+  std::vector<std::string> reference;
+  std::unique_ptr<DaemonFixture> feeder, host;
+};
+
+}  // namespace
+
+TEST_CASE("40.4: the host SIGKILLed with leases out and three feeders coming and going during "
+          "the epochs: every sample once, the same bytes as a host alone",
+          "[feeder][faults]") {
+  TempDir data;
+  WriteDataset(data.Join("images"), kImages);
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder", "IP:127.0.0.1", 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  const std::vector<std::string> reference = Alone(data.Join("images"));
+  REQUIRE(reference.size() == 2 * kImages);
+
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<DaemonFixture>> feeders;
+  for (int i = 0; i < 3; ++i) {
+    addresses.push_back("127.0.0.1:" + std::to_string(FreeTcpPort()));
+    feeders.push_back(MakeFeeder(pki, "feeder", data.Join("images"), addresses.back()));
+    REQUIRE(feeders.back()->Start());
+  }
+  auto host = MakeHost(pki, data.Join("images"), addresses);
+  if (!host->Start()) FAIL(host->Log());
+  client::Client c(host->endpoint());
+  auto stream = c.Open(Options("shared", 2));
+  int batches = 0, kills = 0, comings = 0, goings = 0;
+  const std::vector<std::string> got = Lines(*stream, [&] {
+    ++batches;
+    // Every 3rd batch a feeder goes (SIGKILL) and the one gone longest comes back.
+    if (batches % 3 == 0) {
+      const size_t going = static_cast<size_t>(batches / 3) % feeders.size();
+      const size_t coming = (going + 1) % feeders.size();
+      if (!feeders[coming]->process().Running()) {
+        REQUIRE(feeders[coming]->Start());
+        ++comings;
+      }
+      feeders[going]->process().Kill(SIGKILL);
+      feeders[going]->process().Wait();
+      ++goings;
+    }
+    // Every 5th batch the host is SIGKILLed (its supervisor restarts it): whatever it had
+    // leased is lost with it, and the trainer resumes at the next batch.
+    if (batches % 5 == 0 && kills < 3) {
+      const pid_t serving = host->ServingPid();
+      REQUIRE(serving > 0);
+      REQUIRE(::kill(serving, SIGKILL) == 0);
+      ++kills;
+      WaitFor([&] { return host->ServingPid() > 0 && host->ServingPid() != serving; },
+              std::chrono::seconds(30));
+    }
+  });
+  INFO(host->Log());
+  CHECK(kills == 3);
+  CHECK(goings >= 5);
+  CHECK(comings >= 3);
+  CHECK(stream->reconnects() >= 3);
+  CHECK(got == reference);
+  CHECK(FeederSamples(Stats(host->endpoint())) > 0);
+}
+
+TEST_CASE("40.4: a feeder in another network namespace behind a veth: the same bytes, with the "
+          "link cut mid-epoch and restored",
+          "[feeder][faults][netns]") {
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a network namespace");
+  NetNs ns;
+  if (!ns.why_not().empty()) RINGLOADER_SKIP("no network namespace here: " + ns.why_not());
+  ThroughNetns rig(ns);
+  const std::vector<std::string>& reference = rig.reference;
+  DaemonFixture* host = rig.host.get();
+  INFO(host->Log());
+  client::Client c(host->endpoint());
+  int batches = 0;
+  uint64_t before_cut = 0;
+  const std::vector<std::string> got = Lines(*c.Open(Options("shared", 2)), [&] {
+    ++batches;
+    if (batches == 4) {
+      before_cut = FeederSamples(Stats(host->endpoint()));
+      ns.Link(false);
+    }
+    if (batches == 10) ns.Link(true);
+  });
+  CHECK(got == reference);
+  const v1::GetStatsResponse stats = Stats(host->endpoint());
+  REQUIRE(stats.feeders_size() == 1);
+  CHECK(before_cut > 0);
+  CHECK(stats.feeders(0).lease_failures() >= 1);
+  CHECK(stats.feeder_fallback_samples() > 0);
+}
+
+TEST_CASE("40.4: 10% packet loss and 50 ms delay between the host and its feeder (tc netem): the "
+          "same bytes",
+          "[feeder][faults][netns]") {
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a network namespace");
+  NetNs ns;
+  if (!ns.why_not().empty()) RINGLOADER_SKIP("no network namespace here: " + ns.why_not());
+  if (const std::string error = ns.Netem("delay 50ms loss 10%"); !error.empty()) {
+    RINGLOADER_SKIP("this kernel has no tc netem (sch_netem): " + error);
+  }
+  ThroughNetns rig(ns);
+  const std::vector<std::string>& reference = rig.reference;
+  DaemonFixture* host = rig.host.get();
+  INFO(host->Log());
+  client::Client c(host->endpoint());
+  CHECK(Lines(*c.Open(Options("shared", 2))) == reference);
+  CHECK(FeederSamples(Stats(host->endpoint())) > 0);
+}
+
+}  // namespace ringloader::testing
