@@ -455,9 +455,10 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
   r.Integer("session_end_delay_ms", &f->session_end_delay_ms, 0, 60'000);
   r.Integer("open_delay_ms", &f->open_delay_ms, 0, 60'000);
+  const std::vector<std::string> lies = {"", "checksum", "index", "short", "slow"};
   int lie = -1;
-  r.Enum("feed_lie", {"", "checksum", "index", "short", "slow"}, &lie);
-  if (lie > 0) f->feed_lie = std::vector<std::string>{"", "checksum", "index", "short", "slow"}[lie];
+  r.Enum("feed_lie", lies, &lie);
+  if (lie > 0) f->feed_lie = lies[lie];
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {
@@ -527,6 +528,17 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_view) {
     return absl::InvalidArgumentError(absl::StrCat("size too large: \"", text, "\""));
   }
   return number * it->second;
+}
+
+bool SplitHostPort(const std::string& listen, std::string* host, std::string* port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == listen.size()) return false;
+  *host = listen.substr(0, colon);
+  *port = listen.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return !host->empty();
 }
 
 absl::Status ValidateListen(std::string_view listen_view) {

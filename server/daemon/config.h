@@ -179,6 +179,8 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
 // "unix:PATH" (non-empty path) or "HOST:PORT" / "[V6]:PORT" with PORT in [1, 65535].
 // InvalidArgument naming the rule otherwise.
 absl::Status ValidateListen(std::string_view listen);
+// Splits "HOST:PORT" / "[V6]:PORT" (brackets dropped); false without a host or a port.
+bool SplitHostPort(const std::string& listen, std::string* host, std::string* port);
 
 // [tls]: mutual TLS on the TCP gRPC endpoint (server.listen when it is TCP). Both sides'
 // certificates are checked against `ca`; a client must also carry one of `allowed_clients`'

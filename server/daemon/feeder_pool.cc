@@ -35,16 +35,6 @@ void Average(double& average, double sample) {
   average = average == 0 ? sample : 0.7 * average + 0.3 * sample;
 }
 
-// "HOST:PORT" or "[V6]:PORT" (ValidateListen's forms) split in two.
-std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return {host, address.substr(colon + 1)};
-}
-
 }  // namespace
 
 struct FeederPool::Feeder {
@@ -245,7 +235,8 @@ void FeederPool::ResolveLoop() {
 
 void FeederPool::Resolve(bool numeric_only) {
   for (const FeederConfig& f : configured_) {
-    const auto [host, port] = SplitHostPort(f.address);
+    std::string host, port;
+    if (!SplitHostPort(f.address, &host, &port)) continue;  // (ValidateListen refused it)
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

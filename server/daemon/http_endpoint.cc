@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/http_endpoint.h"
 
+#include "server/daemon/config.h"
+
 #include <algorithm>
 
 #include <microhttpd.h>
@@ -28,18 +30,6 @@ MHD_Result Queue(MHD_Connection* connection, unsigned status, const std::string&
   const MHD_Result queued = MHD_queue_response(connection, status, response);
   MHD_destroy_response(response);
   return queued;
-}
-
-// Splits "HOST:PORT" / "[V6]:PORT".
-bool SplitHostPort(const std::string& listen, std::string* host, std::string* port) {
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon + 1 == listen.size()) return false;
-  *host = listen.substr(0, colon);
-  *port = listen.substr(colon + 1);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  return !host->empty();
 }
 
 }  // namespace

@@ -26,12 +26,6 @@ namespace {
 
 constexpr uint32_t kImages = 96;
 
-// [tls] with certificate `cert` of `pki` (its CA "ca").
-std::string TlsTable(const TestPki& pki, const std::string& cert, const std::string& extra = "") {
-  return "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem(cert) + "\"\nkey = \"" +
-         pki.Key(cert) + "\"\n" + extra;
-}
-
 // A feeder of dataset "shared" (the files at `data`) on `address`, certificate `cert`.
 std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string& cert,
                                           const std::string& data, const std::string& address,
@@ -40,7 +34,7 @@ std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string&
   options.images = 4;
   options.server_extra = "feeder_listen = \"" + address + "\"";
   options.config_extra = DatasetTable("shared", data) +
-                         TlsTable(pki, cert, "allowed_clients = [\"DNS:host-*\"]\n");
+                         pki.TlsTable(cert, "allowed_clients = [\"DNS:host-*\"]\n");
   options.command_prefix = std::move(command_prefix);
   return std::make_unique<DaemonFixture>(options);
 }
@@ -52,7 +46,7 @@ std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const std::string& d
   options.images = 4;
   options.supervise = true;
   options.server_extra = "local_decode = false\nfeeder_lease_ms = 1500";
-  options.config_extra = DatasetTable("shared", data) + TlsTable(pki, "host");
+  options.config_extra = DatasetTable("shared", data) + pki.TlsTable("host");
   for (const std::string& f : feeders) {
     options.config_extra += "[[feeders]]\naddress = \"" + f + "\"\n";
   }

@@ -71,18 +71,12 @@ void SetTlsEnv(const std::map<std::string, std::string>& env) {
   }
 }
 
-// [tls] with certificate `cert` of `pki` (its CA "ca"), and `extra` lines.
-std::string TlsTable(const TestPki& pki, const std::string& cert, const std::string& extra = "") {
-  return "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem(cert) + "\"\nkey = \"" +
-         pki.Key(cert) + "\"\n" + extra;
-}
-
 // A feeder on `address` with 48 images, its certificate "feeder", letting in hosts "host-*".
 DaemonFixtureOptions FeederOptions(const TestPki& pki, const std::string& address) {
   DaemonFixtureOptions options;
   options.images = 48;
   options.server_extra = "feeder_listen = \"" + address + "\"";
-  options.config_extra = TlsTable(pki, "feeder", "allowed_clients = [\"DNS:host-*\"]\n");
+  options.config_extra = pki.TlsTable("feeder", "allowed_clients = [\"DNS:host-*\"]\n");
   return options;
 }
 
@@ -267,7 +261,7 @@ std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const HostOptions& h
   options.server_extra = absl::StrFormat("local_decode = %s\nfeeder_lease_ms = %d",
                                          h.local_decode ? "true" : "false", h.lease_ms);
   options.config_extra =
-      TlsTable(pki, h.cert) + "[[feeders]]\naddress = \"" + h.feeder + "\"\n";
+      pki.TlsTable(h.cert) + "[[feeders]]\naddress = \"" + h.feeder + "\"\n";
   auto host = std::make_unique<DaemonFixture>(options);
   if (!h.dataset_root.empty()) UseFilesOf(*host, h.dataset_root);
   return host;

@@ -61,9 +61,7 @@ TEST_CASE("mutual TLS: a trusted client is served, others get nothing and both s
   options.tcp = true;
   options.images = 48;
   options.server_extra = "metrics_listen = \"" + metrics + "\"";
-  options.config_extra = "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem("daemon") +
-                         "\"\nkey = \"" + pki.Key("daemon") +
-                         "\"\nallowed_clients = [\"DNS:trainer-*\"]\n";
+  options.config_extra = pki.TlsTable("daemon", "allowed_clients = [\"DNS:trainer-*\"]\n");
   const auto trainer = pki.ClientEnv("ca", "trainer");
   options.ctl_env = trainer;
   DaemonFixture daemon(options);
@@ -201,8 +199,7 @@ TEST_CASE("a certificate rotation is not held up by a reload indexing a dataset 
   DaemonFixtureOptions options;
   options.tcp = true;
   options.images = 16;
-  options.config_extra = "[tls]\nca = \"" + pki.Pem("ca") + "\"\ncert = \"" + pki.Pem("daemon") +
-                         "\"\nkey = \"" + pki.Key("daemon") + "\"\n";
+  options.config_extra = pki.TlsTable("daemon");
   options.ctl_env = pki.ClientEnv("ca", "trainer");
   DaemonFixture daemon(options);
   REQUIRE(daemon.Start());

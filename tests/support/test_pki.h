@@ -31,6 +31,11 @@ class TestPki {
   }
 
   std::string Pem(const std::string& name) const { return dir_.Join(name + ".pem"); }
+  // A [tls] table serving certificate `name`, trusting CA "ca", with `extra` lines after it.
+  std::string TlsTable(const std::string& name, const std::string& extra = "") const {
+    return "[tls]\nca = \"" + Pem("ca") + "\"\ncert = \"" + Pem(name) + "\"\nkey = \"" + Key(name) +
+           "\"\n" + extra;
+  }
   std::string Key(const std::string& name) const { return dir_.Join(name + ".key"); }
   // RINGLOADER_TLS_CA / _CERT / _KEY for a client trusting `ca` and showing `name`.
   std::map<std::string, std::string> ClientEnv(const std::string& ca,
