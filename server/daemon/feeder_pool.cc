@@ -60,6 +60,7 @@ struct FeederPool::CallState {
   Reservation held;  // the answer's buffer, from memory_limit
   grpc::ClientContext context;
   Clock::time_point started, deadline;
+  Clock::time_point ended;  // the answer's last byte (set with `done`)
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;       // the answer (or its failure) is in
@@ -85,12 +86,14 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     state_->held = Reservation();
   }
   const std::vector<uint64_t>& indices() const override { return state_->indices; }
-  absl::Status Wait() override {
+  std::optional<absl::Status> Wait(std::chrono::milliseconds slice) override {
     {
       std::unique_lock<std::mutex> lock(state_->mu);
-      if (state_->cv.wait_until(lock, state_->deadline, [&] { return state_->done; })) {
+      const auto until = std::min(state_->deadline, Clock::now() + slice);
+      if (state_->cv.wait_until(lock, until, [&] { return state_->done; })) {
         return state_->status;
       }
+      if (Clock::now() < state_->deadline) return std::nullopt;
       state_->abandoned = true;
       state_->context.TryCancel();
     }
@@ -104,6 +107,11 @@ class FeederPool::Call final : public pipeline::RemoteCall {
   std::span<const uint8_t> payload() const override { return state_->payload; }
   void Accept(uint32_t used) override {
     std::lock_guard<std::mutex> lock(pool_.mu_);
+    // Only an answer the filler used clears the feeder's failures and counts for its rate.
+    feeder_->failures_in_row = 0;
+    const double seconds = std::chrono::duration<double>(state_->ended - state_->started).count();
+    Average(feeder_->round_trip_ms, seconds * 1e3);
+    if (seconds > 0) Average(feeder_->rate, static_cast<double>(state_->indices.size()) / seconds);
     feeder_->samples += used;
     ++feeder_->calls;
   }
@@ -432,6 +440,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     state->done = true;
     state->status = result;
     state->count = count;
+    state->ended = ended;
     if (!abandoned) state->payload = std::move(payload);
     if (abandoned) state->held = Reservation();  // nobody reads it
     state->cv.notify_all();
@@ -441,10 +450,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     --feeder->in_flight;
     if (!abandoned) {
       if (result.ok()) {
-        feeder->failures_in_row = 0;  // samples and calls count once the filler used them
-        const double seconds = std::chrono::duration<double>(ended - state->started).count();
-        Average(feeder->round_trip_ms, seconds * 1e3);
-        if (seconds > 0) Average(feeder->rate, static_cast<double>(n) / seconds);
+        // Counted by the filler's Accept or Reject, once it has checked the answer.
       } else if (code == grpc::StatusCode::FAILED_PRECONDITION ||
                  code == grpc::StatusCode::NOT_FOUND ||
                  code == grpc::StatusCode::INVALID_ARGUMENT) {

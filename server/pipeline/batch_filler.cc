@@ -223,9 +223,10 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   }
   if (calls.empty()) return absl::OkStatus();
   const auto waited_from = std::chrono::steady_clock::now();
-  const std::vector<uint64_t> redo = CollectRemote(batch, calls, leased);
+  absl::StatusOr<std::vector<uint64_t>> redo = CollectRemote(batch, calls, leased);
   batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
-  return redo.empty() ? absl::OkStatus() : LocalWaves(batch, redo, observer);
+  if (!redo.ok()) return redo.status();
+  return redo->empty() ? absl::OkStatus() : LocalWaves(batch, *redo, observer);
 }
 
 std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batch,
@@ -254,7 +255,9 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   for (const auto& call : calls) {
     for (uint64_t index : call->indices()) {
       const auto it = position_of.find(index);
-      if (it == position_of.end() || seen[index] > 1 || leased[it->second]) continue;
+      if (it == position_of.end() || seen[index] > 1 || leased[it->second] || !leasable(index)) {
+        continue;  // (quarantined since it was started ahead: decoded here, refused as here)
+      }
       leased[it->second] = true;
       ++claimed;
     }
@@ -293,7 +296,7 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   return calls;
 }
 
-std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
+absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch,
                                                  std::vector<std::unique_ptr<RemoteCall>>& calls,
                                                  const std::vector<bool>& leased) {
   const FillRequest& request = batch.request;
@@ -313,7 +316,17 @@ std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
   for (const auto& call : calls) {
     const std::vector<uint64_t>& asked = call->indices();
     std::vector<bool> answered(asked.size(), false);
-    absl::Status status = call->Wait();
+    // In slices: a stream that stops (closed, the daemon shutting down) does not wait out a
+    // stalled feeder's lease.
+    std::optional<absl::Status> ended;
+    while (!(ended = call->Wait(std::chrono::milliseconds(50)))) {
+      if (request.stop && request.stop()) {
+        return absl::CancelledError("the batch was waiting for a feeder when its stream stopped");
+      }
+    }
+    absl::Status status = *std::move(ended);
+    // The call's own failures are the pool's to count; only what is found here is rejected.
+    const bool call_failed = !status.ok();
     const BatchLayout layout = ComputeBatchLayout(static_cast<uint32_t>(asked.size()),
                                                   request.transform, &batch.dataset);
     const std::span<const uint8_t> payload =
@@ -336,13 +349,26 @@ std::vector<uint64_t> BatchFiller::CollectRemote(Assembly& batch,
         break;
       }
       answered[asked_at - asked.begin()] = true;
+      for (size_t t = 0; t < tensors && status.ok(); ++t) {
+        if (batch.lengths[t] == nullptr) continue;
+        const TensorPlacement* rows = layout.Find(batch.extras[t]->name + "_lengths");
+        int64_t n = 0;
+        std::memcpy(&n, payload.data() + rows->offset + j * 8, 8);
+        const TensorPlacement& tensor = *batch.extras[t];
+        const uint64_t most = tensor.sample_shape.empty() ? 0 : tensor.sample_shape[0];
+        if (n < 0 || static_cast<uint64_t>(n) > most) {
+          status = absl::DataLossError(absl::StrCat("its answer's sample ", j, " has ", n,
+                                                    " rows of ", tensor.name, ", past ", most));
+        }
+      }
+      if (!status.ok()) break;
       const auto mine = leased_to.find(static_cast<uint64_t>(index));
       if (mine != leased_to.end() && mine->second == call.get()) {
         taken.emplace_back(j, position_of.at(mine->first));
       }
     }
     if (!status.ok()) {
-      if (absl::IsDataLoss(status)) call->Reject(status);
+      if (!call_failed) call->Reject(status);
       for (uint64_t index : asked) {
         const auto mine = leased_to.find(index);
         if (mine != leased_to.end() && mine->second == call.get()) {

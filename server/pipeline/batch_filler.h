@@ -284,7 +284,8 @@ class BatchFiller {
                                                        std::vector<bool>& leased);
   // Waits for the calls and copies each good sample they answered into its slot; returns the
   // round positions still to decode here (failed calls, samples not answered as good).
-  std::vector<uint64_t> CollectRemote(Assembly& batch,
+  // Cancelled when request.stop says so while it waits.
+  absl::StatusOr<std::vector<uint64_t>> CollectRemote(Assembly& batch,
                                       std::vector<std::unique_ptr<RemoteCall>>& calls,
                                       const std::vector<bool>& leased);
   // The tasks of samples `which` (round positions), on the pool; returns when all are done.

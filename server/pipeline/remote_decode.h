@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,9 +29,10 @@ class RemoteCall {
   // The dataset indices asked for, in order (the answer is laid out for all of them; a call
   // started ahead may hold some the round does not).
   virtual const std::vector<uint64_t>& indices() const = 0;
-  // Blocks until the call has ended or its lease runs out. OK: `payload()` is the answer, checked
-  // for size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
-  virtual absl::Status Wait() = 0;
+  // Blocks until the call has ended, its lease runs out, or `slice` has passed (then nullopt: ask
+  // again, after checking whether the stream stopped). OK: `payload()` is the answer, checked for
+  // size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
+  virtual std::optional<absl::Status> Wait(std::chrono::milliseconds slice) = 0;
   // After Wait() returned OK: the good samples' count and the buffer.
   virtual uint32_t count() const = 0;
   virtual std::span<const uint8_t> payload() const = 0;

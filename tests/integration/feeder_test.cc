@@ -343,6 +343,29 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     CheckSame(Delivered(*host, "killed"), alone);
   }
 
+  SECTION("a stream closed, and the host stopped, while a feeder sits on a 60 s lease wait for "
+          "neither the lease nor the feeder") {
+    auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "host", false, 60'000});
+    if (!host->Start()) FAIL(host->Log());
+    feeder.process().Kill(SIGSTOP);
+    {
+      client::Client c(host->endpoint());
+      client::StreamOptions o;
+      o.dataset = "synth";
+      o.batch_size = 8;
+      o.image_size = 32;
+      auto stream = c.Open(o);
+      CHECK_THROWS_AS(stream->Next(std::chrono::milliseconds(1500)), client::Error);
+      const auto closing = std::chrono::steady_clock::now();
+      stream.reset();  // CloseStream: the producer is waiting on the stopped feeder
+      CHECK(std::chrono::steady_clock::now() - closing < std::chrono::seconds(8));
+    }
+    const auto stopping = std::chrono::steady_clock::now();
+    CHECK(host->Stop() == 0);
+    CHECK(std::chrono::steady_clock::now() - stopping < std::chrono::seconds(8));
+    feeder.process().Kill(SIGCONT);
+  }
+
   SECTION("local_decode = true: the round is shared between this host's threads and the "
           "feeder") {
     auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "host", true, 5000});

@@ -542,7 +542,7 @@ class FakeRemote::Call final : public RemoteCall {
  public:
   Call(FakeRemote& owner, std::vector<uint64_t> indices) : owner_(owner), indices_(indices) {}
   const std::vector<uint64_t>& indices() const override { return indices_; }
-  absl::Status Wait() override { return status; }
+  std::optional<absl::Status> Wait(std::chrono::milliseconds) override { return status; }
   uint32_t count() const override { return count_; }
   std::span<const uint8_t> payload() const override { return payload_; }
   void Accept(uint32_t used) override { owner_.accepted += used; }
