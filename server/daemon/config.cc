@@ -455,10 +455,11 @@ absl::Status ParseFailpoints(const toml::table& table, const std::string& source
   r.Integer("io_fault_times", &f->io_fault_times, 1, 1'000'000);
   r.Integer("session_end_delay_ms", &f->session_end_delay_ms, 0, 60'000);
   r.Integer("open_delay_ms", &f->open_delay_ms, 0, 60'000);
-  const std::vector<std::string> lies = {"", "checksum", "index", "short", "slow"};
+  const std::vector<std::string> lies = {"", "checksum", "index", "label", "short", "slow"};
   int lie = -1;
   r.Enum("feed_lie", lies, &lie);
   if (lie > 0) f->feed_lie = lies[lie];
+  r.Integer("feeder_resolve_ms", &f->feeder_resolve_ms, 0, 3'600'000);
   r.RejectUnknown();
   if (!error.ok()) return error;
   if (f->enabled() && f->crash_on_path.empty() && f->after_batches == 0) {

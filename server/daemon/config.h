@@ -78,10 +78,16 @@ struct FailpointConfig {
   // Independent of `action`.
   uint32_t open_delay_ms = 0;
   // A feeder (server.feeder_listen) lies in every answer: "checksum" (a payload byte flipped after
-  // its XXH64), "index" (its first sample's index is one not asked for), "short" (a payload one
-  // byte shorter than its header says), "slow" (each answer waits 3 s first). "" = honest.
+  // its XXH64), "index" (its first sample's index is one not asked for), "label" (its first
+  // sample's label is off by one, under a right XXH64), "short" (a payload one byte shorter than
+  // its header says), "slow" (each answer waits 3 s first). "" = honest.
   // Independent of `action`: the host must catch each and decode those samples itself.
   std::string feed_lie;
+  // A host resolves its [[feeders]] names this often instead of every 30 s, forgets an address
+  // gone from its name after 10 such periods (not 5 min) and asks a feeder that refused a dataset
+  // again after 20 (not 10 min): tests of pods that come and go. 0 = those defaults. Independent
+  // of `action`.
+  uint32_t feeder_resolve_ms = 0;
   bool enabled() const { return action != Action::kNone; }
   bool operator==(const FailpointConfig&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <ctime>
 #include <set>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
@@ -25,7 +26,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Names are resolved again this often; an address gone from its name this many periods is
+// forgotten (pods come and go: its entry, channel and /metrics series go too); a refused dataset
+// is asked of that address again after this many (the pod behind it may have been replaced).
 constexpr std::chrono::seconds kResolveEvery{30};
+constexpr int kForgetAfterResolves = 10;
+constexpr int kReaskRefusedAfterResolves = 20;
 constexpr std::chrono::seconds kMaxPause{30};
 // A feeder busy with other hosts (RESOURCE_EXHAUSTED) is asked again after this, no failure.
 constexpr std::chrono::milliseconds kBusyPause{500};
@@ -42,11 +48,21 @@ struct FeederPool::Feeder {
   std::string address;     // IP:PORT
   std::unique_ptr<v1::Feeder::Stub> stub;
   bool present = true;  // in its name's latest resolution
+  Clock::time_point gone_since{};  // when it left its name's resolution (if !present)
   int in_flight = 0;
   int failures_in_row = 0;
   Clock::time_point retry_at{};
-  std::map<std::string, std::string> refused;  // dataset -> why
+  struct Refusal {
+    std::string why;
+    Clock::time_point until;  // asked again from then on
+  };
+  std::map<std::string, Refusal> refused;  // dataset -> why and until when
   double rate = 0, round_trip_ms = 0;
+  // Its rate is measured on the time it was busy for us, not a call's own time: calls started
+  // ahead wait there behind the current ones, and would halve it. busy_mark: when the latest call
+  // ended, or the first of a busy spell began.
+  Clock::time_point busy_mark{};
+  double seconds_per_sample = 0;  // moving average; rate = its inverse
   uint64_t samples = 0, calls = 0, lease_failures = 0;
   std::string last_error;
 };
@@ -61,6 +77,7 @@ struct FeederPool::CallState {
   grpc::ClientContext context;
   Clock::time_point started, deadline;
   Clock::time_point ended;  // the answer's last byte (set with `done`)
+  Clock::duration busy{};   // of it, the feeder's busy time for this call alone (with `done`)
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;       // the answer (or its failure) is in
@@ -111,7 +128,13 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     feeder_->failures_in_row = 0;
     const double seconds = std::chrono::duration<double>(state_->ended - state_->started).count();
     Average(feeder_->round_trip_ms, seconds * 1e3);
-    if (seconds > 0) Average(feeder_->rate, static_cast<double>(state_->indices.size()) / seconds);
+    const double busy = std::chrono::duration<double>(state_->busy).count();
+    if (busy > 0) {
+      // Averaged per sample, not as rates: two calls answered together (one long, one at once)
+      // average to the right time.
+      Average(feeder_->seconds_per_sample, busy / static_cast<double>(state_->indices.size()));
+      feeder_->rate = 1 / feeder_->seconds_per_sample;
+    }
     feeder_->samples += used;
     ++feeder_->calls;
   }
@@ -204,6 +227,9 @@ FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
     : configured_(config.feeders),
       local_decode_(config.server.local_decode),
       lease_(config.server.feeder_lease_ms),
+      resolve_every_(config.failpoints.feeder_resolve_ms > 0
+                         ? std::chrono::milliseconds(config.failpoints.feeder_resolve_ms)
+                         : std::chrono::milliseconds(kResolveEvery)),
       budget_(budget),
       credentials_(std::move(credentials)),
       tls_(config.tls.enabled()) {
@@ -237,7 +263,7 @@ void FeederPool::ResolveLoop() {
     lock.unlock();
     Resolve(/*numeric_only=*/false);
     lock.lock();
-    stop_cv_.wait_for(lock, kResolveEvery, [this] { return stopping_; });
+    stop_cv_.wait_for(lock, resolve_every_, [this] { return stopping_; });
   }
 }
 
@@ -274,9 +300,25 @@ void FeederPool::Resolve(bool numeric_only) {
     }
     freeaddrinfo(found);
     std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
     for (const auto& feeder : feeders_) {
-      if (feeder->configured == f.address) feeder->present = addresses.count(feeder->address) > 0;
+      if (feeder->configured != f.address) continue;
+      const bool present = addresses.count(feeder->address) > 0;
+      if (feeder->present && !present) feeder->gone_since = now;
+      feeder->present = present;
     }
+    // Calls in flight hold their feeder (a shared_ptr): forgetting one here ends nothing.
+    std::erase_if(feeders_, [&](const std::shared_ptr<Feeder>& feeder) {
+      const bool forget = feeder->configured == f.address && !feeder->present &&
+                          now - feeder->gone_since >= kForgetAfterResolves * resolve_every_;
+      if (forget) {
+        SPDLOG_INFO("feeder {}: {} forgotten, gone from its addresses for {} s", f.address,
+                    feeder->address,
+                    std::chrono::duration_cast<std::chrono::seconds>(now - feeder->gone_since)
+                        .count());
+      }
+      return forget;
+    });
     for (const std::string& address : addresses) {
       const bool known = std::any_of(feeders_.begin(), feeders_.end(), [&](const auto& feeder) {
         return feeder->configured == f.address && feeder->address == address;
@@ -302,19 +344,33 @@ void FeederPool::Resolve(bool numeric_only) {
 
 bool FeederPool::Available(const Feeder& feeder, const std::string& dataset,
                            Clock::time_point now) const {
+  const auto refusal = feeder.refused.find(dataset);
   return feeder.present && now >= feeder.retry_at && feeder.in_flight < kMaxFeedsPerHost &&
-         feeder.refused.count(dataset) == 0;
+         (refusal == feeder.refused.end() || now >= refusal->second.until);
+}
+
+double FeederPool::Unmeasured() const {
+  double sum = 0;
+  int measured = 0;
+  for (const auto& feeder : feeders_) {
+    if (feeder->rate > 0) {
+      sum += feeder->rate;
+      ++measured;
+    }
+  }
+  if (measured > 0) return sum / measured;
+  return local_rate_ > 0 ? local_rate_ : 1;
 }
 
 uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   const double local = local_rate_ > 0 ? local_rate_ : 1;
+  const double unmeasured = Unmeasured();
   double remote = 0;
   for (const auto& feeder : feeders_) {
     if (!Available(*feeder, dataset, now)) continue;
-    // Unmeasured: as fast as this host, until its first answer says otherwise.
-    remote += feeder->rate > 0 ? feeder->rate : local;
+    remote += feeder->rate > 0 ? feeder->rate : unmeasured;
   }
   if (remote == 0) {
     if (!local_decode_) fallback_samples_.fetch_add(k);
@@ -331,22 +387,24 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
   if (stopping_) return calls;
   ReapThreads();
   const auto now = Clock::now();
-  const double local = local_rate_ > 0 ? local_rate_ : 1;
+  const double unmeasured = Unmeasured();
   std::vector<std::pair<std::shared_ptr<Feeder>, double>> takers;
   double total = 0;
   for (const auto& feeder : feeders_) {
     if (!Available(*feeder, view.dataset_name, now)) continue;
-    takers.emplace_back(feeder, feeder->rate > 0 ? feeder->rate : local);
+    takers.emplace_back(feeder, feeder->rate > 0 ? feeder->rate : unmeasured);
     total += takers.back().second;
   }
   size_t next = 0;
   for (size_t t = 0; t < takers.size() && next < indices.size(); ++t) {
     auto& [feeder, rate] = takers[t];
-    // Its share by rate (the last taker takes the rest), in calls of at most kMaxFeedSamples.
+    // Its share by rate (the last taker takes the rest), in calls of at most kMaxFeedSamples;
+    // at least one sample, so that a feeder slow once is measured again.
     size_t share = t + 1 == takers.size()
                        ? indices.size() - next
-                       : static_cast<size_t>(std::llround(static_cast<double>(indices.size()) *
-                                                          rate / total));
+                       : std::max<size_t>(1, static_cast<size_t>(std::llround(
+                                                 static_cast<double>(indices.size()) * rate /
+                                                 total)));
     share = std::min(share, indices.size() - next);
     while (share > 0 && feeder->in_flight < kMaxFeedsPerHost) {
       const size_t n = std::min<size_t>(share, kMaxFeedSamples);
@@ -369,9 +427,16 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       state->held = *std::move(held);
       state->started = Clock::now();
       state->deadline = state->started + lease_;
-      ++feeder->in_flight;
-      threads_.push_back(
-          Running{std::thread([this, feeder, state] { RunCall(feeder, state); }), state});
+      std::thread thread;
+      try {
+        thread = std::thread([this, feeder, state] { RunCall(feeder, state); });
+      } catch (const std::system_error& e) {  // no thread to be had: these are decoded here
+        SPDLOG_WARN("feeder {}: cannot start a call's thread ({}); decoding here",
+                    feeder->address, e.what());
+        break;
+      }
+      if (feeder->in_flight++ == 0) feeder->busy_mark = state->started;  // a busy spell begins
+      threads_.push_back(Running{std::move(thread), state});
       calls.push_back(std::make_unique<Call>(*this, feeder, state));
       next += n;
       share -= n;
@@ -433,9 +498,16 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     result = absl::DataLossError("its answer's XXH64 is not the one its header gave");
   }
   const auto ended = Clock::now();
+  Clock::duration busy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy = ended - std::max(state->started, feeder->busy_mark);
+    feeder->busy_mark = std::max(feeder->busy_mark, ended);
+  }
   bool abandoned = false;
   {
     std::lock_guard<std::mutex> lock(state->mu);
+    state->busy = busy;
     abandoned = state->abandoned;
     state->done = true;
     state->status = result;
@@ -454,13 +526,20 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
       } else if (code == grpc::StatusCode::FAILED_PRECONDITION ||
                  code == grpc::StatusCode::NOT_FOUND ||
                  code == grpc::StatusCode::INVALID_ARGUMENT) {
-        // Its files or rules are not this host's: never that dataset again (until a restart).
+        // Its files or rules are not this host's: that dataset is not asked of it again for a
+        // while (the pod behind the address may be replaced, its mount fixed).
         ++feeder->lease_failures;
-        feeder->last_error = std::string(result.message());
-        if (feeder->refused.emplace(state->dataset, std::string(result.message())).second) {
-          SPDLOG_ERROR("feeder {} refused dataset \"{}\", decoded elsewhere from now on: {}",
-                       feeder->address, state->dataset, std::string(result.message()));
+        const std::string why(result.message());
+        feeder->last_error = why;
+        const auto again = Clock::now() + kReaskRefusedAfterResolves * resolve_every_;
+        auto [it, first] = feeder->refused.try_emplace(state->dataset, Feeder::Refusal{why, again});
+        if (first || it->second.why != why) {
+          SPDLOG_ERROR("feeder {} refused dataset \"{}\", decoded elsewhere (asked again in {} "
+                       "s): {}", feeder->address, state->dataset,
+                       std::chrono::duration_cast<std::chrono::seconds>(
+                           kReaskRefusedAfterResolves * resolve_every_).count(), why);
         }
+        it->second = Feeder::Refusal{why, again};
       } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
         ++feeder->lease_failures;  // busy with other hosts: asked again shortly, no fault
         feeder->last_error = std::string(result.message());
@@ -525,8 +604,8 @@ std::vector<v1::FeederStatus> FeederPool::Status() const {
     s.set_round_trip_ms(feeder->round_trip_ms);
     s.set_samples_per_second(feeder->rate);
     s.set_last_error(feeder->last_error);
-    for (const auto& [dataset, why] : feeder->refused) {
-      s.add_refused_datasets(absl::StrCat(dataset, ": ", why));
+    for (const auto& [dataset, refusal] : feeder->refused) {
+      if (now < refusal.until) s.add_refused_datasets(absl::StrCat(dataset, ": ", refusal.why));
     }
     s.set_in_flight(static_cast<uint32_t>(feeder->in_flight));
     out.push_back(std::move(s));

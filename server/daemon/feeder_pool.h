@@ -11,8 +11,9 @@
 // filler copies anything out of it. A feeder that fails a call, or does not answer within
 // server.feeder_lease_ms, is given no more for a pause that doubles with each failure in a row
 // (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
-// or rules are not this host's) is given none of that dataset's samples again, and says why in
-// stats. A name with several addresses is each of them, resolved again every 30 s.
+// or rules are not this host's) is given none of that dataset's samples for 10 minutes, and says
+// why in stats. A name with several addresses is each of them, resolved again every 30 s; an
+// address gone from it for 5 minutes is forgotten.
 
 #include <atomic>
 #include <chrono>
@@ -66,6 +67,8 @@ class FeederPool {
   FeederPool(const DaemonConfig& config, MemoryBudget& budget,
              std::shared_ptr<grpc::ChannelCredentials> credentials);
   uint64_t ShareFor(const std::string& dataset, uint64_t k);
+  // The rate assumed of a feeder not measured yet: the measured ones' mean, else this host's.
+  double Unmeasured() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::unique_ptr<pipeline::RemoteCall>> StartFor(const StreamView& view,
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
@@ -85,6 +88,7 @@ class FeederPool {
   const std::vector<FeederConfig> configured_;
   const bool local_decode_;
   const std::chrono::milliseconds lease_;
+  const std::chrono::milliseconds resolve_every_;  // [failpoints] feeder_resolve_ms, else 30 s
   MemoryBudget& budget_;
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const bool tls_;
@@ -92,7 +96,7 @@ class FeederPool {
   mutable std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address, never removed
+  std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address
   double local_rate_ ABSL_GUARDED_BY(mu_) = 0;  // samples/s of this host's threads; 0 = unknown
   struct Running {
     std::thread thread;

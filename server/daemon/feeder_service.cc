@@ -251,6 +251,12 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     const int64_t stranger = static_cast<int64_t>(dataset.size()) + 7;
     std::memcpy(payload.data() + layout.indices_offset, &stranger, 8);
   }
+  if (lie_ == "label" && filled->count > 0) {  // failpoint: a wrong label, checksummed as right
+    int64_t label = 0;
+    std::memcpy(&label, payload.data() + layout.labels_offset, 8);
+    ++label;
+    std::memcpy(payload.data() + layout.labels_offset, &label, 8);
+  }
   header->set_payload_bytes(payload.size());
   header->set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
   if (lie_ == "checksum" && !payload.empty()) payload[payload.size() / 2] ^= 0x5a;

@@ -349,6 +349,17 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
         break;
       }
       answered[asked_at - asked.begin()] = true;
+      // A label this host knows without reading the sample (imagefolder, manifest; none at all:
+      // -1) must be the one sent. Labels read with the sample (records, members) cannot be.
+      int64_t label = 0;
+      std::memcpy(&label, payload.data() + layout.labels_offset + j * 8, 8);
+      const int64_t known =
+          batch.dataset.has_labels() ? batch.dataset.label(static_cast<uint64_t>(index)) : -1;
+      if ((known >= 0 || !batch.dataset.has_labels()) && label != known) {
+        status = absl::DataLossError(absl::StrCat("its answer's sample ", j, " (index ", index,
+                                                  ") has label ", label, ", not ", known));
+        break;
+      }
       for (size_t t = 0; t < tensors && status.ok(); ++t) {
         if (batch.lengths[t] == nullptr) continue;
         const TensorPlacement* rows = layout.Find(batch.extras[t]->name + "_lengths");

@@ -1,22 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // Issue 40 item 4: feeders' faults through the real binaries. A trainer reading through a host
 // that draws from feeders gets every sample exactly once, with the same bytes as a host alone,
-// while feeders come and go, the host is SIGKILLed with leases out, a feeder sits in another
-// network namespace behind a veth that is cut, and (where the kernel has netem) the link loses
-// and delays packets.
+// while feeders come and go (by process, and by their name's addresses), the host is SIGKILLed
+// with leases out, a feeder sits in another network namespace behind a veth that is cut, and the
+// link loses and delays packets (tc netem, or tests/support/netem_queue where the kernel has no
+// netem).
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/scrape.h"
 #include "tests/integration/storage_data.h"
 #include "tests/support/test_pki.h"
 #include "tests/support/test_support.h"
@@ -109,26 +111,64 @@ class NetNs {
   void Link(bool up) {
     REQUIRE(RunCommand({kIp, "link", "set", outer_, up ? "up" : "down"}).exit_code == 0);
   }
-  // tc netem on both ends ("delay 50ms loss 10%"); the error when the kernel has none.
-  std::string Netem(const std::string& spec) {
-    std::vector<std::string> outer = {kTc, "qdisc", "replace", "dev", outer_, "root", "netem"};
+  // Every packet between the namespaces delayed `delay_ms` and `loss_percent` of them lost, each
+  // way: `tc qdisc netem` on both ends, or where the kernel has no sch_netem, netem_queue
+  // (tests/support) holding the namespace's packets from an iptables NFQUEUE rule. Returns which
+  // one, or why neither can be had here (empty `how`).
+  struct Impairment {
+    std::string how, why_not;
+  };
+  Impairment Impair(int delay_ms, int loss_percent) {
+    const std::vector<std::string> netem = {"netem", "delay", std::to_string(delay_ms) + "ms",
+                                            "loss", std::to_string(loss_percent) + "%"};
+    std::vector<std::string> outer = {kTc, "qdisc", "replace", "dev", outer_, "root"};
     std::vector<std::string> inner = {kIp, "netns", "exec", name_, kTc, "qdisc", "replace",
-                                      "dev", inner_, "root", "netem"};
-    for (const std::string& word : std::vector<std::string>(absl::StrSplit(spec, ' '))) {
-      outer.push_back(word);
-      inner.push_back(word);
+                                      "dev", inner_, "root"};
+    outer.insert(outer.end(), netem.begin(), netem.end());
+    inner.insert(inner.end(), netem.begin(), netem.end());
+    const CommandResult with_netem = RunCommand(outer);
+    if (with_netem.exit_code == 0) {
+      const CommandResult r = RunCommand(inner);
+      if (r.exit_code != 0) return {"", "tc netem in the namespace: " + r.output};
+      return {"tc netem", ""};
     }
-    for (const auto& argv : {outer, inner}) {
-      const CommandResult r = RunCommand(argv);
-      if (r.exit_code != 0) return r.output;
+    const std::string queue_binary = BuiltBinary("netem_queue");
+    if (::access(queue_binary.c_str(), X_OK) != 0 || ::access(kIptables, X_OK) != 0) {
+      return {"", "no tc netem (" + with_netem.output + ") and no netem_queue or " + kIptables};
     }
-    return "";
+    const std::string ready = dir_.Join("netem_queue.out");
+    std::vector<std::string> argv = Exec();
+    argv.insert(argv.end(), {queue_binary, "--queue", "7", "--delay-ms", std::to_string(delay_ms),
+                             "--loss-percent", std::to_string(loss_percent), "--seed", "40"});
+    queue_ = std::make_unique<Subprocess>(argv, std::map<std::string, std::string>{}, ready);
+    if (!WaitFor([&] { return ReadFile(ready).find("ready") != std::string::npos ||
+                              !queue_->Running(); },
+                 std::chrono::seconds(10)) ||
+        !queue_->Running()) {
+      return {"", "netem_queue did not start: " + ReadFile(ready)};
+    }
+    // Only once the queue is held: a packet sent to a queue no one holds is dropped.
+    for (const std::vector<std::string>& rule : std::vector<std::vector<std::string>>{
+             {"INPUT", "-i", inner_}, {"OUTPUT", "-o", inner_}}) {
+      std::vector<std::string> add = Exec();
+      add.insert(add.end(), {kIptables, "-A"});
+      add.insert(add.end(), rule.begin(), rule.end());
+      add.insert(add.end(), {"-j", "NFQUEUE", "--queue-num", "7"});
+      const CommandResult r = RunCommand(add);
+      if (r.exit_code != 0) return {"", "iptables NFQUEUE rule: " + r.output};
+    }
+    return {"netem_queue (NFQUEUE: this kernel has no sch_netem: " + with_netem.output + ")", ""};
   }
+  // The delay line still holds its queue (true when tc netem does the work).
+  bool ImpairmentAlive() { return queue_ == nullptr || queue_->Running(); }
 
  private:
   static constexpr const char* kIp = "/usr/sbin/ip";
   static constexpr const char* kTc = "/usr/sbin/tc";
+  static constexpr const char* kIptables = "/usr/sbin/iptables";
   std::string name_, outer_, inner_, outer_ip_, inner_ip_, why_;
+  TempDir dir_;
+  std::unique_ptr<Subprocess> queue_;  // netem_queue, where tc netem is not to be had
 };
 
 // A feeder in `ns` (its certificate for the namespace's address) and a host here drawing from
@@ -212,6 +252,96 @@ TEST_CASE("40.4: the host SIGKILLed with leases out and three feeders coming and
   CHECK(FeederSamples(Stats(host->endpoint())) > 0);
 }
 
+TEST_CASE("40.4: a feeder name whose addresses come and go (a headless Service's pods): a new "
+          "address is drawn from, a gone one forgotten, a refusal asked again later, and the same "
+          "bytes throughout",
+          "[feeder][faults]") {
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to give the host a hosts file of its own");
+  TempDir dir;
+  WriteDataset(dir.Join("images"), kImages);
+  WriteDataset(dir.Join("other"), kImages / 2);  // a feeder whose files are not the host's
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder", "DNS:feeders.test", 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  const std::vector<std::string> reference = Alone(dir.Join("images"));
+  // The name's addresses, as a cluster's DNS answers for a headless Service: one line each.
+  const std::string hosts = dir.Join("hosts");
+  const auto publish = [&](const std::vector<std::string>& ips) {
+    std::string lines = "127.0.0.1 localhost\n";
+    for (const std::string& ip : ips) lines += ip + " feeders.test\n";
+    WriteFile(hosts, lines);  // in place: the host's bind mount sees the same file
+  };
+  publish({"127.0.0.2", "127.0.0.3"});
+  const std::string port = std::to_string(FreeTcpPort());
+  std::map<std::string, std::unique_ptr<DaemonFixture>> pods;
+  for (const std::string ip : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
+    pods[ip] = MakeFeeder(pki, "feeder", dir.Join("images"), ip + ":" + port);
+    REQUIRE(pods[ip]->Start());
+  }
+  pods["127.0.0.5"] = MakeFeeder(pki, "feeder", dir.Join("other"), "127.0.0.5:" + port);
+  REQUIRE(pods["127.0.0.5"]->Start());
+
+  DaemonFixtureOptions options;
+  options.images = 4;
+  const std::string metrics = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  options.server_extra =
+      "local_decode = false\nfeeder_lease_ms = 1500\nmetrics_listen = \"" + metrics + "\"";
+  options.config_extra = DatasetTable("shared", dir.Join("images")) + pki.TlsTable("host") +
+                         "[[feeders]]\naddress = \"feeders.test:" + port + "\"\n" +
+                         "[failpoints]\nfeeder_resolve_ms = 200\n";
+  // A mount namespace of its own, where /etc/hosts is `hosts`.
+  options.command_prefix = {"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+                            "mount --bind \"$0\" /etc/hosts && exec \"$@\"", hosts};
+  DaemonFixture host(options);
+  if (!host.Start()) FAIL(host.Log());
+  INFO(host.Log());
+  // The host's feeders now: address -> its FeederStatus.
+  const auto feeders = [&] {
+    std::map<std::string, v1::FeederStatus> by_address;
+    const v1::GetStatsResponse stats = Stats(host.endpoint());
+    for (const v1::FeederStatus& f : stats.feeders()) by_address[f.address()] = f;
+    return by_address;
+  };
+  const auto read_all = [&] {
+    client::Client c(host.endpoint());
+    return Lines(*c.Open(Options("shared", 2)));
+  };
+  const std::string a = "127.0.0.2:" + port, b = "127.0.0.3:" + port, c = "127.0.0.4:" + port,
+                    other = "127.0.0.5:" + port;
+  REQUIRE(WaitFor([&] { return feeders().size() == 2; }, std::chrono::seconds(10)));
+  CHECK(read_all() == reference);
+  CHECK(feeders()[a].samples() + feeders()[b].samples() > 0);
+
+  // a's pod goes, c's comes: c is drawn from, a is "gone" then forgotten (10 periods, 2 s).
+  publish({"127.0.0.3", "127.0.0.4"});
+  REQUIRE(WaitFor([&] { return feeders().count(c) == 1; }, std::chrono::seconds(10)));
+  CHECK(read_all() == reference);
+  CHECK(feeders()[c].samples() > 0);
+  REQUIRE(WaitFor([&] { return feeders().count(a) == 0; }, std::chrono::seconds(20)));
+  CHECK(feeders().size() == 2);
+  CHECK_THAT(host.Log(), Catch::Contains(a + " forgotten"));
+  const CommandResult scraped = Scrape(metrics);
+  CHECK_THAT(scraped.output, !Catch::Contains("feeder=\"" + a) &&
+                                 Catch::Contains("feeder=\"" + c));
+
+  // Only the pod with other files: refused, then asked again 20 periods (4 s) later.
+  publish({"127.0.0.5"});
+  REQUIRE(WaitFor([&] { return feeders().count(other) == 1; }, std::chrono::seconds(10)));
+  CHECK(read_all() == reference);
+  v1::FeederStatus refusing = feeders()[other];
+  CHECK(refusing.refused_datasets_size() == 1);
+  CHECK(refusing.samples() == 0);
+  const uint64_t refusals = refusing.lease_failures();
+  CHECK(refusals >= 1);
+  REQUIRE(WaitFor([&] { return feeders()[other].refused_datasets_size() == 0; },
+                  std::chrono::seconds(20)));
+  CHECK(read_all() == reference);
+  refusing = feeders()[other];
+  CHECK(refusing.lease_failures() > refusals);  // asked again, and refused again
+  CHECK(refusing.refused_datasets_size() == 1);
+}
+
 TEST_CASE("40.4: a feeder in another network namespace behind a veth: the same bytes, with the "
           "link cut mid-epoch and restored",
           "[feeder][faults][netns]") {
@@ -241,15 +371,16 @@ TEST_CASE("40.4: a feeder in another network namespace behind a veth: the same b
   CHECK(stats.feeder_fallback_samples() > 0);
 }
 
-TEST_CASE("40.4: 10% packet loss and 50 ms delay between the host and its feeder (tc netem): the "
-          "same bytes",
+TEST_CASE("40.4: 10% packet loss and 50 ms delay each way between the host and its feeder (tc "
+          "netem, or an NFQUEUE delay line where the kernel has none): the same bytes",
           "[feeder][faults][netns]") {
   if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a network namespace");
   NetNs ns;
   if (!ns.why_not().empty()) RINGLOADER_SKIP("no network namespace here: " + ns.why_not());
-  if (const std::string error = ns.Netem("delay 50ms loss 10%"); !error.empty()) {
-    RINGLOADER_SKIP("this kernel has no tc netem (sch_netem): " + error);
-  }
+  const NetNs::Impairment impairment = ns.Impair(50, 10);
+  if (impairment.how.empty()) RINGLOADER_SKIP("no way to lose and delay packets here: " +
+                                              impairment.why_not);
+  WARN("packets lost and delayed by " + impairment.how);
   ThroughNetns rig(ns);
   const std::vector<std::string>& reference = rig.reference;
   DaemonFixture* host = rig.host.get();
@@ -257,6 +388,7 @@ TEST_CASE("40.4: 10% packet loss and 50 ms delay between the host and its feeder
   client::Client c(host->endpoint());
   CHECK(Lines(*c.Open(Options("shared", 2))) == reference);
   CHECK(FeederSamples(Stats(host->endpoint())) > 0);
+  CHECK(ns.ImpairmentAlive());
 }
 
 }  // namespace ringloader::testing

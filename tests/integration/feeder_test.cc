@@ -404,9 +404,10 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
                                   Catch::Contains("refused: synth: "));
   }
 
-  SECTION("a feeder that lies (checksum, an index not asked for, a short payload, too slow) is "
-          "caught: its samples are decoded here and the trainer sees the same batches") {
-    for (const std::string lie : {"checksum", "index", "short", "slow"}) {
+  SECTION("a feeder that lies (checksum, an index not asked for, a wrong label, a short payload, "
+          "too slow) is caught: its samples are decoded here and the trainer sees the same "
+          "batches") {
+    for (const std::string lie : {"checksum", "index", "label", "short", "slow"}) {
       INFO("feed_lie = " << lie);
       DaemonFixtureOptions liar_options = options;
       const std::string liar_address = "127.0.0.1:" + std::to_string(FreeTcpPort());

@@ -500,7 +500,7 @@ TEST_CASE("BatchFiller: bad requests are refused, a cursor at the end gives an e
 // what it is leased with its own BatchFiller, as a feeder does, then answers honestly or not.
 class FakeRemote final : public RemoteDecode {
  public:
-  enum class Answer { kHonest, kFails, kDropsHalf, kStranger, kWrongSize };
+  enum class Answer { kHonest, kFails, kDropsHalf, kStranger, kWrongSize, kWrongLabel };
   FakeRemote(BatchFiller& filler, const Dataset& ds, Answer answer, bool all)
       : filler_(filler), ds_(ds), answer_(answer), all_(all) {}
 
@@ -598,6 +598,14 @@ std::vector<std::unique_ptr<RemoteCall>> FakeRemote::Start(uint64_t epoch,
     case Answer::kWrongSize:
       call->payload_.pop_back();
       break;
+    case Answer::kWrongLabel:  // a checksum over a wrong label is still a right checksum
+      if (call->count_ > 0) {
+        int64_t label = 0;
+        std::memcpy(&label, call->payload_.data() + layout.labels_offset, 8);
+        ++label;
+        std::memcpy(call->payload_.data() + layout.labels_offset, &label, 8);
+      }
+      break;
   }
   calls.push_back(std::move(call));
   return calls;
@@ -647,7 +655,8 @@ TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same ba
                                             {Answer::kFails, true},
                                             {Answer::kDropsHalf, true},
                                             {Answer::kStranger, false},
-                                            {Answer::kWrongSize, true}}) {
+                                            {Answer::kWrongSize, true},
+                                            {Answer::kWrongLabel, true}}) {
     INFO("answer " << static_cast<int>(answer) << ", all leased " << all);
     FakeRemote remote(filler, *ds, answer, all);
     remote.seed = s.seed;
@@ -680,6 +689,7 @@ TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same ba
         break;
       case Answer::kStranger:
       case Answer::kWrongSize:
+      case Answer::kWrongLabel:
         CHECK(remote.accepted == 0);
         CHECK(remote.rejected > 0);
         break;
