@@ -36,6 +36,14 @@ constexpr std::chrono::seconds kMaxPause{30};
 // A feeder busy with other hosts (RESOURCE_EXHAUSTED) is asked again after this, no failure.
 constexpr std::chrono::milliseconds kBusyPause{500};
 
+// How the part of each round leased is steered (local_decode = true): a round that waited less
+// than kBalancedWait of its time for its feeders leases kLeaseStep more of the next; one that
+// waited over twice that, 3 steps less; within [kLeastLeased, kMostLeased].
+constexpr double kBalancedWait = 0.03;
+constexpr double kLeaseStep = 0.01;
+constexpr double kLeastLeased = 0.02;
+constexpr double kMostLeased = 0.98;
+
 // A moving average that starts at its first sample.
 void Average(double& average, double sample) {
   average = average == 0 ? sample : 0.7 * average + 0.3 * sample;
@@ -171,6 +179,9 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
   }
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) override {
     pool_.LocalDone(samples, elapsed);
+  }
+  void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) override {
+    pool_.RoundWaited(waited, local);
   }
   void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
     for (auto& call : pool_.StartFor(*this, epoch, indices)) {
@@ -377,7 +388,25 @@ uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
     return 0;
   }
   if (!local_decode_) return k;
-  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * remote / (remote + local)));
+  // Rates measured on each side start it; the rounds' waits steer it from there (RoundWaited).
+  if (remote_fraction_ < 0) remote_fraction_ = remote / (remote + local);
+  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * remote_fraction_));
+}
+
+void FeederPool::RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) {
+  // A round is quickest when both sides end together. Rates cannot say where that is: each
+  // side's measure includes the other's load on this host (receiving an answer takes the cores
+  // the local decodes use) and a feeder's other hosts. So: lease a little more after a round
+  // whose answers were in when its local part ended, markedly less after one that waited.
+  const double share = std::chrono::duration<double>(waited).count() /
+                       std::chrono::duration<double>(waited + local).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (remote_fraction_ < 0) return;
+  if (share < kBalancedWait) {
+    remote_fraction_ = std::min(kMostLeased, remote_fraction_ + kLeaseStep);
+  } else if (share > 2 * kBalancedWait) {
+    remote_fraction_ = std::max(kLeastLeased, remote_fraction_ - 3 * kLeaseStep);
+  }
 }
 
 std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
@@ -457,6 +486,10 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   std::vector<uint8_t> payload;
   v1::FeedFrame frame;
   uint64_t checksum = 0;
+  // Hashed frame by frame as each arrives, while its bytes are still in cache.
+  const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> hash(XXH64_createState(),
+                                                                             &XXH64_freeState);
+  XXH64_reset(hash.get(), 0);
   if (reader->Read(&frame)) {
     if (!frame.has_header()) {
       result = absl::DataLossError("its answer did not start with a header");
@@ -478,6 +511,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
         }
         const auto* bytes = reinterpret_cast<const uint8_t*>(frame.payload().data());
         payload.insert(payload.end(), bytes, bytes + frame.payload().size());  // a memcpy
+        XXH64_update(hash.get(), bytes, frame.payload().size());
       }
     }
   }
@@ -494,7 +528,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
         absl::StrCat("its answer ended after ", payload.size(), " of ", state->expected_bytes,
                      " bytes"));
   }
-  if (result.ok() && XXH64(payload.data(), payload.size(), 0) != checksum) {
+  if (result.ok() && XXH64_digest(hash.get()) != checksum) {
     result = absl::DataLossError("its answer's XXH64 is not the one its header gave");
   }
   const auto ended = Clock::now();

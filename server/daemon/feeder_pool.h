@@ -73,6 +73,7 @@ class FeederPool {
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
+  void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local);
   void ResolveLoop();
   // Each [[feeders]] address's IPs, dialled from now on; `numeric_only`: only those that need
   // no DNS (at start, which must not wait on a resolver).
@@ -98,6 +99,9 @@ class FeederPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address
   double local_rate_ ABSL_GUARDED_BY(mu_) = 0;  // samples/s of this host's threads; 0 = unknown
+  // The part of a round leased (local_decode = true), steered by the rounds' waits; < 0: not
+  // yet (set from the rates at the first round that leases).
+  double remote_fraction_ ABSL_GUARDED_BY(mu_) = -1;
   struct Running {
     std::thread thread;
     std::shared_ptr<CallState> state;

@@ -94,23 +94,27 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
                                         const v1::FeedRequest* request,
                                         grpc::ServerWriter<v1::FeedFrame>* writer) {
   const std::string host = ClientKeyOfPeer(context->peer());
+  std::shared_ptr<std::timed_mutex> fill_turn;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (feeds_by_host_[host] >= kMaxFeedsPerHost) {
+    HostFeeds& feeds = feeds_by_host_[host];
+    if (feeds.in_progress >= kMaxFeedsPerHost) {
       return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
           "this feeder runs ", kMaxFeedsPerHost, " feeds for ", host.empty() ? "this host" : host,
           " already: decode these elsewhere")));
     }
-    ++feeds_by_host_[host];
+    ++feeds.in_progress;
+    fill_turn = feeds.fill_turn;
   }
-  grpc::Status status = Feed(context, request, writer);
+  grpc::Status status = Feed(context, request, writer, *fill_turn);
   std::lock_guard<std::mutex> lock(mu_);
-  if (--feeds_by_host_[host] == 0) feeds_by_host_.erase(host);
+  if (--feeds_by_host_[host].in_progress == 0) feeds_by_host_.erase(host);
   return status;
 }
 
 grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                                 grpc::ServerWriter<v1::FeedFrame>* writer) {
+                                 grpc::ServerWriter<v1::FeedFrame>* writer,
+                                 std::timed_mutex& fill_turn) {
   const ServedDataset* served = datasets_.Find(request->dataset());
   if (served == nullptr && datasets_.Indexing(request->dataset())) {
     return ToGrpc(absl::UnavailableError(absl::StrCat(
@@ -220,7 +224,12 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   fill.epoch = request->epoch();
   fill.limits = limits;
   fill.stop = [context] { return context->IsCancelled(); };
+  std::unique_lock<std::timed_mutex> turn(fill_turn, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  }
   absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_.get());
+  turn.unlock();
   if (!filled.ok()) return ToGrpc(filled.status());
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   // A failure that may pass (or a shutdown's abandoned samples) is no verdict on the sample.

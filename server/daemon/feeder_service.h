@@ -59,8 +59,11 @@ class FeederService final : public v1::Feeder::Service {
 
  private:
   class NoStrikes;
+  // `fill_turn`: held while filling, so that one host's feeds are filled one at a time, in the
+  // order they came (its next round's lease, started ahead, waits behind the one it waits for
+  // now instead of halving its speed), while each answer is sent as the next is filled.
   grpc::Status Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                    grpc::ServerWriter<v1::FeedFrame>* writer);
+                    grpc::ServerWriter<v1::FeedFrame>* writer, std::timed_mutex& fill_turn);
 
   const ServerConfig& config_;
   const DatasetRegistry& datasets_;
@@ -70,7 +73,11 @@ class FeederService final : public v1::Feeder::Service {
   const std::string lie_;
   std::mutex mu_;
   uint64_t held_bytes_ = 0;                  // by feeds in progress, under mu_
-  std::map<std::string, int> feeds_by_host_;  // in progress, under mu_
+  struct HostFeeds {
+    int in_progress = 0;
+    std::shared_ptr<std::timed_mutex> fill_turn = std::make_shared<std::timed_mutex>();
+  };
+  std::map<std::string, HostFeeds> feeds_by_host_;  // with feeds in progress, under mu_
   std::atomic<uint64_t> feeds_{0};
   std::atomic<uint64_t> samples_fed_{0};
 };

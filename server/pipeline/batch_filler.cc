@@ -218,14 +218,17 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   }
   const auto local_started = std::chrono::steady_clock::now();
   if (absl::Status s = LocalWaves(batch, local, observer); !s.ok()) return s;
+  const std::chrono::nanoseconds local_took = std::chrono::steady_clock::now() - local_started;
   if (request.remote != nullptr && !local.empty()) {
-    request.remote->LocalDone(local.size(), std::chrono::steady_clock::now() - local_started);
+    request.remote->LocalDone(local.size(), local_took);
   }
   if (calls.empty()) return absl::OkStatus();
   const auto waited_from = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<uint64_t>> redo = CollectRemote(batch, calls, leased);
+  std::chrono::nanoseconds waited{0};
+  absl::StatusOr<std::vector<uint64_t>> redo = CollectRemote(batch, calls, leased, waited);
   batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   if (!redo.ok()) return redo.status();
+  if (!local.empty()) request.remote->RoundWaited(waited, local_took);
   return redo->empty() ? absl::OkStatus() : LocalWaves(batch, *redo, observer);
 }
 
@@ -264,9 +267,14 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   }
   const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
   // Then the round's tail up to its share: the local threads start at its head, so whichever
-  // side is late, the other has done what comes first.
+  // side is late, the other has done what comes first. In a shared round, a few samples more
+  // than were started ahead (the share grew since) are not worth a call of their own.
+  constexpr uint64_t kLeastExtraLease = 4;
+  const bool shared = share < batch.k;
+  const uint64_t lease_to =
+      shared && claimed > 0 && share < claimed + kLeastExtraLease ? 0 : share;
   std::vector<uint64_t> indices;
-  for (uint64_t i = batch.k; i-- > 0 && claimed + indices.size() < share;) {
+  for (uint64_t i = batch.k; i-- > 0 && claimed + indices.size() < lease_to;) {
     const uint64_t index = batch.shard.at(batch.pos + i);
     if (leased[i] || seen[index] > 1 || !leasable(index)) continue;
     indices.push_back(index);
@@ -298,7 +306,8 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
 
 absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch,
                                                  std::vector<std::unique_ptr<RemoteCall>>& calls,
-                                                 const std::vector<bool>& leased) {
+                                                 const std::vector<bool>& leased,
+                                                 std::chrono::nanoseconds& waited) {
   const FillRequest& request = batch.request;
   const size_t tensors = batch.extras.size();
   std::map<uint64_t, uint64_t> position_of;  // dataset index -> round position
@@ -319,11 +328,13 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
     // In slices: a stream that stops (closed, the daemon shutting down) does not wait out a
     // stalled feeder's lease.
     std::optional<absl::Status> ended;
+    const auto wait_from = std::chrono::steady_clock::now();
     while (!(ended = call->Wait(std::chrono::milliseconds(50)))) {
       if (request.stop && request.stop()) {
         return absl::CancelledError("the batch was waiting for a feeder when its stream stopped");
       }
     }
+    waited += std::chrono::steady_clock::now() - wait_from;
     absl::Status status = *std::move(ended);
     // The call's own failures are the pool's to count; only what is found here is rejected.
     const bool call_failed = !status.ok();

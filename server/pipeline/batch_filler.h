@@ -284,10 +284,11 @@ class BatchFiller {
                                                        std::vector<bool>& leased);
   // Waits for the calls and copies each good sample they answered into its slot; returns the
   // round positions still to decode here (failed calls, samples not answered as good).
-  // Cancelled when request.stop says so while it waits.
+  // Cancelled when request.stop says so while it waits. `waited`: the time it waited for answers.
   absl::StatusOr<std::vector<uint64_t>> CollectRemote(Assembly& batch,
                                       std::vector<std::unique_ptr<RemoteCall>>& calls,
-                                      const std::vector<bool>& leased);
+                                      const std::vector<bool>& leased,
+                                      std::chrono::nanoseconds& waited);
   // The tasks of samples `which` (round positions), on the pool; returns when all are done.
   // Its time goes into the batch's decode_ns and memory_wait_ns.
   void RunTasks(Assembly& batch, const std::vector<uint64_t>& which, SampleObserver* observer);

@@ -74,6 +74,13 @@ class RemoteDecode {
   }
   // What a round's local decodes took (`samples` in `elapsed`), for Share().
   virtual void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) = 0;
+  // A round that decoded both here (for `local`) and elsewhere then waited `waited` for the
+  // other side's answers: the feedback Share() balances on (waiting: lease less; none: more).
+  // Default: ignored.
+  virtual void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) {
+    (void)waited;
+    (void)local;
+  }
 };
 
 }  // namespace ringloader::pipeline
