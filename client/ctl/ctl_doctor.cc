@@ -539,6 +539,10 @@ Check LiveFeeder(const v1::FeederStatus& f) {
   std::string what = absl::StrFormat(
       "feeder %s (%s): %s; %d samples, %d leases failed, %.1f ms round trip", f.address(),
       f.configured(), f.state(), f.samples(), f.lease_failures(), f.round_trip_ms());
+  if (f.has_cert_days_left()) {
+    absl::StrAppend(&what, absl::StrFormat("; certificate %s, %.0f days left", f.cert_subject(),
+                                           f.cert_days_left()));
+  }
   if (!f.refused_datasets().empty()) {
     return Problem(absl::StrCat(what, "; refused: ", absl::StrJoin(f.refused_datasets(), "; ")),
                    "give the feeder the host's files and decode limits (the same mount and "
@@ -550,6 +554,10 @@ Check LiveFeeder(const v1::FeederStatus& f) {
                                          "it was scaled down"
                                        : "check the feeder is running and reachable, and that "
                                          "each side's certificate is valid for the other");
+  }
+  if (f.has_cert_days_left() && f.cert_days_left() < kCertificateWarnDays) {
+    return Problem(what, "renew the feeder's certificate, then SIGHUP the feeder (no restart "
+                         "needed)");
   }
   return Ok(what);
 }

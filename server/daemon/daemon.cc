@@ -923,6 +923,14 @@ void Reload(DaemonState& d) {
              (IsTcpListen(fresh->server.listen) || !fresh->server.feeder_listen.empty())) {
     restart.push_back(fresh->tls.enabled() ? "[tls] added" : "[tls] removed");
   }
+  if (d.feeders && d.config.tls.enabled() && fresh->tls.enabled()) {
+    // This host's client certificate to its feeders: the same files, read again.
+    if (absl::Status s = d.feeders->ReloadTls(fresh->tls); s.ok()) {
+      applied.push_back("[tls] certificate for [[feeders]]");
+    } else {
+      SPDLOG_ERROR("reload: [[feeders]] keep dialling with the running certificate: {}", Text(s));
+    }
+  }
   for (size_t i = 0; i < fresh->datasets.size(); ++i) {
     const DatasetConfig& dc = fresh->datasets[i];
     const ServedDataset* served = d.datasets.Find(dc.name);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <optional>
 #include <set>
 #include <system_error>
 
@@ -54,7 +55,11 @@ void Average(double& average, double sample) {
 struct FeederPool::Feeder {
   std::string configured;  // the [[feeders]] address
   std::string address;     // IP:PORT
-  std::unique_ptr<v1::Feeder::Stub> stub;
+  std::string target;      // the gRPC target for it
+  std::string tls_name;    // the name its certificate is checked for (the configured host)
+  // Replaced whole when the host's certificate is re-read (SIGHUP); a call keeps its own.
+  std::shared_ptr<v1::Feeder::Stub> stub;
+  std::optional<base::CertificateFacts> cert;  // as its latest answered call showed it
   bool present = true;  // in its name's latest resolution
   Clock::time_point gone_since{};  // when it left its name's resolution (if !present)
   int in_flight = 0;
@@ -77,6 +82,7 @@ struct FeederPool::Feeder {
 
 // Shared by a call's thread and the filler's Call.
 struct FeederPool::CallState {
+  std::shared_ptr<v1::Feeder::Stub> stub;
   v1::FeedRequest request;
   std::string dataset;
   std::vector<uint64_t> indices;
@@ -216,21 +222,9 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
 
 absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::Start(const DaemonConfig& config,
                                                               MemoryBudget& budget) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (config.tls.enabled()) {
-    absl::StatusOr<base::TlsIdentity> identity = base::LoadTlsIdentity(
-        base::TlsPaths{config.tls.ca, config.tls.cert, config.tls.key}, std::time(nullptr));
-    if (!identity.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("[[feeders]] dial with [tls]'s certificate: ", identity.status().message()));
-    }
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = identity->ca_pem;
-    ssl.pem_private_key = identity->key_pem;
-    ssl.pem_cert_chain = identity->cert_pem;
-    credentials = grpc::SslCredentials(ssl);
-  }
-  return std::unique_ptr<FeederPool>(new FeederPool(config, budget, std::move(credentials)));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(config.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<FeederPool>(new FeederPool(config, budget, *std::move(credentials)));
 }
 
 FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
@@ -242,8 +236,8 @@ FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
                          ? std::chrono::milliseconds(config.failpoints.feeder_resolve_ms)
                          : std::chrono::milliseconds(kResolveEvery)),
       budget_(budget),
-      credentials_(std::move(credentials)),
-      tls_(config.tls.enabled()) {
+      tls_(config.tls.enabled()),
+      credentials_(std::move(credentials)) {
   Resolve(/*numeric_only=*/true);
   resolver_ = std::thread([this] { ResolveLoop(); });
 }
@@ -266,6 +260,45 @@ std::unique_ptr<pipeline::RemoteDecode> FeederPool::ForStream(const std::string&
                                                               const v1::StreamSpec& spec,
                                                               const image::DecodeLimits& limits) {
   return std::make_unique<StreamView>(*this, dataset_name, dataset, spec, limits);
+}
+
+std::shared_ptr<v1::Feeder::Stub> FeederPool::MakeStub(const Feeder& feeder) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(4 << 20);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // The feeder's certificate names the host as configured, not each of its addresses.
+  if (tls_) args.SetSslTargetNameOverride(feeder.tls_name);
+  return v1::Feeder::NewStub(grpc::CreateCustomChannel(feeder.target, credentials_, args));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> FeederPool::Credentials(
+    const TlsConfig& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<base::TlsIdentity> identity =
+      base::LoadTlsIdentity(base::TlsPaths{tls.ca, tls.cert, tls.key}, std::time(nullptr));
+  if (!identity.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[[feeders]] dial with [tls]'s certificate: ", identity.status().message()));
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = identity->ca_pem;
+  ssl.pem_private_key = identity->key_pem;
+  ssl.pem_cert_chain = identity->cert_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+absl::Status FeederPool::ReloadTls(const TlsConfig& tls) {
+  if (!tls_ || !tls.enabled()) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  credentials_ = *std::move(credentials);
+  // New channels: the next calls handshake with the new certificate; calls in flight keep
+  // theirs to the end.
+  for (const auto& feeder : feeders_) feeder->stub = MakeStub(*feeder);
+  return absl::OkStatus();
 }
 
 void FeederPool::ResolveLoop() {
@@ -335,18 +368,12 @@ void FeederPool::Resolve(bool numeric_only) {
         return feeder->configured == f.address && feeder->address == address;
       });
       if (known) continue;
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(4 << 20);
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      // The feeder's certificate names the host as configured, not each of its addresses.
-      if (tls_) args.SetSslTargetNameOverride(host);
       auto feeder = std::make_shared<Feeder>();
       feeder->configured = f.address;
       feeder->address = address;
-      feeder->stub =
-          v1::Feeder::NewStub(grpc::CreateCustomChannel(targets[address], credentials_, args));
+      feeder->target = targets[address];
+      feeder->tls_name = host;
+      feeder->stub = MakeStub(*feeder);
       SPDLOG_INFO("feeder {}: drawing decoded samples from {}", f.address, address);
       feeders_.push_back(std::move(feeder));
     }
@@ -445,6 +472,7 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
                           std::chrono::milliseconds(0));
       if (!held.ok()) break;  // memory is short: these are decoded here
       auto state = std::make_shared<CallState>();
+      state->stub = feeder->stub;
       state->request = view.base;
       state->request.set_epoch(epoch);
       for (size_t i = next; i < next + n; ++i) {
@@ -479,7 +507,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   pthread_setname_np(pthread_self(), "rl-feeder-call");
   state->context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
   std::unique_ptr<grpc::ClientReader<v1::FeedFrame>> reader =
-      feeder->stub->FeedSamples(&state->context, state->request);
+      state->stub->FeedSamples(&state->context, state->request);
   const size_t n = state->indices.size();
   absl::Status result;
   uint32_t count = 0;
@@ -531,12 +559,25 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   if (result.ok() && XXH64_digest(hash.get()) != checksum) {
     result = absl::DataLossError("its answer's XXH64 is not the one its header gave");
   }
+  // The feeder's certificate, for its days left in stats (the handshake checked it already).
+  std::optional<base::CertificateFacts> cert;
+  if (result.ok() && tls_) {
+    const std::shared_ptr<const grpc::AuthContext> auth = state->context.auth_context();
+    const std::vector<grpc::string_ref> pems =
+        auth ? auth->FindPropertyValues("x509_pem_cert") : std::vector<grpc::string_ref>();
+    if (!pems.empty()) {
+      absl::StatusOr<base::CertificateFacts> facts =
+          base::DescribeCertificate(std::string_view(pems[0].data(), pems[0].size()));
+      if (facts.ok()) cert = *std::move(facts);
+    }
+  }
   const auto ended = Clock::now();
   Clock::duration busy;
   {
     std::lock_guard<std::mutex> lock(mu_);
     busy = ended - std::max(state->started, feeder->busy_mark);
     feeder->busy_mark = std::max(feeder->busy_mark, ended);
+    if (cert) feeder->cert = std::move(cert);
   }
   bool abandoned = false;
   {
@@ -642,6 +683,10 @@ std::vector<v1::FeederStatus> FeederPool::Status() const {
       if (now < refusal.until) s.add_refused_datasets(absl::StrCat(dataset, ": ", refusal.why));
     }
     s.set_in_flight(static_cast<uint32_t>(feeder->in_flight));
+    if (feeder->cert) {
+      s.set_cert_days_left(feeder->cert->DaysLeft(std::time(nullptr)));
+      s.set_cert_subject(feeder->cert->subject);
+    }
     out.push_back(std::move(s));
   }
   return out;

@@ -45,6 +45,10 @@ class FeederPool {
   // resolving the feeders' addresses. Errors name the [tls] key and file.
   static absl::StatusOr<std::unique_ptr<FeederPool>> Start(const DaemonConfig& config,
                                                            MemoryBudget& budget);
+  // SIGHUP: reads [tls]'s files again (the rotation of this host's client certificate) and dials
+  // every feeder anew with them; calls in flight finish on their old channels. An error names
+  // the key and file, and the running certificate stays. Nothing to do without [tls].
+  absl::Status ReloadTls(const TlsConfig& tls);
   ~FeederPool();  // cancels the calls in flight and waits for their threads
 
   // A stream's view: leases for its dataset (served as `dataset_name`), spec and decode limits.
@@ -74,6 +78,10 @@ class FeederPool {
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
   void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local);
+  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
+      const TlsConfig& tls);
+  std::shared_ptr<v1::Feeder::Stub> MakeStub(const Feeder& feeder) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResolveLoop();
   // Each [[feeders]] address's IPs, dialled from now on; `numeric_only`: only those that need
   // no DNS (at start, which must not wait on a resolver).
@@ -91,10 +99,10 @@ class FeederPool {
   const std::chrono::milliseconds lease_;
   const std::chrono::milliseconds resolve_every_;  // [failpoints] feeder_resolve_ms, else 30 s
   MemoryBudget& budget_;
-  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const bool tls_;
 
   mutable std::mutex mu_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
   std::condition_variable stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address

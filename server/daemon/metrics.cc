@@ -222,6 +222,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
     MetricFamily round_trip = Family("feeder_round_trip_seconds",
                                      "A lease's time from sending to its last byte (moving average)",
                                      kGauge);
+    MetricFamily cert_days = Family("feeder_cert_days_left",
+                                    "Days to a feeder's certificate's notAfter, as its latest "
+                                    "answered lease showed it",
+                                    kGauge);
     for (const v1::FeederStatus& f : s.feeders()) {
       const std::string& a = f.address();
       samples.metric.push_back(Value(kCounter, static_cast<double>(f.samples()), {{"feeder", a}}));
@@ -229,11 +233,15 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
           Value(kCounter, static_cast<double>(f.lease_failures()), {{"feeder", a}}));
       up.metric.push_back(Value(kGauge, f.state() == "up" ? 1 : 0, {{"feeder", a}}));
       round_trip.metric.push_back(Value(kGauge, f.round_trip_ms() / 1e3, {{"feeder", a}}));
+      if (f.has_cert_days_left()) {
+        cert_days.metric.push_back(Value(kGauge, f.cert_days_left(), {{"feeder", a}}));
+      }
     }
     out.push_back(std::move(samples));
     out.push_back(std::move(failures));
     out.push_back(std::move(up));
     out.push_back(std::move(round_trip));
+    if (!cert_days.metric.empty()) out.push_back(std::move(cert_days));
     out.push_back(Single("feeder_fallback_samples_total",
                          "Samples decoded on this host only because no feeder could take them "
                          "(server.local_decode = false)",

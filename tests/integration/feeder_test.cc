@@ -442,6 +442,42 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     CHECK(stats.feeders(0).lease_failures() >= 1);
     CHECK_THAT(stats.feeders(0).last_error(), Catch::Contains("refused this client"));
   }
+
+  SECTION("SIGHUP re-reads the host's client certificate for its feeders (a rotation to one the "
+          "feeder does not allow gets nothing from then on), and the feeder's certificate "
+          "days are in stats and doctor") {
+    pki.Issue("rotating", "ca", "host-r", "DNS:host-r", 30);
+    auto host = MakeHost(pki, {feeder.dataset_root(), feeder_address, "rotating", false, 1500});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    CheckSame(Delivered(*host, "before"), alone);
+    v1::FeederStatus f = Stats(host->endpoint()).feeders(0);
+    const uint64_t before = f.samples();
+    CHECK(before > 0);
+    REQUIRE(f.has_cert_days_left());
+    CHECK(f.cert_days_left() > 29);
+    CHECK(f.cert_days_left() <= 30);
+    CHECK(f.cert_subject() == "CN=feeder-1");
+    CHECK_THAT(host->Ctl({"stats"}).output,
+               Catch::Contains("certificate CN=feeder-1, 30 days left"));
+    const CommandResult doctor = host->Ctl({"doctor", "--live"});
+    CHECK_THAT(doctor.output, Catch::Contains("certificate CN=feeder-1, 30 days left"));
+
+    // The files change under the host: nothing happens until it is told.
+    pki.Issue("rotating", "ca", "intruder", "DNS:intruder", 30);
+    CheckSame(Delivered(*host, "unsent"), alone);
+    const uint64_t unsent = Stats(host->endpoint()).feeders(0).samples();
+    CHECK(unsent > before);
+
+    host->process().Kill(SIGHUP);
+    REQUIRE(WaitFor([&] { return host->Log().find("certificate for [[feeders]]") !=
+                                 std::string::npos; },
+                    std::chrono::seconds(10)));
+    CheckSame(Delivered(*host, "after"), alone);  // decoded here: the feeder refuses it now
+    f = Stats(host->endpoint()).feeders(0);
+    CHECK(f.samples() == unsent);
+    CHECK_THAT(f.last_error(), Catch::Contains("refused this client"));
+  }
 }
 
 }  // namespace ringloader::testing
