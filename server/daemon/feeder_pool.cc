@@ -96,6 +96,9 @@ struct FeederPool::CallState {
   std::condition_variable cv;
   bool done = false;       // the answer (or its failure) is in
   bool abandoned = false;  // the filler stopped waiting: the outcome counts for nothing
+  // `abandoned`, read by the call's thread between frames without the lock: it stops receiving
+  // into a buffer whose memory_limit reservation is given back already.
+  std::atomic<bool> given_up{false};
   absl::Status status;
   uint32_t count = 0;
   std::vector<uint8_t> payload;
@@ -110,6 +113,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->done) {
       state_->abandoned = true;
+      state_->given_up = true;
       state_->context.TryCancel();
     }
     // The answer's memory goes back now, not when the thread is next reaped.
@@ -126,6 +130,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
       }
       if (Clock::now() < state_->deadline) return std::nullopt;
       state_->abandoned = true;
+      state_->given_up = true;
       state_->context.TryCancel();
     }
     const std::string why = absl::StrCat("no answer within server.feeder_lease_ms (",
@@ -171,6 +176,7 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
         transform(ToTransform(spec)) {
     base.set_dataset(this->dataset_name);
     base.set_dataset_fingerprint(dataset.fingerprint());
+    base.set_label_source(LabelSource(dataset));
     *base.mutable_spec() = spec;
     v1::FeedLimits* l = base.mutable_limits();
     l->set_max_pixels(limits.max_pixels);
@@ -187,7 +193,7 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     pool_.LocalDone(samples, elapsed);
   }
   void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) override {
-    pool_.RoundWaited(waited, local);
+    pool_.RoundWaited(dataset_name, waited, local);
   }
   void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
     for (auto& call : pool_.StartFor(*this, epoch, indices)) {
@@ -406,21 +412,30 @@ uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
   const double local = local_rate_ > 0 ? local_rate_ : 1;
   const double unmeasured = Unmeasured();
   double remote = 0;
+  int available = 0;
   for (const auto& feeder : feeders_) {
     if (!Available(*feeder, dataset, now)) continue;
     remote += feeder->rate > 0 ? feeder->rate : unmeasured;
+    ++available;
   }
   if (remote == 0) {
     if (!local_decode_) fallback_samples_.fetch_add(k);
     return 0;
   }
   if (!local_decode_) return k;
-  // Rates measured on each side start it; the rounds' waits steer it from there (RoundWaited).
-  if (remote_fraction_ < 0) remote_fraction_ = remote / (remote + local);
-  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * remote_fraction_));
+  // Rates measured on each side start it, and start it again when feeders come or go (a
+  // paused one, a refusal); the rounds' waits steer it from there (RoundWaited). Per dataset:
+  // their samples cost differently here and there.
+  Steering& steering = steering_[dataset];
+  if (steering.fraction < 0 || steering.available != available) {
+    steering.fraction = std::clamp(remote / (remote + local), kLeastLeased, kMostLeased);
+    steering.available = available;
+  }
+  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * steering.fraction));
 }
 
-void FeederPool::RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) {
+void FeederPool::RoundWaited(const std::string& dataset, std::chrono::nanoseconds waited,
+                             std::chrono::nanoseconds local) {
   // A round is quickest when both sides end together. Rates cannot say where that is: each
   // side's measure includes the other's load on this host (receiving an answer takes the cores
   // the local decodes use) and a feeder's other hosts. So: lease a little more after a round
@@ -428,11 +443,13 @@ void FeederPool::RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanos
   const double share = std::chrono::duration<double>(waited).count() /
                        std::chrono::duration<double>(waited + local).count();
   std::lock_guard<std::mutex> lock(mu_);
-  if (remote_fraction_ < 0) return;
+  const auto it = steering_.find(dataset);
+  if (it == steering_.end() || it->second.fraction < 0) return;
+  double& fraction = it->second.fraction;
   if (share < kBalancedWait) {
-    remote_fraction_ = std::min(kMostLeased, remote_fraction_ + kLeaseStep);
+    fraction = std::min(kMostLeased, fraction + kLeaseStep);
   } else if (share > 2 * kBalancedWait) {
-    remote_fraction_ = std::max(kLeastLeased, remote_fraction_ - 3 * kLeaseStep);
+    fraction = std::max(kLeastLeased, fraction - 3 * kLeaseStep);
   }
 }
 
@@ -532,6 +549,11 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
       checksum = frame.header().payload_xxh64();
       payload.reserve(state->expected_bytes);
       while (result.ok() && reader->Read(&frame)) {
+        if (state->given_up) {  // its memory is given back: receive no more into it
+          result = absl::CancelledError("given up while its answer came");
+          std::vector<uint8_t>().swap(payload);
+          break;
+        }
         if (!frame.has_payload() ||
             payload.size() + frame.payload().size() > state->expected_bytes) {
           result = absl::DataLossError("its answer's payload is longer than its header said");

@@ -77,7 +77,8 @@ class FeederPool {
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
-  void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local);
+  void RoundWaited(const std::string& dataset, std::chrono::nanoseconds waited,
+                   std::chrono::nanoseconds local);
   static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
       const TlsConfig& tls);
   std::shared_ptr<v1::Feeder::Stub> MakeStub(const Feeder& feeder) const
@@ -107,9 +108,13 @@ class FeederPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address
   double local_rate_ ABSL_GUARDED_BY(mu_) = 0;  // samples/s of this host's threads; 0 = unknown
-  // The part of a round leased (local_decode = true), steered by the rounds' waits; < 0: not
-  // yet (set from the rates at the first round that leases).
-  double remote_fraction_ ABSL_GUARDED_BY(mu_) = -1;
+  // Per dataset, the part of a round leased (local_decode = true), steered by the rounds'
+  // waits; set from the rates at its first round, and again when the feeders available change.
+  struct Steering {
+    double fraction = -1;
+    int available = -1;  // feeders available when `fraction` was set from the rates
+  };
+  std::map<std::string, Steering> steering_ ABSL_GUARDED_BY(mu_);
   struct Running {
     std::thread thread;
     std::shared_ptr<CallState> state;

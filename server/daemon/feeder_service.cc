@@ -81,6 +81,24 @@ class FeederService::NoStrikes final : public pipeline::SampleObserver {
   pipeline::SampleObserver& inner_;
 };
 
+std::string LabelSource(const pipeline::Dataset& dataset) {
+  if (!dataset.has_labels()) return "none";
+  const pipeline::DatasetSpec& spec = dataset.spec();
+  const std::string format = pipeline::DatasetFormatName(dataset.format());
+  switch (dataset.format()) {
+    case pipeline::DatasetFormat::kImageFolder:
+    case pipeline::DatasetFormat::kManifest:
+      return format;  // folder names or the manifest's column: in the fingerprinted index
+    case pipeline::DatasetFormat::kWebDataset:
+      return absl::StrCat(format, " member ", spec.label_key);
+    case pipeline::DatasetFormat::kTfRecord:
+      return absl::StrCat(format, " feature ", spec.label_feature, " offset ", spec.label_offset);
+    case pipeline::DatasetFormat::kArrays:
+      return absl::StrCat(format, " array ", spec.label_array);
+  }
+  return format;
+}
+
 FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                              pipeline::BatchFiller& filler, MemoryBudget& budget,
                              pipeline::SampleObserver* observer, std::string lie)
@@ -135,6 +153,12 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
         "do not see the same files (its samples would differ)",
         served->config.name, dataset.fingerprint(), request->dataset_fingerprint())));
   }
+  if (!request->label_source().empty() && request->label_source() != LabelSource(dataset)) {
+    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        "dataset \"", served->config.name, "\": this feeder's labels come from ",
+        LabelSource(dataset), ", the host's from ", wire::EscapeBytes(request->label_source()),
+        ": the same samples would carry other labels")));
+  }
   const image::DecodeLimits limits = DecodeLimitsOf(served->config);
   if (request->has_limits()) {
     const v1::FeedLimits& theirs = request->limits();
@@ -184,6 +208,11 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   const image::TransformSpec transform = ToTransform(spec);
   const pipeline::BatchLayout layout =
       pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), transform, &dataset);
+  // This host's turn first: a feed waiting behind another of its host's holds no memory.
+  std::unique_lock<std::timed_mutex> turn(fill_turn, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  }
   // The answer's buffer is drawn from memory_limit, at once or not at all, and feeds together
   // hold at most a quarter of it: the feeder's own trainers come first.
   const uint64_t share = config_.memory_limit_bytes / 4;
@@ -224,10 +253,6 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   fill.epoch = request->epoch();
   fill.limits = limits;
   fill.stop = [context] { return context->IsCancelled(); };
-  std::unique_lock<std::timed_mutex> turn(fill_turn, std::defer_lock);
-  while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
-    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
-  }
   absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_.get());
   turn.unlock();
   if (!filled.ok()) return ToGrpc(filled.status());

@@ -42,6 +42,11 @@ inline constexpr int kMaxFeedsPerHost = 4;
 // A host that does not take its answer within this long is cut off (its memory given back).
 inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 
+// Where `dataset`'s labels come from, as host and feeder compare it (FeedRequest.label_source):
+// its format and the keys that pick its labels, e.g. "tfrecord feature image/class/label offset
+// -1"; "none" without labels. The fingerprint covers the files, not these.
+std::string LabelSource(const pipeline::Dataset& dataset);
+
 class FeederService final : public v1::Feeder::Service {
  public:
   // All outlive the service. `observer` may be null.

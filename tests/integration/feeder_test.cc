@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -183,6 +185,13 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   CHECK_THAT(refused.status.error_message(),
              Catch::Contains(absl::StrFormat("this feeder's fingerprint is %016x, the host's %016x",
                                              fingerprint, fingerprint ^ 1)));
+  wrong = request;
+  wrong.set_label_source("tfrecord feature image/class/label offset -1");
+  refused = Feed(feeder_address, wrong);
+  CHECK(refused.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(refused.status.error_message(),
+             Catch::Contains("this feeder's labels come from imagefolder, the host's from "
+                             "tfrecord feature image/class/label offset -1"));
   wrong = request;
   wrong.set_dataset("nope");
   refused = Feed(feeder_address, wrong);
@@ -478,6 +487,72 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     CHECK(f.samples() == unsent);
     CHECK_THAT(f.last_error(), Catch::Contains("refused this client"));
   }
+}
+
+TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each, rings of 462 "
+          "MB), two trainers at once, all through a feeder: the same bytes as a host alone",
+          "[feeder][tls][shape]") {
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  DaemonFixtureOptions feeder_options = FeederOptions(pki, feeder_address);
+  feeder_options.images = 512;
+  feeder_options.memory_limit = "3GiB";  // its feeds hold up to a quarter: 4 answers of 154 MB
+  DaemonFixture feeder(feeder_options);
+  if (!feeder.Start()) FAIL(feeder.Log());
+
+  // Two trainers (seeds 5 and 6) reading one epoch at once: a line per sample, its trainer,
+  // position, index, label and the XXH64 of its float32 pixels.
+  const auto read = [](const std::string& endpoint) {
+    std::vector<std::string> lines[2];
+    std::thread trainers[2];
+    for (int t = 0; t < 2; ++t) {
+      trainers[t] = std::thread([&, t] {
+        client::Client c(endpoint);
+        client::StreamOptions o;
+        o.dataset = "synth";
+        o.batch_size = 256;
+        o.image_size = 224;
+        o.dtype = client::DType::kFloat32;
+        o.seed = 5 + t;
+        o.end_epoch = 1;
+        auto stream = c.Open(o);
+        uint64_t position = 0;
+        while (std::optional<client::Batch> b = stream->Next()) {
+          for (uint32_t i = 0; i < b->size(); ++i, ++position) {
+            lines[t].push_back(absl::StrFormat(
+                "%d %d %d %d %016x", t, position, b->indices().data<int64_t>()[i],
+                b->labels().data<int64_t>()[i],
+                XXH64(b->sample_image(i), b->sample_image_bytes(), 0)));
+          }
+        }
+      });
+    }
+    for (std::thread& t : trainers) t.join();
+    std::vector<std::string> all = lines[0];
+    all.insert(all.end(), lines[1].begin(), lines[1].end());
+    return all;
+  };
+  const std::vector<std::string> alone = read(feeder.endpoint());  // decoded locally
+  REQUIRE(alone.size() == 2 * 512);
+
+  DaemonFixtureOptions host_options;
+  host_options.images = 4;
+  host_options.memory_limit = "3GiB";  // two rings of 462 MB, and the answers in flight
+  host_options.server_extra = "local_decode = false\nfeeder_lease_ms = 60000";
+  host_options.config_extra =
+      pki.TlsTable("host") + "[[feeders]]\naddress = \"" + feeder_address + "\"\n";
+  DaemonFixture host(host_options);
+  UseFilesOf(host, feeder.dataset_root());
+  if (!host.Start()) FAIL(host.Log());
+  INFO(host.Log());
+  CHECK(read(host.endpoint()) == alone);
+  const v1::GetStatsResponse stats = Stats(host.endpoint());
+  REQUIRE(stats.feeders_size() == 1);
+  // Most through the feeder (one busy with the other trainer's answers may send some back here).
+  CHECK(stats.feeders(0).samples() >= 512);
 }
 
 }  // namespace ringloader::testing

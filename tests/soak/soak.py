@@ -707,12 +707,12 @@ def main() -> int:
                     ("open files (median)", "fds", statistics.median, 1.25, 16),
                     ("threads", "threads", max, 1.10, 8),
                     ("rings in /dev/shm", "rings", max, 1.0, 2)):
-                a = stat([getattr(s, key) for s in first])
-                b = stat([getattr(s, key) for s in second])
-                allowed = a * factor + slack
-                if b > allowed:
-                    failures.append(f"daemon {what} grew after warm-up: {a:.0f} in the first "
-                                    f"half, {b:.0f} in the second (allowed {allowed:.0f})")
+                early = stat([getattr(s, key) for s in first])
+                late = stat([getattr(s, key) for s in second])
+                allowed = early * factor + slack
+                if late > allowed:
+                    failures.append(f"daemon {what} grew after warm-up: {early:.0f} in the first "
+                                    f"half, {late:.0f} in the second (allowed {allowed:.0f})")
             rings_max = max(s.rings for s in after)
             if rings_max > len(TRAINERS) + 2:
                 failures.append(f"{rings_max} rings in /dev/shm for {len(TRAINERS)} trainers")

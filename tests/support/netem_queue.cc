@@ -10,7 +10,8 @@
 // Runs in the network namespace whose rules name the queue (netlink is per namespace). Prints
 // "ready" on stdout once it holds the queue, so a caller adds its rule only then (a packet sent
 // to a queue no one holds is dropped). SIGTERM or SIGINT: every held packet is released at once,
-// and --stats FILE is written: "packets P dropped D".
+// and --stats FILE is written: "packets P dropped D lost_messages M" (M: netlink overruns, whose
+// packets were held until exit).
 #include <arpa/inet.h>
 #include <errno.h>
 #include <libnetfilter_queue/libnetfilter_queue.h>
@@ -162,12 +163,14 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   alignas(8) char buffer[1 << 16];
+  uint64_t lost_messages = 0;
   while (!g_stop) {
-    int wait_ms = -1;
+    // At most 100 ms: a SIGTERM that lands just before poll() is seen soon all the same.
+    int wait_ms = 100;
     if (!line.held.empty()) {
       const auto until = line.held.front().release - Clock::now();
-      wait_ms = static_cast<int>(
-          std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(until).count()));
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::ceil<std::chrono::milliseconds>(until).count(), 0, 100));
     }
     pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, wait_ms);
@@ -179,8 +182,9 @@ int main(int argc, char** argv) {
           nfq_handle_packet(handle, buffer, static_cast<int>(n));
           continue;
         }
-        if (n < 0 && errno == ENOBUFS) {
+        if (n < 0 && errno == ENOBUFS) {  // their packets wait in the kernel until exit
           std::fprintf(stderr, "netem_queue: netlink messages lost (ENOBUFS)\n");
+          ++lost_messages;
           continue;
         }
         break;
@@ -193,9 +197,10 @@ int main(int argc, char** argv) {
   nfq_close(handle);
   if (!options.stats_path.empty()) {
     if (FILE* f = std::fopen(options.stats_path.c_str(), "w")) {
-      std::fprintf(f, "packets %llu dropped %llu\n",
+      std::fprintf(f, "packets %llu dropped %llu lost_messages %llu\n",
                    static_cast<unsigned long long>(line.packets),
-                   static_cast<unsigned long long>(line.dropped));
+                   static_cast<unsigned long long>(line.dropped),
+                   static_cast<unsigned long long>(lost_messages));
       std::fclose(f);
     }
   }
