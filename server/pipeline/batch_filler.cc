@@ -17,6 +17,9 @@
 namespace ringloader::pipeline {
 namespace {
 
+// How many rounds ahead a stream leases samples to its feeders (RemoteDecode::Ahead).
+constexpr int kAheadRounds = 2;
+
 uint64_t AlignUp(uint64_t v) { return (v + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }
 
 // dest is only byte-aligned as far as we know, so int64 entries are written with memcpy.
@@ -284,20 +287,46 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
     for (uint64_t index : call->indices()) leased[position_of.at(index)] = true;
     calls.push_back(std::move(call));
   }
-  // And ahead: the next round's tail, the same share of the positions after this round.
+  // And ahead: the next kAheadRounds rounds' tails, the same share of each, into the next epoch
+  // (its shard as the read-ahead builds it). Two rounds: the other side always has the next
+  // call queued when it ends one (with one, it idled from its answer until the next round began,
+  // a fifth of its time, and every epoch's first round waited for a lease of its own).
   if (share > 0) {
-    const uint64_t next = batch.pos + batch.k;
-    const uint64_t end = std::min<uint64_t>(batch.shard.size(), next + batch.k);
-    std::set<uint64_t> ahead_seen;
-    std::vector<uint64_t> ahead;
-    for (uint64_t p = end; p-- > next && ahead.size() < share;) {
-      const uint64_t index = batch.shard.at(p);
-      if (index >= batch.dataset.size() || !ahead_seen.insert(index).second) continue;
-      if (position_of.count(index) != 0 || !leasable(index)) continue;
-      ahead.push_back(index);
+    const uint64_t round_size = request.batch_size;
+    const uint64_t tail =
+        batch.k == round_size ? share : std::min(request.remote->Share(round_size), round_size);
+    uint64_t epoch = request.epoch;
+    uint64_t first = batch.pos + batch.k;  // the next round's first shard position
+    for (int r = 0; r < kAheadRounds && tail > 0; ++r) {
+      const auto index_at = [&](uint64_t p) -> std::optional<uint64_t> {
+        if (epoch == request.epoch) {
+          if (p < batch.shard.size()) return batch.shard.at(p);
+          return std::nullopt;
+        }
+        if (request.read_ahead == nullptr) return std::nullopt;
+        return request.read_ahead->IndexAt(epoch, p);
+      };
+      if (!index_at(first)) {  // past this epoch's shard: the next one's first round
+        ++epoch;
+        first = 0;
+        if (epoch == request.epoch + 2 || !index_at(first)) break;
+      }
+      uint64_t end = first;
+      while (end < first + round_size && index_at(end)) ++end;
+      std::set<uint64_t> ahead_seen;
+      std::vector<uint64_t> ahead;
+      for (uint64_t p = end; p-- > first && ahead.size() < tail;) {
+        const uint64_t index = *index_at(p);
+        if (index >= batch.dataset.size() || !ahead_seen.insert(index).second) continue;
+        if ((epoch == request.epoch && position_of.count(index) != 0) || !leasable(index)) {
+          continue;
+        }
+        ahead.push_back(index);
+      }
+      std::reverse(ahead.begin(), ahead.end());
+      if (!ahead.empty()) request.remote->Ahead(epoch, ahead);
+      first = end;
     }
-    std::reverse(ahead.begin(), ahead.end());
-    if (!ahead.empty()) request.remote->Ahead(request.epoch, ahead);
   }
   // A read ahead of a leased sample is left to the read-ahead: taken if the sample is decoded
   // here after all, else dropped by the next batch's Advance.

@@ -266,6 +266,13 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) 
   return read;
 }
 
+std::optional<uint64_t> ReadAhead::IndexAt(uint64_t epoch, uint64_t pos) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const EpochShard* shard = shard_ != nullptr ? ShardOf(epoch) : nullptr;
+  if (shard == nullptr || pos >= shard->size()) return std::nullopt;
+  return shard->at(pos);
+}
+
 void ReadAhead::WriteOff(PrefetchedSample& sample) {
   if (!sample.running()) return;
   pool_.WriteOff(sample.read_id());

@@ -179,6 +179,10 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
+  // The dataset index at shard position `pos` of `epoch`: of the stream's shard, or the next
+  // epoch's (built here, as for its reads); nullopt past either's end or the stream's.
+  // REQUIRES: Advance was called.
+  std::optional<uint64_t> IndexAt(uint64_t epoch, uint64_t pos);
   // A read of sample `index` outside the window (the batch needs it now and none was started, or
   // its task met its deadline reading on a decode thread: `memory` kWaitFor), submitted at once.
   // Null when no file is left (FileBudget: try again as others end) or the lane is shut down.

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,16 +57,17 @@ class RemoteDecode {
   // now are left out (decoded locally).
   virtual std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
                                                          std::span<const uint64_t> indices) = 0;
-  // Leases ahead: the samples the next round will likely lease (its tail), started now so that
-  // the other side decodes them while this round is collected and the trainer reads. Their
+  // Leases ahead: the samples a round to come will likely lease (its tail; called each round for
+  // each of the next few), started now so that the other side decodes them while earlier rounds
+  // are collected and the trainer reads. Samples already leased ahead are not asked again. Their
   // bytes depend only on (dataset, seed, epoch, sample), so they serve whichever round holds
   // them. Default: none.
   virtual void Ahead(uint64_t epoch, std::span<const uint64_t> indices) {
     (void)epoch;
     (void)indices;
   }
-  // The calls started ahead that hold any of `indices` of `epoch`, now this round's; the rest
-  // started ahead are given up (the round moved past them). Default: none.
+  // The calls started ahead that hold any of `indices` of `epoch`, now this round's. One that
+  // two rounds in a row did not claim is given up (the rounds moved past it). Default: none.
   virtual std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
                                                          std::span<const uint64_t> indices) {
     (void)epoch;
@@ -81,6 +83,32 @@ class RemoteDecode {
     (void)waited;
     (void)local;
   }
+};
+
+// The calls one stream started ahead, until a round claims them: the bookkeeping behind
+// RemoteDecode::Ahead and Claim, for an implementation to hold. Not thread-safe (a stream's
+// producer alone uses it).
+class AheadCalls {
+ public:
+  // Of `indices` of `epoch`, those no call held here asks for: what is left to start ahead. None
+  // when they are fewer than `least` next to some held already (the share grew a little since:
+  // not worth a call of their own; the round leases them itself).
+  std::vector<uint64_t> Fresh(uint64_t epoch, std::span<const uint64_t> indices,
+                              size_t least) const;
+  void Add(uint64_t epoch, std::unique_ptr<RemoteCall> call);
+  // The calls of `epoch` that hold any of `indices`, handed over. One that two rounds in a row
+  // did not claim is dropped (the rounds moved past it: given up as it goes).
+  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
+                                                 std::span<const uint64_t> indices);
+  size_t size() const { return held_.size(); }
+
+ private:
+  struct Held {
+    uint64_t epoch;
+    std::unique_ptr<RemoteCall> call;
+    int passed;  // rounds that claimed other calls since it was started
+  };
+  std::vector<Held> held_;
 };
 
 }  // namespace ringloader::pipeline

@@ -456,10 +456,18 @@ TEST_CASE("ReadAhead: reads run on into the next epoch but not past the stream's
       CHECK((ahead.Take(0, pos) == nullptr) == cache.Holds("k", epoch0.at(pos)));
     }
     CHECK(ahead.Take(1, 0) == nullptr);
+    CHECK(ahead.IndexAt(1, 0) == std::nullopt);  // past the stream's end
   }
   ReadAhead ahead(pool, 16, &f.memory, &f.observer, std::chrono::milliseconds(0));
   ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/0, 1 << 30, nullptr, "");
   CHECK(ahead.started() == 16);  // all of epoch 0, then epoch 1's first 4
+  // Where a round leases ahead from: the stream's shard, then the next epoch's, as built here.
+  for (uint64_t pos = 0; pos < n; ++pos) {
+    CHECK(ahead.IndexAt(0, pos) == epoch0.at(pos));
+    CHECK(ahead.IndexAt(1, pos) == epoch1.at(pos));
+  }
+  CHECK(ahead.IndexAt(0, n) == std::nullopt);
+  CHECK(ahead.IndexAt(2, 0) == std::nullopt);  // more than an epoch ahead
   std::shared_ptr<PrefetchedSample> next_epoch = ahead.Take(1, 0);
   REQUIRE(next_epoch != nullptr);
   CHECK(next_epoch->index() == epoch1.at(0));  // the order the stream's own shard has
