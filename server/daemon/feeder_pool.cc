@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <set>
@@ -119,7 +120,12 @@ class FeederPool::Call final : public pipeline::RemoteCall {
       state_->given_up = true;
       state_->context.TryCancel();
     }
-    // The answer's memory goes back now, not when the thread is next reaped.
+    // The answer's memory goes back now, not when the thread is next reaped: kept for the
+    // next call once the thread is done with it, else the thread frees it as it ends.
+    if (state_->done && state_->payload.size() == state_->expected_bytes) {
+      pool_.answers_.Give(
+          SpareBuffers::Buffer{std::move(state_->payload), std::move(state_->held)});
+    }
     state_->payload = std::vector<uint8_t>();
     state_->held = Reservation();
   }
@@ -233,6 +239,7 @@ FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
                          ? std::chrono::milliseconds(config.failpoints.feeder_resolve_ms)
                          : std::chrono::milliseconds(kResolveEvery)),
       budget_(budget),
+      answers_(budget, kSpareAnswers, kLargestSpareAnswer),
       tls_(config.tls.enabled()),
       credentials_(std::move(credentials)) {
   Resolve(/*numeric_only=*/true);
@@ -479,10 +486,9 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       const uint64_t bytes =
           pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), view.transform, &view.dataset)
               .total_bytes;
-      absl::StatusOr<Reservation> held =
-          budget_.Reserve(bytes, absl::StrCat("a feeder's answer of ", n, " samples"),
-                          std::chrono::milliseconds(0));
-      if (!held.ok()) break;  // memory is short: these are decoded here
+      absl::StatusOr<SpareBuffers::Buffer> answer =
+          answers_.Take(bytes, absl::StrCat("a feeder's answer of ", n, " samples"));
+      if (!answer.ok()) break;  // memory is short: these are decoded here
       auto state = std::make_shared<CallState>();
       state->stub = feeder->stub;
       state->request = view.base;
@@ -493,7 +499,8 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       }
       state->dataset = view.dataset_name;
       state->expected_bytes = bytes;
-      state->held = *std::move(held);
+      state->held = std::move(answer->held);
+      state->payload = std::move(answer->bytes);
       state->started = Clock::now();
       state->deadline = state->started + lease_;
       std::thread thread;
@@ -523,7 +530,12 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   const size_t n = state->indices.size();
   absl::Status result;
   uint32_t count = 0;
-  std::vector<uint8_t> payload;
+  std::vector<uint8_t> payload;  // the call's buffer (expected_bytes), the thread's meanwhile
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    payload = std::move(state->payload);
+  }
+  size_t received = 0;
   v1::FeedFrame frame;
   uint64_t checksum = 0;
   // Hashed frame by frame as each arrives, while its bytes are still in cache.
@@ -542,20 +554,19 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     } else {
       count = frame.header().count();
       checksum = frame.header().payload_xxh64();
-      payload.reserve(state->expected_bytes);
       while (result.ok() && reader->Read(&frame)) {
         if (state->given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
           std::vector<uint8_t>().swap(payload);
           break;
         }
-        if (!frame.has_payload() ||
-            payload.size() + frame.payload().size() > state->expected_bytes) {
+        if (!frame.has_payload() || received + frame.payload().size() > payload.size()) {
           result = absl::DataLossError("its answer's payload is longer than its header said");
           break;
         }
         const auto* bytes = reinterpret_cast<const uint8_t*>(frame.payload().data());
-        payload.insert(payload.end(), bytes, bytes + frame.payload().size());  // a memcpy
+        std::memcpy(payload.data() + received, bytes, frame.payload().size());
+        received += frame.payload().size();
         XXH64_update(hash.get(), bytes, frame.payload().size());
       }
     }
@@ -568,9 +579,9 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     result = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
                           finished.error_message());
   }
-  if (result.ok() && payload.size() != state->expected_bytes) {
+  if (result.ok() && received != state->expected_bytes) {
     result = absl::DataLossError(
-        absl::StrCat("its answer ended after ", payload.size(), " of ", state->expected_bytes,
+        absl::StrCat("its answer ended after ", received, " of ", state->expected_bytes,
                      " bytes"));
   }
   if (result.ok() && XXH64_digest(hash.get()) != checksum) {

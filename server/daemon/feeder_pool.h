@@ -34,6 +34,7 @@
 #include "proto/ringloader.grpc.pb.h"
 #include "server/daemon/config.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/spare_buffers.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/remote_decode.h"
 
@@ -100,6 +101,7 @@ class FeederPool {
   const std::chrono::milliseconds lease_;
   const std::chrono::milliseconds resolve_every_;  // [failpoints] feeder_resolve_ms, else 30 s
   MemoryBudget& budget_;
+  SpareBuffers answers_;  // answers' buffers, kept for the next calls
   const bool tls_;
 
   mutable std::mutex mu_;

@@ -25,6 +25,14 @@ namespace {
 
 // Cancels `context` unless destroyed within `after`: a host that stops reading its answer
 // blocks the write on flow control, and must not hold the feed's memory for ever.
+// A host's string in an error (a dataset name, a label source): escaped and cut to 256 bytes,
+// since a hostile one may be as long as a request.
+std::string Echo(const std::string& theirs) {
+  constexpr size_t kMost = 256;
+  return theirs.size() <= kMost ? wire::EscapeBytes(theirs)
+                                : absl::StrCat(wire::EscapeBytes(theirs.substr(0, kMost)), "...");
+}
+
 class CutOff {
  public:
   CutOff(grpc::ServerContext* context, std::chrono::seconds after)
@@ -103,6 +111,7 @@ FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& 
                              pipeline::BatchFiller& filler, MemoryBudget& budget,
                              pipeline::SampleObserver* observer, std::string lie)
     : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
+      answers_(budget, kSpareAnswers, kLargestSpareAnswer),
       observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr),
       lie_(std::move(lie)) {}
 
@@ -142,7 +151,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     std::vector<std::string> names;
     for (const ServedDataset* d : datasets_.All()) names.push_back(d->config.name);
     return ToGrpc(absl::NotFoundError(absl::StrCat(
-        "dataset \"", wire::EscapeBytes(request->dataset().substr(0, 256)),
+        "dataset \"", Echo(request->dataset()),
         "\" is not served by this feeder (it serves: ",
         names.empty() ? "none" : absl::StrJoin(names, ", "), ")")));
   }
@@ -156,7 +165,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   if (!request->label_source().empty() && request->label_source() != LabelSource(dataset)) {
     return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
         "dataset \"", served->config.name, "\": this feeder's labels come from ",
-        LabelSource(dataset), ", the host's from ", wire::EscapeBytes(request->label_source()),
+        LabelSource(dataset), ", the host's from ", Echo(request->label_source()),
         ": the same samples would carry other labels")));
   }
   const image::DecodeLimits limits = DecodeLimitsOf(served->config);
@@ -233,10 +242,17 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
       service->held_bytes_ -= bytes;
     }
   } give_back{this, layout.total_bytes};
-  absl::StatusOr<Reservation> held = budget_.Reserve(
-      layout.total_bytes, absl::StrCat("a feed of ", n, " samples"), std::chrono::milliseconds(0));
-  if (!held.ok()) return ToGrpc(held.status());
-  std::vector<uint8_t> payload(layout.total_bytes);
+  absl::StatusOr<SpareBuffers::Buffer> answer =
+      answers_.Take(layout.total_bytes, absl::StrCat("a feed of ", n, " samples"));
+  if (!answer.ok()) return ToGrpc(answer.status());
+  struct KeepForNext {
+    SpareBuffers& answers;
+    SpareBuffers::Buffer& buffer;
+    ~KeepForNext() { answers.Give(std::move(buffer)); }
+  } keep_for_next{answers_, *answer};
+  std::vector<uint8_t>& payload = answer->bytes;
+  // Zeroed: what a filled batch leaves unwritten (alignment) must not be another answer's.
+  std::fill(payload.begin(), payload.end(), uint8_t{0});
 
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = spec.seed();

@@ -31,6 +31,7 @@
 #include "server/daemon/config.h"
 #include "server/daemon/dataset_registry.h"
 #include "server/daemon/memory_budget.h"
+#include "server/daemon/spare_buffers.h"
 #include "server/pipeline/batch_filler.h"
 
 namespace ringloader::server {
@@ -39,6 +40,9 @@ inline constexpr int kMaxFeedSamples = 256;
 inline constexpr size_t kFeedFrameBytes = 1 << 20;
 // Feeds at once from one host (its address): more are RESOURCE_EXHAUSTED, decoded elsewhere.
 inline constexpr int kMaxFeedsPerHost = 4;
+// Answer buffers kept for the next feeds or calls (SpareBuffers, on each end), and the largest.
+inline constexpr size_t kSpareAnswers = 2;
+inline constexpr uint64_t kLargestSpareAnswer = 32 << 20;
 // A host that does not take its answer within this long is cut off (its memory given back).
 inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 
@@ -74,6 +78,7 @@ class FeederService final : public v1::Feeder::Service {
   const DatasetRegistry& datasets_;
   pipeline::BatchFiller& filler_;
   MemoryBudget& budget_;
+  SpareBuffers answers_;  // the answers' buffers, kept for the next feeds
   std::unique_ptr<NoStrikes> observer_;  // null without one
   const std::string lie_;
   std::mutex mu_;

@@ -74,6 +74,14 @@ void SetTlsEnv(const std::map<std::string, std::string>& env) {
 }
 
 // A feeder on `address` with 48 images, its certificate "feeder", letting in hosts "host-*".
+// What every feeder test starts from: CA "ca", the feeder's certificate (for 127.0.0.1) and
+// host-1's.
+void IssueFeederAndHost(TestPki& pki) {
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+}
+
 DaemonFixtureOptions FeederOptions(const TestPki& pki, const std::string& address) {
   DaemonFixtureOptions options;
   options.images = 48;
@@ -97,10 +105,8 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
           "mutual TLS, and refuses what it must, saying why",
           "[feeder][tls]") {
   TestPki pki;
-  pki.MakeCa("ca", "ringloader test CA");
+  IssueFeederAndHost(pki);
   pki.MakeCa("other", "Other CA");
-  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
-  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
   pki.Issue("stranger", "other", "host-2", "DNS:host-2", 30);
   const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
   const DaemonFixtureOptions options = FeederOptions(pki, feeder_address);
@@ -192,6 +198,14 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   CHECK_THAT(refused.status.error_message(),
              Catch::Contains("this feeder's labels come from imagefolder, the host's from "
                              "tfrecord feature image/class/label offset -1"));
+  // A hostile label source (a request's worth of bytes, control characters) is cut and escaped.
+  wrong = request;
+  wrong.set_label_source(std::string("\x1b[2J") + std::string(512 << 10, 'x'));
+  refused = Feed(feeder_address, wrong);
+  CHECK(refused.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(refused.status.error_message().size() < 1024);
+  CHECK_THAT(refused.status.error_message(), Catch::Contains("the host's from \\x1b[2Jxxx"));
+  CHECK_THAT(refused.status.error_message(), Catch::Contains("xxx...: the same samples"));
   wrong = request;
   wrong.set_dataset("nope");
   refused = Feed(feeder_address, wrong);
@@ -307,9 +321,7 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
           "leased, the feeder stopped, killed, or serving other files",
           "[feeder][tls]") {
   TestPki pki;
-  pki.MakeCa("ca", "ringloader test CA");
-  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
-  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  IssueFeederAndHost(pki);
   const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
   const DaemonFixtureOptions options = FeederOptions(pki, feeder_address);
   DaemonFixture feeder(options);
@@ -493,9 +505,7 @@ TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each
           "MB), two trainers at once, all through a feeder: the same bytes as a host alone",
           "[feeder][tls][shape]") {
   TestPki pki;
-  pki.MakeCa("ca", "ringloader test CA");
-  pki.Issue("feeder", "ca", "feeder-1", "IP:127.0.0.1", 30);
-  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  IssueFeederAndHost(pki);
   const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
   DaemonFixtureOptions feeder_options = FeederOptions(pki, feeder_address);
   feeder_options.images = 512;
