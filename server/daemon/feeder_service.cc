@@ -23,8 +23,6 @@
 namespace ringloader::server {
 namespace {
 
-// Cancels `context` unless destroyed within `after`: a host that stops reading its answer
-// blocks the write on flow control, and must not hold the feed's memory for ever.
 // A host's string in an error (a dataset name, a label source): escaped and cut to 256 bytes,
 // since a hostile one may be as long as a request.
 std::string Echo(const std::string& theirs) {
@@ -33,6 +31,8 @@ std::string Echo(const std::string& theirs) {
                                 : absl::StrCat(wire::EscapeBytes(theirs.substr(0, kMost)), "...");
 }
 
+// Cancels `context` unless destroyed within `after`: a host that stops reading its answer
+// blocks the write on flow control, and must not hold the feed's memory for ever.
 class CutOff {
  public:
   CutOff(grpc::ServerContext* context, std::chrono::seconds after)
@@ -251,8 +251,9 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     ~KeepForNext() { answers.Give(std::move(buffer)); }
   } keep_for_next{answers_, *answer};
   std::vector<uint8_t>& payload = answer->bytes;
-  // Zeroed: what a filled batch leaves unwritten (alignment) must not be another answer's.
-  std::fill(payload.begin(), payload.end(), uint8_t{0});
+  // Zeroed (a new one is already): what a filled batch leaves unwritten (alignment) must not be
+  // another answer's.
+  if (answer->reused) std::fill(payload.begin(), payload.end(), uint8_t{0});
 
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = spec.seed();

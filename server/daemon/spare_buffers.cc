@@ -18,6 +18,7 @@ absl::StatusOr<SpareBuffers::Buffer> SpareBuffers::Take(uint64_t size, const std
         Buffer buffer = std::move(spares_[i]);
         spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
         buffer.bytes.resize(size);  // within its capacity: no allocation
+        buffer.reused = true;
         return buffer;
       }
     }

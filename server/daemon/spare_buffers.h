@@ -26,14 +26,16 @@ class SpareBuffers {
   struct Buffer {
     std::vector<uint8_t> bytes;
     Reservation held;
+    bool reused = false;  // a spare, holding an earlier answer's bytes; else new, all zero
   };
 
   // Keeps at most `most` spares, each of at most `largest` bytes.
   SpareBuffers(MemoryBudget& budget, size_t most, uint64_t largest);
 
-  // `size` bytes (what they hold is undefined: a spare's old contents) and their reservation: a
-  // spare that fits, else new ones reserved at once or not at all (ResourceExhausted naming
-  // `what`). The spares that do not fit are freed first, so they never stand in its way.
+  // `size` bytes (a spare's old contents, or zeros when new: see Buffer::reused) and their
+  // reservation: a spare that fits, else new ones reserved at once or not at all
+  // (ResourceExhausted naming `what`). The spares that do not fit are freed first, so they
+  // never stand in its way.
   absl::StatusOr<Buffer> Take(uint64_t size, const std::string& what);
   // Kept for a later Take, or freed with its reservation (too many, too big, or memory short).
   void Give(Buffer buffer);

@@ -17,12 +17,14 @@ TEST_CASE("SpareBuffers: a buffer given back serves the next call that fits it, 
   absl::StatusOr<SpareBuffers::Buffer> first = answers.Take(3 << 20, "an answer");
   REQUIRE(first.ok());
   CHECK(first->bytes.size() == 3u << 20);
+  CHECK_FALSE(first->reused);  // new: all zero
   const uint8_t* const pages = first->bytes.data();
   answers.Give(*std::move(first));
   CHECK(answers.spares() == 1);
   CHECK(budget.reserved() == 3u << 20);  // kept, and still counted
   absl::StatusOr<SpareBuffers::Buffer> again = answers.Take(2 << 20, "an answer");
   REQUIRE(again.ok());
+  CHECK(again->reused);
   CHECK(again->bytes.data() == pages);  // the same pages: no allocation, no faults
   CHECK(again->bytes.size() == 2u << 20);
   CHECK(budget.reserved() == 3u << 20);
