@@ -105,7 +105,7 @@ struct FeederPool::CallState {
   std::atomic<bool> given_up{false};
   absl::Status status;
   uint32_t count = 0;
-  std::vector<uint8_t> payload;
+  AnswerBytes payload;
   std::atomic<bool> finished{false};  // the thread is about to return (joined without waiting)
 };
 
@@ -126,7 +126,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
       pool_.answers_.Give(
           SpareBuffers::Buffer{std::move(state_->payload), std::move(state_->held)});
     }
-    state_->payload = std::vector<uint8_t>();
+    state_->payload = AnswerBytes();
     state_->held = Reservation();
   }
   const std::vector<uint64_t>& indices() const override { return state_->indices; }
@@ -530,7 +530,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   const size_t n = state->indices.size();
   absl::Status result;
   uint32_t count = 0;
-  std::vector<uint8_t> payload;  // the call's buffer (expected_bytes), the thread's meanwhile
+  AnswerBytes payload;  // the call's buffer (expected_bytes), the thread's meanwhile
   {
     std::lock_guard<std::mutex> lock(state->mu);
     payload = std::move(state->payload);
@@ -557,7 +557,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
       while (result.ok() && reader->Read(&frame)) {
         if (state->given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
-          std::vector<uint8_t>().swap(payload);
+          AnswerBytes().swap(payload);
           break;
         }
         if (!frame.has_payload() || received + frame.payload().size() > payload.size()) {
@@ -606,6 +606,10 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     busy = ended - std::max(state->started, feeder->busy_mark);
     feeder->busy_mark = std::max(feeder->busy_mark, ended);
     if (cert) feeder->cert = std::move(cert);
+    // Before the filler hears it is done: its next round must find the feeder free of it (else,
+    // still counted against kMaxFeedsPerHost, the feeder was not Available and a whole round fell
+    // back to this host: feeder_test's "local_decode = false" saw 8 fallback samples under load).
+    --feeder->in_flight;
   }
   bool abandoned = false;
   {
@@ -622,7 +626,6 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    --feeder->in_flight;
     if (!abandoned) {
       if (result.ok()) {
         // Counted by the filler's Accept or Reject, once it has checked the answer.

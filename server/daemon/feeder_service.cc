@@ -222,6 +222,8 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   }
+  // Given up while it waited its turn (a call held ahead that the rounds passed by): not filled.
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   // The answer's buffer is drawn from memory_limit, at once or not at all, and feeds together
   // hold at most a quarter of it: the feeder's own trainers come first.
   const uint64_t share = config_.memory_limit_bytes / 4;
@@ -250,10 +252,10 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     SpareBuffers::Buffer& buffer;
     ~KeepForNext() { answers.Give(std::move(buffer)); }
   } keep_for_next{answers_, *answer};
-  std::vector<uint8_t>& payload = answer->bytes;
-  // Zeroed (a new one is already): what a filled batch leaves unwritten (alignment) must not be
-  // another answer's.
-  if (answer->reused) std::fill(payload.begin(), payload.end(), uint8_t{0});
+  AnswerBytes& payload = answer->bytes;
+  // Zeroed: what a filled batch leaves unwritten (alignment) must be neither another answer's
+  // bytes nor the allocator's leftovers.
+  std::fill(payload.begin(), payload.end(), uint8_t{0});
 
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = spec.seed();

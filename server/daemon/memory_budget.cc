@@ -37,14 +37,20 @@ bool MemoryBudget::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t byte
            (fixed_ + decoding_ + bytes <= limit_ || fixed_ + bytes > limit_);
   };
   bool granted = false;
+  bool spares_given = false;
   while (true) {
     if (ready()) {
       granted = true;
       break;
     }
     // At the head of the queue and short: read-ahead bytes go back first (none is granted while
-    // anyone waits, so what is evicted stays free for this wait).
+    // anyone waits, so what is evicted stays free for this wait), and spares (once: none is kept
+    // while anyone waits).
     if (queue_.front() == ticket && EvictOne(lock)) continue;
+    if (queue_.front() == ticket && !spares_given) {
+      spares_given = true;
+      if (GiveBackSpares(lock)) continue;
+    }
     if (room_.wait_until(lock, deadline) == std::cv_status::timeout) {
       granted = ready();
       break;
@@ -55,9 +61,35 @@ bool MemoryBudget::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t byte
   return granted;
 }
 
+bool MemoryBudget::GiveBackSpares(std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  bool any = false;
+  {
+    std::lock_guard<std::mutex> holders(spare_holders_mu_);
+    for (const auto& [id, give_back] : spare_holders_) {
+      give_back();
+      any = true;
+    }
+  }
+  lock.lock();
+  return any;
+}
+
+uint64_t MemoryBudget::AddSpareHolder(std::function<void()> give_back) {
+  std::lock_guard<std::mutex> holders(spare_holders_mu_);
+  spare_holders_.emplace(next_spare_holder_, std::move(give_back));
+  return next_spare_holder_++;
+}
+
+void MemoryBudget::RemoveSpareHolder(uint64_t id) {
+  std::lock_guard<std::mutex> holders(spare_holders_mu_);
+  spare_holders_.erase(id);
+}
+
 absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::string& what,
                                                   std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (bytes <= limit_ && fixed_ > limit_ - bytes) GiveBackSpares(lock);
   if (bytes > limit_ || fixed_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " needs ", base::FormatBytes(bytes), "; memory_limit ", base::FormatBytes(limit_), " has ",
@@ -77,6 +109,7 @@ absl::StatusOr<Reservation> MemoryBudget::Reserve(uint64_t bytes, const std::str
 
 absl::Status MemoryBudget::Acquire(uint64_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (bytes <= limit_ && fixed_ > limit_ - bytes) GiveBackSpares(lock);
   if (bytes > limit_ || fixed_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "decoding it needs ", base::FormatBytes(bytes), " (file and work space from its header), more "

@@ -68,6 +68,13 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   uint64_t read_ahead() const;       // read-ahead bytes held, now
   uint64_t peak_read_ahead() const;  // the most read_ahead() has been
   uint64_t waiting() const;     // Acquire and Reserve calls waiting for room, now
+  // Memory held only to be reused (SpareBuffers: fixed reservations nobody needs now) is given
+  // back by `give_back` whenever a reservation or a decode would not fit otherwise, before it
+  // is refused or waits. `give_back` runs on the caller's thread without this budget's lock and
+  // must not wait for one of its own held around a call into this budget. Returns an id for
+  // RemoveSpareHolder, which REQUIRES: called before `give_back` can no longer run.
+  uint64_t AddSpareHolder(std::function<void()> give_back);
+  void RemoveSpareHolder(uint64_t id);
 
   uint64_t limit() const { return limit_; }
   uint64_t reserved() const;       // fixed + decoding, now
@@ -80,6 +87,9 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                    std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveFixed(uint64_t bytes);
+  // Has every spare holder give its memory back, `lock` released meanwhile; false when there is
+  // no holder.
+  bool GiveBackSpares(std::unique_lock<std::mutex>& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new read-ahead hold of `bytes` (not armed); its id.
   uint64_t AddHold(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the newest armed read-ahead hold; false when there is none. Unlocks meanwhile.
@@ -102,6 +112,10 @@ class MemoryBudget final : public pipeline::DecodeMemory {
   };
   std::map<uint64_t, ReadAheadHold> holds_ ABSL_GUARDED_BY(mu_);  // by id, newest last
   uint64_t next_hold_ ABSL_GUARDED_BY(mu_) = 1;
+  // Taken without mu_ (give_back calls back into GiveFixed); never held by a caller of mu_.
+  mutable std::mutex spare_holders_mu_;
+  std::map<uint64_t, std::function<void()>> spare_holders_ ABSL_GUARDED_BY(spare_holders_mu_);
+  uint64_t next_spare_holder_ ABSL_GUARDED_BY(spare_holders_mu_) = 1;
 };
 
 }  // namespace ringloader::server

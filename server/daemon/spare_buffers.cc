@@ -7,7 +7,19 @@
 namespace ringloader::server {
 
 SpareBuffers::SpareBuffers(MemoryBudget& budget, size_t most, uint64_t largest)
-    : budget_(budget), most_(most), largest_(largest) {}
+    : budget_(budget), most_(most), largest_(largest) {
+  holder_id_ = budget_.AddSpareHolder([this] { FreeAll(); });
+}
+
+SpareBuffers::~SpareBuffers() { budget_.RemoveSpareHolder(holder_id_); }
+
+void SpareBuffers::FreeAll() {
+  std::vector<Buffer> freed;  // outside the lock: their reservations go back to the budget
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    freed.swap(spares_);
+  }
+}
 
 absl::StatusOr<SpareBuffers::Buffer> SpareBuffers::Take(uint64_t size, const std::string& what) {
   std::vector<Buffer> unfit;  // freed outside the lock
@@ -18,7 +30,6 @@ absl::StatusOr<SpareBuffers::Buffer> SpareBuffers::Take(uint64_t size, const std
         Buffer buffer = std::move(spares_[i]);
         spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
         buffer.bytes.resize(size);  // within its capacity: no allocation
-        buffer.reused = true;
         return buffer;
       }
     }
@@ -29,7 +40,7 @@ absl::StatusOr<SpareBuffers::Buffer> SpareBuffers::Take(uint64_t size, const std
   if (!held.ok()) return held.status();
   Buffer buffer;
   buffer.held = *std::move(held);
-  buffer.bytes.resize(size);
+  buffer.bytes.resize(size);  // not zeroed (AnswerBytes)
   return buffer;
 }
 

@@ -10,8 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -20,20 +23,47 @@
 
 namespace ringloader::server {
 
+// An allocator that leaves new elements uninitialised: an answer's buffer is written whole
+// before it is read (received into, or zeroed and filled), and zeroing tens of megabytes as it
+// is made cost a round's lease (under the feeder pool's lock) for nothing.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  explicit UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialised: left as it is
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// An answer's bytes. Not zeroed when grown: see UninitializedAllocator.
+using AnswerBytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
+
 class SpareBuffers {
  public:
   // A buffer and the memory_limit reservation that covers it (at least its size).
   struct Buffer {
-    std::vector<uint8_t> bytes;
+    AnswerBytes bytes;  // uninitialised when new; an earlier answer's bytes when reused
     Reservation held;
-    bool reused = false;  // a spare, holding an earlier answer's bytes; else new, all zero
   };
 
-  // Keeps at most `most` spares, each of at most `largest` bytes.
+  // Keeps at most `most` spares, each of at most `largest` bytes, and gives them all back when
+  // `budget` is short (MemoryBudget::AddSpareHolder). `budget` outlives it.
   SpareBuffers(MemoryBudget& budget, size_t most, uint64_t largest);
+  ~SpareBuffers();
+  SpareBuffers(const SpareBuffers&) = delete;
+  SpareBuffers& operator=(const SpareBuffers&) = delete;
 
-  // `size` bytes (a spare's old contents, or zeros when new: see Buffer::reused) and their
-  // reservation: a spare that fits, else new ones reserved at once or not at all
+  // `size` bytes (a spare's old contents, or uninitialised when new) and their reservation: a spare that fits, else new ones reserved at once or not at all
   // (ResourceExhausted naming `what`). The spares that do not fit are freed first, so they
   // never stand in its way.
   absl::StatusOr<Buffer> Take(uint64_t size, const std::string& what);
@@ -43,9 +73,12 @@ class SpareBuffers {
   size_t spares() const;
 
  private:
+  void FreeAll();
+
   MemoryBudget& budget_;
   const size_t most_;
   const uint64_t largest_;
+  uint64_t holder_id_ = 0;
   mutable std::mutex mu_;
   std::vector<Buffer> spares_ ABSL_GUARDED_BY(mu_);
 };

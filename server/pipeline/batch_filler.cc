@@ -270,12 +270,12 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   }
   const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
   // Then the round's tail up to its share: the local threads start at its head, so whichever
-  // side is late, the other has done what comes first. In a shared round, a few samples more
-  // than were started ahead (the share grew since) are not worth a call of their own.
-  constexpr uint64_t kLeastExtraLease = 4;
+  // side is late, the other has done what comes first. Not in a shared round that claimed calls
+  // started ahead (its share grew since): a feeder fills a host's calls in the order they came,
+  // so a call of the round's own would wait behind the next rounds' (in feeder_bench such
+  // rounds waited 20-40 ms, most of a round); these few are decoded here.
   const bool shared = share < batch.k;
-  const uint64_t lease_to =
-      shared && claimed > 0 && share < claimed + kLeastExtraLease ? 0 : share;
+  const uint64_t lease_to = shared && claimed > 0 ? 0 : share;
   std::vector<uint64_t> indices;
   for (uint64_t i = batch.k; i-- > 0 && claimed + indices.size() < lease_to;) {
     const uint64_t index = batch.shard.at(batch.pos + i);

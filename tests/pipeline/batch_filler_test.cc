@@ -504,7 +504,7 @@ class FakeRemote final : public RemoteDecode {
   FakeRemote(BatchFiller& filler, const Dataset& ds, Answer answer, bool all)
       : filler_(filler), ds_(ds), answer_(answer), all_(all) {}
 
-  uint64_t Share(uint64_t k) override { return all_ ? k : k / 2; }
+  uint64_t Share(uint64_t k) override { return std::min(k, (all_ ? k : k / 2) + share_bonus); }
   std::vector<std::unique_ptr<RemoteCall>> Start(uint64_t epoch,
                                                  std::span<const uint64_t> indices) override;
   void LocalDone(uint64_t samples, std::chrono::nanoseconds) override { local += samples; }
@@ -524,6 +524,7 @@ class FakeRemote final : public RemoteDecode {
   std::vector<std::vector<uint64_t>> asked_ahead;  // each call started ahead, in order
   uint64_t leased = 0, accepted = 0, rejected = 0, local = 0;
   uint64_t seed = 0;
+  uint64_t share_bonus = 0;  // samples of each round leased beyond half (a share that grew)
 
  private:
   class Call;
@@ -693,53 +694,88 @@ TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same ba
   }
 }
 
+// `images` small JPEGs in one class, shuffled with seed 5, filled `batch` at a time, with half
+// of each round leased to `remote`: the rounds' leasing ahead, seen through FakeRemote.
+struct LeasingRig {
+  LeasingRig(int images, uint32_t batch) : batch(batch) {
+    fs::create_directories(dir.Join("c"));
+    for (int i = 0; i < images; ++i)
+      WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
+    ds = OpenFolder(dir.path());
+    spec.seed = 5;
+    shard = std::make_unique<EpochShard>(ds->size(), spec);
+    remote = std::make_unique<FakeRemote>(filler, *ds, FakeRemote::Answer::kHonest, false);
+    remote->seed = spec.seed;
+  }
+  // The batch at `cursor`, leasing to `with` (null: decoded here alone).
+  std::vector<uint8_t> Fill(uint64_t cursor, RemoteDecode* with) {
+    FillRequest req;
+    req.dataset = ds.get();
+    req.shard = shard.get();
+    req.cursor = cursor;
+    req.batch_size = batch;
+    req.transform = SmallTrain();
+    req.seed = spec.seed;
+    req.remote = with;
+    std::vector<uint8_t> bytes(ComputeBatchLayout(batch, SmallTrain()).total_bytes);
+    REQUIRE(filler.Fill(req, bytes, nullptr).ok());
+    return bytes;
+  }
+  // Leased (to `remote`) and alone, the same bytes.
+  bool Same(uint64_t cursor) { return Fill(cursor, remote.get()) == Fill(cursor, nullptr); }
+
+  const uint32_t batch;
+  TempDir dir;
+  std::unique_ptr<Dataset> ds;
+  ShardSpec spec;
+  std::unique_ptr<EpochShard> shard;
+  WorkerPool pool{2};
+  BatchFiller filler{pool, image::DecodeLimits{}};
+  std::unique_ptr<FakeRemote> remote;
+};
+
 TEST_CASE("BatchFiller: rounds lease the tails of the next two rounds ahead, each once",
           "[pipeline][feeder]") {
   // With one round ahead only, a feeder idled from its answer until the next round began (a
   // fifth of its time in feeder_bench).
-  TempDir dir;
-  fs::create_directories(dir.Join("c"));
-  for (int i = 0; i < 12; ++i)
-    WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
-  auto ds = OpenFolder(dir.path());
-  ShardSpec spec;
-  spec.seed = 5;
-  const EpochShard shard(ds->size(), spec);
-  WorkerPool pool(2);
-  BatchFiller filler(pool, image::DecodeLimits{});
-  FakeRemote remote(filler, *ds, FakeRemote::Answer::kHonest, false);  // half of each round
-  remote.seed = spec.seed;
-  const auto fill = [&](uint64_t cursor, RemoteDecode* with) {
-    FillRequest req;
-    req.dataset = ds.get();
-    req.shard = &shard;
-    req.cursor = cursor;
-    req.batch_size = 4;
-    req.transform = SmallTrain();
-    req.seed = spec.seed;
-    req.remote = with;
-    std::vector<uint8_t> bytes(ComputeBatchLayout(4, SmallTrain()).total_bytes);
-    REQUIRE(filler.Fill(req, bytes, nullptr).ok());
-    return bytes;
-  };
+  LeasingRig rig(12, 4);
+  const EpochShard& shard = *rig.shard;
+  FakeRemote& remote = *rig.remote;
   const auto tail = [&](uint64_t first) {  // the last two samples of the round at `first`
     return std::vector<uint64_t>{shard.at(first + 2), shard.at(first + 3)};
   };
-  CHECK(fill(0, &remote) == fill(0, nullptr));
+  CHECK(rig.Same(0));
   // Round 0 leased its own tail, and those of rounds 1 and 2 ahead.
   REQUIRE(remote.asked_ahead.size() == 2);
   CHECK(remote.asked_ahead[0] == tail(4));
   CHECK(remote.asked_ahead[1] == tail(8));
   CHECK(remote.held_ahead() == 2);
   CHECK(remote.leased == 6);
-  CHECK(fill(4, &remote) == fill(4, nullptr));
+  CHECK(rig.Same(4));
   // Round 1 took its call; round 2's was not asked again; the epoch has no round 3.
   CHECK(remote.asked_ahead.size() == 2);
   CHECK(remote.held_ahead() == 1);
-  CHECK(fill(8, &remote) == fill(8, nullptr));
+  CHECK(rig.Same(8));
   CHECK(remote.held_ahead() == 0);
   CHECK(remote.leased == 6);  // rounds 1 and 2 leased nothing of their own
   CHECK(remote.accepted == 6);
+}
+
+TEST_CASE("BatchFiller: a round whose share grew since its calls were started ahead leases none "
+          "of its own: a feeder fills them in order, behind the next rounds' calls",
+          "[pipeline][feeder]") {
+  LeasingRig rig(48, 16);
+  FakeRemote& remote = *rig.remote;
+  CHECK(rig.Same(0));
+  CHECK(remote.leased == 3 * 8);  // its own tail and rounds 1 and 2's ahead
+  remote.share_bonus = 5;         // 13 of 16 from now on
+  CHECK(rig.Same(16));
+  // Round 1 took its call of 8 and leased none of the 5 more: only round 2's 5 more, ahead.
+  CHECK(remote.leased == 3 * 8 + 5);
+  CHECK(remote.local == 8 + 8);
+  CHECK(rig.Same(32));
+  CHECK(remote.leased == 3 * 8 + 5);
+  CHECK(remote.accepted == remote.leased);
 }
 
 TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are left to the round, "
