@@ -49,8 +49,13 @@ void SpareBuffers::Give(Buffer buffer) {
       budget_.waiting() > 0) {
     return;  // freed, its reservation with it
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (spares_.size() < most_) spares_.push_back(std::move(buffer));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spares_.size() < most_) spares_.push_back(std::move(buffer));
+  }
+  // A wait that began since it was checked above may have asked for the spares already (it asks
+  // once): given back now rather than kept in its way.
+  if (budget_.waiting() > 0) FreeAll();
 }
 
 size_t SpareBuffers::spares() const {

@@ -63,9 +63,9 @@ class SpareBuffers {
   SpareBuffers(const SpareBuffers&) = delete;
   SpareBuffers& operator=(const SpareBuffers&) = delete;
 
-  // `size` bytes (a spare's old contents, or uninitialised when new) and their reservation: a spare that fits, else new ones reserved at once or not at all
-  // (ResourceExhausted naming `what`). The spares that do not fit are freed first, so they
-  // never stand in its way.
+  // `size` bytes (a spare's old contents, or uninitialised when new) and their reservation: a
+  // spare that fits, else new ones reserved at once or not at all (ResourceExhausted naming
+  // `what`). The spares that do not fit are freed first, so they never stand in its way.
   absl::StatusOr<Buffer> Take(uint64_t size, const std::string& what);
   // Kept for a later Take, or freed with its reservation (too many, too big, or memory short).
   void Give(Buffer buffer);
