@@ -38,11 +38,15 @@ constexpr std::chrono::seconds kMaxPause{30};
 // A feeder busy with other hosts (RESOURCE_EXHAUSTED) is asked again after this, no failure.
 constexpr std::chrono::milliseconds kBusyPause{500};
 
-// How the part of each round leased is steered (local_decode = true): a round that waited less
-// than kBalancedWait of its time for its feeders leases kLeaseStep more of the next; one that
-// waited over twice that, 3 steps less; within [kLeastLeased, kMostLeased].
-constexpr double kBalancedWait = 0.03;
-constexpr double kLeaseStep = 0.01;
+// How the part of each round leased is steered (local_decode = true): by this host's lead, the
+// samples of rounds to come it decoded while its feeders were late, less those a round decoded
+// itself (it fell behind), plus what it could have decoded while it waited (they fell behind),
+// as a part of a round. Aimed at kTargetLead: a lead is slack both ways. Each round's lead
+// moves the dataset's fraction by kLeadIntegral per round of error, and a stream's own share by
+// kLeadGain per round of its latest error; within [kLeastLeased, kMostLeased].
+constexpr double kTargetLead = 0.25;
+constexpr double kLeadGain = 0.15;
+constexpr double kLeadIntegral = 0.02;
 constexpr double kLeastLeased = 0.02;
 constexpr double kMostLeased = 0.98;
 // Fewer samples than this, leased ahead next to a call that holds the rest of a round's tail,
@@ -148,6 +152,10 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     pool_.Failed(*feeder_, why);
     return absl::DeadlineExceededError(why);
   }
+  bool Answered() const override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->done;
+  }
   uint32_t count() const override { return state_->count; }
   std::span<const uint8_t> payload() const override { return state_->payload; }
   void Accept(uint32_t used) override {
@@ -193,7 +201,9 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     l->set_warnings_are_errors(limits.warnings_are_errors);
     l->set_max_scans(limits.max_scans);
   }
-  uint64_t Share(uint64_t k) override { return pool_.ShareFor(dataset_name, k); }
+  uint64_t Share(uint64_t k) override {
+    return pool_.ShareFor(dataset_name, k, -kLeadGain * lead_error_);
+  }
   std::vector<std::unique_ptr<pipeline::RemoteCall>> Start(
       uint64_t epoch, std::span<const uint64_t> indices) override {
     return pool_.StartFor(*this, epoch, indices);
@@ -201,8 +211,14 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) override {
     pool_.LocalDone(samples, elapsed);
   }
-  void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) override {
-    pool_.RoundWaited(dataset_name, waited, local);
+  void RoundEnded(uint64_t k, uint64_t behind, std::chrono::nanoseconds waited) override {
+    if (k == 0) return;
+    const double could_have = std::chrono::duration<double>(waited).count() *
+                              static_cast<double>(pool_.local_rate());
+    const double lead =
+        static_cast<double>(ahead_.HeldHere()) - static_cast<double>(behind) + could_have;
+    lead_error_ = lead / static_cast<double>(k) - kTargetLead;
+    pool_.Steer(dataset_name, lead_error_);
   }
   void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
     const std::vector<uint64_t> fresh = ahead_.Fresh(epoch, indices, kLeastExtraAhead);
@@ -211,6 +227,12 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
   std::vector<std::unique_ptr<pipeline::RemoteCall>> Claim(
       uint64_t epoch, std::span<const uint64_t> indices) override {
     return ahead_.Claim(epoch, indices);
+  }
+  void Keep(uint64_t epoch, std::unique_ptr<pipeline::RemoteCall> call) override {
+    ahead_.Add(epoch, std::move(call));
+  }
+  std::vector<uint64_t> Unheld(uint64_t epoch, std::span<const uint64_t> indices) const override {
+    return ahead_.Fresh(epoch, indices, 0);
   }
 
   FeederPool& pool_;
@@ -221,6 +243,7 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
 
  private:
   pipeline::AheadCalls ahead_;  // the stream's producer alone uses a view
+  double lead_error_ = 0;        // the latest round's lead less kTargetLead, in rounds
 };
 
 absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::Start(const DaemonConfig& config,
@@ -408,7 +431,7 @@ double FeederPool::Unmeasured() const {
   return local_rate_ > 0 ? local_rate_ : 1;
 }
 
-uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
+uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k, double adjust) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   const double local = local_rate_ > 0 ? local_rate_ : 1;
@@ -426,33 +449,27 @@ uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k) {
   }
   if (!local_decode_) return k;
   // Rates measured on each side start it, and start it again when feeders come or go (a
-  // paused one, a refusal); the rounds' waits steer it from there (RoundWaited). Per dataset:
+  // paused one, a refusal); the rounds' leads steer it from there (Steer). Per dataset:
   // their samples cost differently here and there.
   Steering& steering = steering_[dataset];
   if (steering.fraction < 0 || steering.available != available) {
     steering.fraction = std::clamp(remote / (remote + local), kLeastLeased, kMostLeased);
     steering.available = available;
   }
-  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * steering.fraction));
+  const double fraction = std::clamp(steering.fraction + adjust, kLeastLeased, kMostLeased);
+  return static_cast<uint64_t>(std::llround(static_cast<double>(k) * fraction));
 }
 
-void FeederPool::RoundWaited(const std::string& dataset, std::chrono::nanoseconds waited,
-                             std::chrono::nanoseconds local) {
-  // A round is quickest when both sides end together. Rates cannot say where that is: each
+void FeederPool::Steer(const std::string& dataset, double lead_error) {
+  // A round is quickest when both sides end together, and rates cannot say where that is: each
   // side's measure includes the other's load on this host (receiving an answer takes the cores
-  // the local decodes use) and a feeder's other hosts. So: lease a little more after a round
-  // whose answers were in when its local part ended, markedly less after one that waited.
-  const double share = std::chrono::duration<double>(waited).count() /
-                       std::chrono::duration<double>(waited + local).count();
+  // the local decodes use) and a feeder's other hosts. The lead can: it grows while the feeders
+  // are given too much, and shrinks while this host is.
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = steering_.find(dataset);
   if (it == steering_.end() || it->second.fraction < 0) return;
   double& fraction = it->second.fraction;
-  if (share < kBalancedWait) {
-    fraction = std::min(kMostLeased, fraction + kLeaseStep);
-  } else if (share > 2 * kBalancedWait) {
-    fraction = std::max(kLeastLeased, fraction - 3 * kLeaseStep);
-  }
+  fraction = std::clamp(fraction - kLeadIntegral * lead_error, kLeastLeased, kMostLeased);
 }
 
 std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(

@@ -71,15 +71,16 @@ class FeederPool {
   class StreamView;
   FeederPool(const DaemonConfig& config, MemoryBudget& budget,
              std::shared_ptr<grpc::ChannelCredentials> credentials);
-  uint64_t ShareFor(const std::string& dataset, uint64_t k);
+  // The samples of a round of `k` to lease: the dataset's fraction plus a stream's `adjust`.
+  uint64_t ShareFor(const std::string& dataset, uint64_t k, double adjust);
   // The rate assumed of a feeder not measured yet: the measured ones' mean, else this host's.
   double Unmeasured() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::unique_ptr<pipeline::RemoteCall>> StartFor(const StreamView& view,
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
-  void RoundWaited(const std::string& dataset, std::chrono::nanoseconds waited,
-                   std::chrono::nanoseconds local);
+  // A round's lead, less the one aimed at (in rounds): moves the dataset's fraction.
+  void Steer(const std::string& dataset, double lead_error);
   static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
       const TlsConfig& tls);
   std::shared_ptr<v1::Feeder::Stub> MakeStub(const Feeder& feeder) const
@@ -111,7 +112,7 @@ class FeederPool {
   std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address
   double local_rate_ ABSL_GUARDED_BY(mu_) = 0;  // samples/s of this host's threads; 0 = unknown
   // Per dataset, the part of a round leased (local_decode = true), steered by the rounds'
-  // waits; set from the rates at its first round, and again when the feeders available change.
+  // leads; set from the rates at its first round, and again when the feeders available change.
   struct Steering {
     double fraction = -1;
     int available = -1;  // feeders available when `fraction` was set from the rates

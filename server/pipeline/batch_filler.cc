@@ -37,6 +37,49 @@ absl::Status DeadlineError(const Dataset& dataset, uint64_t index,
       "deadline_exceeded");
 }
 
+// Samples of a round to come, decoded on this host while an earlier round waited for its calls:
+// kept (RemoteDecode::Keep) and collected by their round as a call answered at once.
+class DecodedAhead final : public RemoteCall {
+ public:
+  DecodedAhead(std::vector<uint64_t> indices, uint64_t bytes, DecodeMemory* memory, uint64_t held)
+      : indices_(std::move(indices)), bytes_(new uint8_t[bytes]), size_(bytes), memory_(memory),
+        held_(held) {}
+  ~DecodedAhead() override {
+    if (memory_ != nullptr) memory_->Release(held_);
+  }
+  const std::vector<uint64_t>& indices() const override { return indices_; }
+  std::optional<absl::Status> Wait(std::chrono::milliseconds) override {
+    return absl::OkStatus();
+  }
+  bool Answered() const override { return true; }
+  bool DecodedHere() const override { return true; }
+  uint32_t count() const override { return count_; }
+  std::span<const uint8_t> payload() const override { return {bytes_.get(), size_}; }
+  void Accept(uint32_t) override {}
+  void Reject(const absl::Status&) override {}
+
+  // Written by the filler before it is kept: its first `count_` samples are good (the layout's
+  // unwritten bytes are never read).
+  std::span<uint8_t> mutable_payload() { return {bytes_.get(), size_}; }
+  void set_count(uint32_t count) { count_ = count; }
+
+ private:
+  const std::vector<uint64_t> indices_;
+  const std::unique_ptr<uint8_t[]> bytes_;  // left uninitialised: only good samples are read
+  const uint64_t size_;
+  DecodeMemory* const memory_;
+  const uint64_t held_;  // of memory_limit
+  uint32_t count_ = 0;
+};
+
+// Whether `index` may be decoded elsewhere or ahead of its round: not refused here (quarantined:
+// refused as here, in its round), not in the eval cache (copied, not decoded).
+bool Leasable(const FillRequest& request, SampleObserver* observer, uint64_t index) {
+  return (observer == nullptr || observer->Refused(*request.dataset, index).ok()) &&
+         !(request.dataset->has_images() && request.cache != nullptr &&
+           request.cache->Holds(request.cache_key, index));
+}
+
 }  // namespace
 
 uint64_t FilledBatch::skipped() const {
@@ -139,7 +182,8 @@ struct BatchFiller::Assembly {
   std::vector<uint64_t> rows;  // [i * extras.size() + t]
   // Where the time went (FilledBatch's), and the round's committed tasks' time and memory waits.
   int64_t read_wait_ns = 0, memory_wait_ns = 0, decode_ns = 0, remote_wait_ns = 0;
-  uint32_t remote_samples = 0;
+  uint32_t remote_samples = 0, ahead_samples = 0;
+  uint64_t share = 0;  // the current round's samples to decode elsewhere (RemoteDecode::Share)
   std::atomic<int64_t> tasks_ns{0}, tasks_memory_ns{0};
 };
 
@@ -192,6 +236,7 @@ absl::StatusOr<FilledBatch> BatchFiller::Fill(const FillRequest& request, std::s
   filled.decode_ns = batch.decode_ns;
   filled.remote_samples = batch.remote_samples;
   filled.remote_wait_ns = batch.remote_wait_ns;
+  filled.ahead_samples = batch.ahead_samples;
 
   // A short batch (end of shard) zeroes its unused tail so the whole buffer is deterministic too.
   if (filled.count < request.batch_size) {
@@ -226,12 +271,16 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
     request.remote->LocalDone(local.size(), local_took);
   }
   if (calls.empty()) return absl::OkStatus();
+  // A shared round whose calls are late decodes samples of the rounds to come meanwhile.
+  if (batch.share < batch.k) {
+    if (absl::Status s = DecodeAhead(batch, calls, observer); !s.ok()) return s;
+  }
   const auto waited_from = std::chrono::steady_clock::now();
   std::chrono::nanoseconds waited{0};
   absl::StatusOr<std::vector<uint64_t>> redo = CollectRemote(batch, calls, leased, waited);
   batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   if (!redo.ok()) return redo.status();
-  if (!local.empty()) request.remote->RoundWaited(waited, local_took);
+  if (batch.share < batch.k) request.remote->RoundEnded(batch.k, local.size(), waited);
   return redo->empty() ? absl::OkStatus() : LocalWaves(batch, *redo, observer);
 }
 
@@ -250,14 +299,10 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
     position_of[index] = i;
     round.push_back(index);
   }
-  const auto leasable = [&](uint64_t index) {
-    return (observer == nullptr || observer->Refused(batch.dataset, index).ok()) &&
-           !(batch.dataset.has_images() && request.cache != nullptr &&
-             request.cache->Holds(request.cache_key, index));
-  };
-  // The calls started ahead for this round's samples come first.
+  const auto leasable = [&](uint64_t index) { return Leasable(request, observer, index); };
+  // The calls started ahead for this round's samples come first, and those decoded here ahead.
   std::vector<std::unique_ptr<RemoteCall>> calls = request.remote->Claim(request.epoch, round);
-  uint64_t claimed = 0;
+  uint64_t claimed = 0;  // of the share: samples calls started ahead hold
   for (const auto& call : calls) {
     for (uint64_t index : call->indices()) {
       const auto it = position_of.find(index);
@@ -265,10 +310,11 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
         continue;  // (quarantined since it was started ahead: decoded here, refused as here)
       }
       leased[it->second] = true;
-      ++claimed;
+      if (!call->DecodedHere()) ++claimed;
     }
   }
   const uint64_t share = std::min(request.remote->Share(batch.k), batch.k);
+  batch.share = share;
   // Then the round's tail up to its share: the local threads start at its head, so whichever
   // side is late, the other has done what comes first. Not in a shared round that claimed calls
   // started ahead (its share grew since): a feeder fills a host's calls in the order they came,
@@ -295,42 +341,161 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
     const uint64_t round_size = request.batch_size;
     const uint64_t tail =
         batch.k == round_size ? share : std::min(request.remote->Share(round_size), round_size);
-    uint64_t epoch = request.epoch;
-    uint64_t first = batch.pos + batch.k;  // the next round's first shard position
-    for (int r = 0; r < kAheadRounds && tail > 0; ++r) {
-      const auto index_at = [&](uint64_t p) -> std::optional<uint64_t> {
-        if (epoch == request.epoch) {
-          if (p < batch.shard.size()) return batch.shard.at(p);
-          return std::nullopt;
-        }
-        if (request.read_ahead == nullptr) return std::nullopt;
-        return request.read_ahead->IndexAt(epoch, p);
-      };
-      if (!index_at(first)) {  // past this epoch's shard: the next one's first round
-        ++epoch;
-        first = 0;
-        if (epoch == request.epoch + 2 || !index_at(first)) break;
-      }
-      uint64_t end = first;
-      while (end < first + round_size && index_at(end)) ++end;
+    for (const RoundAhead& next : NextRounds(batch, round_size, kAheadRounds)) {
+      if (tail == 0) break;
       std::set<uint64_t> ahead_seen;
       std::vector<uint64_t> ahead;
-      for (uint64_t p = end; p-- > first && ahead.size() < tail;) {
-        const uint64_t index = *index_at(p);
+      for (auto it = next.indices.rbegin(); it != next.indices.rend() && ahead.size() < tail;
+           ++it) {
+        const uint64_t index = *it;
         if (index >= batch.dataset.size() || !ahead_seen.insert(index).second) continue;
-        if ((epoch == request.epoch && position_of.count(index) != 0) || !leasable(index)) {
+        if ((next.epoch == request.epoch && position_of.count(index) != 0) || !leasable(index)) {
           continue;
         }
         ahead.push_back(index);
       }
       std::reverse(ahead.begin(), ahead.end());
-      if (!ahead.empty()) request.remote->Ahead(epoch, ahead);
-      first = end;
+      if (!ahead.empty()) request.remote->Ahead(next.epoch, ahead);
     }
   }
   // A read ahead of a leased sample is left to the read-ahead: taken if the sample is decoded
   // here after all, else dropped by the next batch's Advance.
   return calls;
+}
+
+std::vector<BatchFiller::RoundAhead> BatchFiller::NextRounds(const Assembly& batch,
+                                                             uint64_t round_size,
+                                                             int rounds) const {
+  const FillRequest& request = batch.request;
+  uint64_t epoch = request.epoch;
+  const auto index_at = [&](uint64_t p) -> std::optional<uint64_t> {
+    if (epoch == request.epoch) {
+      if (p < batch.shard.size()) return batch.shard.at(p);
+      return std::nullopt;
+    }
+    if (request.read_ahead == nullptr) return std::nullopt;
+    return request.read_ahead->IndexAt(epoch, p);
+  };
+  std::vector<RoundAhead> next;
+  uint64_t first = batch.pos + batch.k;  // the next round's first shard position
+  for (int r = 0; r < rounds; ++r) {
+    std::optional<uint64_t> index = index_at(first);
+    if (!index) {  // past this epoch's shard: the next one's first round
+      ++epoch;
+      first = 0;
+      if (epoch == request.epoch + 2 || !(index = index_at(first))) break;
+    }
+    RoundAhead round{epoch, first, {}};
+    for (uint64_t p = first; index && p < first + round_size; index = index_at(++p)) {
+      round.indices.push_back(*index);
+    }
+    first += round.indices.size();
+    next.push_back(std::move(round));
+  }
+  return next;
+}
+
+absl::Status BatchFiller::DecodeAhead(Assembly& batch,
+                                      const std::vector<std::unique_ptr<RemoteCall>>& calls,
+                                      SampleObserver* observer) {
+  const FillRequest& request = batch.request;
+  const auto late = [&] {
+    return std::any_of(calls.begin(), calls.end(), [](const auto& c) { return !c->Answered(); });
+  };
+  if (!late()) return absl::OkStatus();
+  // What is left to decode of the next rounds, their heads first (their tails are the calls
+  // started ahead): each (epoch, index) once, none of this round's.
+  struct Todo {
+    uint64_t epoch, pos, index;
+  };
+  std::vector<Todo> todo;
+  std::set<uint64_t> in_round;
+  for (uint64_t i = 0; i < batch.k; ++i) in_round.insert(batch.shard.at(batch.pos + i));
+  std::set<std::pair<uint64_t, uint64_t>> seen;
+  for (const RoundAhead& next : NextRounds(batch, request.batch_size, kAheadRounds)) {
+    const std::vector<uint64_t> unheld = request.remote->Unheld(next.epoch, next.indices);
+    const std::set<uint64_t> free(unheld.begin(), unheld.end());
+    for (size_t j = 0; j < next.indices.size(); ++j) {
+      const uint64_t index = next.indices[j];
+      if (index >= batch.dataset.size() || free.count(index) == 0 ||
+          !seen.emplace(next.epoch, index).second ||
+          (next.epoch == request.epoch && in_round.count(index) != 0) ||
+          !Leasable(request, observer, index)) {
+        continue;
+      }
+      todo.push_back(Todo{next.epoch, next.first + j, index});
+    }
+  }
+  // A few at a time (one per decode thread), so that the answers, once in, wait little.
+  const uint32_t most = std::max<uint32_t>(1, pool_.size());
+  const uint64_t bytes = ComputeBatchLayout(most, request.transform, &batch.dataset).total_bytes;
+  size_t next = 0;
+  while (next < todo.size() && late()) {
+    if (request.stop && request.stop()) {
+      return absl::CancelledError("the batch was decoding ahead when its stream stopped");
+    }
+    if (options_.memory != nullptr && !options_.memory->TryAcquire(bytes)) break;
+    std::vector<uint32_t> indices;
+    std::vector<std::shared_ptr<PrefetchedSample>> reads;
+    const uint64_t epoch = todo[next].epoch;
+    for (; next < todo.size() && todo[next].epoch == epoch && indices.size() < most; ++next) {
+      std::shared_ptr<PrefetchedSample> read;
+      if (request.read_ahead != nullptr) {
+        read = request.read_ahead->TakeIfDone(epoch, todo[next].pos);
+        if (read == nullptr) continue;  // not read yet: decoded in its round
+      }
+      indices.push_back(static_cast<uint32_t>(todo[next].index));
+      reads.push_back(std::move(read));
+    }
+    if (indices.empty()) {
+      if (options_.memory != nullptr) options_.memory->Release(bytes);
+      continue;
+    }
+    const uint32_t n = static_cast<uint32_t>(indices.size());
+    auto call = std::make_unique<DecodedAhead>(
+        std::vector<uint64_t>(indices.begin(), indices.end()),
+        ComputeBatchLayout(n, request.transform, &batch.dataset).total_bytes, options_.memory,
+        options_.memory != nullptr ? bytes : 0);
+    ShardSpec spec;
+    spec.seed = request.seed;
+    spec.epoch = epoch;
+    const EpochShard shard(spec, std::move(indices));
+    FillRequest few = request;
+    few.shard = &shard;
+    few.cursor = 0;
+    few.batch_size = n;
+    few.on_error = OnError::kSkip;  // a failure is decoded again in its round, and judged there
+    few.epoch = epoch;
+    few.remote = nullptr;
+    few.cache = nullptr;  // (cached samples are not decoded ahead)
+    const BatchLayout layout = ComputeBatchLayout(n, request.transform, &batch.dataset);
+    Assembly ahead(few, layout, call->mutable_payload());
+    ahead.k = n;
+    ahead.statuses.assign(n, absl::OkStatus());
+    ahead.labels.assign(n, -1);
+    ahead.rows.assign(n * ahead.extras.size(), 0);
+    ahead.prefetched = std::move(reads);
+    ahead.reread_once.assign(n, false);
+    std::vector<uint64_t> all(n);
+    for (uint32_t i = 0; i < n; ++i) all[i] = i;
+    const auto few_started = std::chrono::steady_clock::now();
+    RunTasks(ahead, all, observer);
+    // A task past its deadline would be read again on the lane: here it is only left out.
+    for (uint64_t i : ahead.reread) {
+      ahead.statuses[i] = DeadlineError(batch.dataset, shard.at(i), options_.deadline, "");
+    }
+    for (const auto& read : ahead.prefetched) {
+      if (read != nullptr) request.read_ahead->WriteOff(*read);
+    }
+    FilledBatch filled;
+    if (absl::Status s = CompactRound(ahead, filled); !s.ok()) return s;
+    call->set_count(filled.count);
+    request.remote->LocalDone(n, std::chrono::steady_clock::now() - few_started);
+    batch.decode_ns += ahead.decode_ns;
+    batch.memory_wait_ns += ahead.memory_wait_ns;
+    request.remote->Keep(epoch, std::move(call));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch,
@@ -449,7 +614,7 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
         }
       }
       batch.statuses[i] = absl::OkStatus();
-      ++batch.remote_samples;
+      ++(call->DecodedHere() ? batch.ahead_samples : batch.remote_samples);
     }
     call->Accept(static_cast<uint32_t>(taken.size()));
     // What the feeder could not decode is decoded here: the verdict on a file is this host's.

@@ -96,6 +96,9 @@ struct FilledBatch {
   // waited for their calls once its own decodes were done.
   uint32_t remote_samples = 0;
   int64_t remote_wait_ns = 0;
+  // Samples of the batch decoded here ahead of their round, while an earlier round waited for
+  // its calls (not in remote_samples).
+  uint32_t ahead_samples = 0;
 };
 
 // Hooks the daemon uses around each decode (in-flight records for crash strikes, quarantine,
@@ -256,8 +259,9 @@ class BatchFiller {
   // With on_error = kFail the first failure (in shard order) is returned as DataLoss naming the
   // file (its image::ErrorReason kept). `observer` may be null. Thread-safe: many streams may fill
   // concurrently.
-  // Details: each round decodes only the samples still missing (no speculative decoding), so
-  // next_cursor is exact; a short batch (end of shard) has the unused tail of its images, labels
+  // Details: each round decodes only the samples still missing, so next_cursor is exact (with
+  // `remote`, a round whose calls are late may decode samples of the rounds to come: kept for
+  // them, they change nothing a batch holds); a short batch (end of shard) has the unused tail of its images, labels
   // and indices zeroed, so the whole buffer is deterministic; cursor == shard size gives count 0.
   // Errors: InvalidArgument for a null dataset/shard, batch_size or image_size 0, a too small
   // `dest` or a shard built for a bigger dataset; OutOfRange for cursor > shard size.
@@ -282,6 +286,22 @@ class BatchFiller {
   // ahead; `leased[i]` says which of the round's samples went out.
   std::vector<std::unique_ptr<RemoteCall>> StartRemote(Assembly& batch, SampleObserver* observer,
                                                        std::vector<bool>& leased);
+  // A round to come, as it would be if no sample failed: its shard positions from `first`.
+  struct RoundAhead {
+    uint64_t epoch;
+    uint64_t first;
+    std::vector<uint64_t> indices;  // dataset indices at first, first + 1, ...
+  };
+  // The `rounds` rounds after this one, of `round_size` samples each, on into the next epoch (its
+  // shard as the read-ahead builds it).
+  std::vector<RoundAhead> NextRounds(const Assembly& batch, uint64_t round_size, int rounds) const;
+  // While some of `calls` are not answered, decodes samples of the rounds to come that no call
+  // holds, a few at a time, and hands each few to the stream's RemoteDecode::Keep for their
+  // round: this host's threads do not idle while a feeder is late. Only samples whose reads are
+  // done (none may wait for storage here), within memory_limit at once.
+  absl::Status DecodeAhead(
+      Assembly& batch, const std::vector<std::unique_ptr<RemoteCall>>& calls,
+      SampleObserver* observer);
   // Waits for the calls and copies each good sample they answered into its slot; returns the
   // round positions still to decode here (failed calls, samples not answered as good).
   // Cancelled when request.stop says so while it waits. `waited`: the time it waited for answers.

@@ -266,6 +266,15 @@ std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) 
   return read;
 }
 
+std::shared_ptr<PrefetchedSample> ReadAhead::TakeIfDone(uint64_t epoch, uint64_t pos) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reads_.find({epoch, pos});
+    if (it == reads_.end() || !it->second->done()) return nullptr;
+  }
+  return Take(epoch, pos);  // (only this stream's producer takes: it is still there)
+}
+
 std::optional<uint64_t> ReadAhead::IndexAt(uint64_t epoch, uint64_t pos) {
   std::lock_guard<std::mutex> lock(mu_);
   const EpochShard* shard = shard_ != nullptr ? ShardOf(epoch) : nullptr;

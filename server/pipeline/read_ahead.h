@@ -179,6 +179,9 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
+  // The same, only when that read is done (else it is left for the position's turn): for a
+  // sample decoded ahead of its round, which must not wait for storage.
+  std::shared_ptr<PrefetchedSample> TakeIfDone(uint64_t epoch, uint64_t pos);
   // The dataset index at shard position `pos` of `epoch`: of the stream's shard, or the next
   // epoch's (built here, as for its reads); nullopt past either's end or the stream's.
   // REQUIRES: Advance was called.

@@ -20,6 +20,14 @@ std::vector<uint64_t> AheadCalls::Fresh(uint64_t epoch, std::span<const uint64_t
   return fresh;
 }
 
+size_t AheadCalls::HeldHere() const {
+  size_t n = 0;
+  for (const Held& h : held_) {
+    if (h.call->DecodedHere()) n += h.call->indices().size();
+  }
+  return n;
+}
+
 void AheadCalls::Add(uint64_t epoch, std::unique_ptr<RemoteCall> call) {
   held_.push_back(Held{epoch, std::move(call), 0});
 }

@@ -10,6 +10,11 @@
 // the ring. Every sample not answered as good (a failed call, a lease past its deadline, a sample
 // the other side could not decode) is decoded locally in the same round: which machine decoded a
 // sample never shows in the batch.
+//
+// While a round's calls are late, the filler decodes samples of the next rounds that no call
+// holds (their heads: their tails are leased ahead) and keeps them here as calls answered at
+// once (Keep): the host's threads never idle behind a feeder, and the lead they build is what
+// Share() steers by (RoundEnded).
 
 #include <chrono>
 #include <cstdint>
@@ -34,6 +39,12 @@ class RemoteCall {
   // again, after checking whether the stream stopped). OK: `payload()` is the answer, checked for
   // size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
   virtual std::optional<absl::Status> Wait(std::chrono::milliseconds slice) = 0;
+  // Whether the answer (or the call's failure) is in, so that Wait would return at once. Never
+  // blocks: while it says no, the filler decodes samples of the rounds to come.
+  virtual bool Answered() const = 0;
+  // The call was this host's own (samples of a round to come, decoded while an earlier round
+  // waited for its feeders): not counted as decoded elsewhere.
+  virtual bool DecodedHere() const { return false; }
   // After Wait() returned OK: the good samples' count and the buffer.
   virtual uint32_t count() const = 0;
   virtual std::span<const uint8_t> payload() const = 0;
@@ -74,14 +85,21 @@ class RemoteDecode {
     (void)indices;
     return {};
   }
+  // Holds `call`, decoded on this host while a round waited for its feeders' answers, for the
+  // round of `epoch` that holds its samples: handed over by Claim like a call started ahead, and
+  // given up the same way.
+  virtual void Keep(uint64_t epoch, std::unique_ptr<RemoteCall> call) = 0;
+  // Of `indices` of `epoch`, those no call held here (started ahead, or kept) asks for.
+  virtual std::vector<uint64_t> Unheld(uint64_t epoch, std::span<const uint64_t> indices) const = 0;
   // What a round's local decodes took (`samples` in `elapsed`), for Share().
   virtual void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed) = 0;
-  // A round that decoded both here (for `local`) and elsewhere then waited `waited` for the
-  // other side's answers: the feedback Share() balances on (waiting: lease less; none: more).
-  // Default: ignored.
-  virtual void RoundWaited(std::chrono::nanoseconds waited, std::chrono::nanoseconds local) {
+  // A shared round's end, what Share() steers by: of its `k` samples, `behind` were decoded in
+  // the round itself (not ahead: this host fell behind its feeders), and it `waited` for its
+  // calls' answers with nothing left to decode (its feeders fell behind). Default: ignored.
+  virtual void RoundEnded(uint64_t k, uint64_t behind, std::chrono::nanoseconds waited) {
+    (void)k;
+    (void)behind;
     (void)waited;
-    (void)local;
   }
 };
 
@@ -101,6 +119,8 @@ class AheadCalls {
   std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
                                                  std::span<const uint64_t> indices);
   size_t size() const { return held_.size(); }
+  // Samples held by calls decoded here (RemoteCall::DecodedHere): this host's lead.
+  size_t HeldHere() const;
 
  private:
   struct Held {

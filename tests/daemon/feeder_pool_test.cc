@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // How much of each round a host leases to its feeders (FeederPool's Share), and how the rounds'
-// waits steer it. No feeder answers here: the address is only dialled by a call, and none is
+// leads steer it. No feeder answers here: the address is only dialled by a call, and none is
 // started; the share is decided before any call.
 
 #include "server/daemon/feeder_pool.h"
@@ -47,25 +47,54 @@ struct Rig {
   std::unique_ptr<pipeline::RemoteDecode> view;
 };
 
-TEST_CASE("FeederPool: a shared round's lease grows while the rounds do not wait for feeders, "
-          "shrinks faster when they do, and stays within bounds",
+// Samples of rounds to come decoded on the host (batch_filler's DecodedAhead), held by a view.
+class HostDecoded final : public pipeline::RemoteCall {
+ public:
+  explicit HostDecoded(uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) indices_.push_back(i);
+  }
+  const std::vector<uint64_t>& indices() const override { return indices_; }
+  std::optional<absl::Status> Wait(milliseconds) override { return absl::OkStatus(); }
+  bool Answered() const override { return true; }
+  bool DecodedHere() const override { return true; }
+  uint32_t count() const override { return 0; }
+  std::span<const uint8_t> payload() const override { return {}; }
+  void Accept(uint32_t) override {}
+  void Reject(const absl::Status&) override {}
+
+ private:
+  std::vector<uint64_t> indices_;
+};
+
+TEST_CASE("FeederPool: a shared round's lease follows the host's lead: more when the host fell "
+          "behind, less when it waited, within bounds",
           "[feeder]") {
   Rig rig(/*local_decode=*/true);
   pipeline::RemoteDecode& view = *rig.view;
-  // Nothing measured: a feeder is taken as fast as this host, half the round.
+  view.LocalDone(1000, std::chrono::seconds(1));  // this host: 1000 samples/s
+  // Nothing measured of the feeder: taken as fast as this host, half the round.
   CHECK(view.Share(64) == 32);
-  view.RoundWaited(milliseconds(0), milliseconds(40));  // answers were in: lease more
-  CHECK(view.Share(64) == 33);
-  view.RoundWaited(milliseconds(1), milliseconds(40));  // 2.4% of the round: still balanced
-  CHECK(view.Share(64) == 33);
-  view.RoundWaited(milliseconds(2), milliseconds(40));  // 4.8%: neither more nor less
-  CHECK(view.Share(64) == 33);
-  view.RoundWaited(milliseconds(20), milliseconds(40));  // a third of the round: 3 steps less
-  CHECK(view.Share(64) == 31);
-  for (int i = 0; i < 200; ++i) view.RoundWaited(milliseconds(0), milliseconds(40));
+  // 16 of the round decoded in it (none ahead): a lead of -1/4 round, 1/2 short of the 1/4 aimed
+  // at. The dataset's fraction gains 2% of that (0.51), this stream's share 15% more (0.585).
+  view.RoundEnded(64, 16, milliseconds(0));
+  CHECK(view.Share(64) == 37);
+  // 16 samples of rounds to come held, decoded here: the lead aimed at, nothing more to add.
+  view.Keep(0, std::make_unique<HostDecoded>(16));
+  view.RoundEnded(64, 0, milliseconds(0));
+  CHECK(view.Share(64) == 33);  // 0.51
+  // Then waited 32 ms, 32 samples this host could have decoded: a lead of 3/4 round.
+  view.RoundEnded(64, 0, milliseconds(32));
+  CHECK(view.Share(64) == 27);  // 0.50 - 0.075
+  // Another stream of the dataset shares its fraction, not this stream's latest lead.
+  v1::StreamSpec other;
+  other.set_batch_size(64);
+  other.set_image_size(224);
+  auto second = rig.pool->ForStream("test", *rig.dataset, other, image::DecodeLimits{});
+  CHECK(second->Share(64) == 32);
+  for (int i = 0; i < 200; ++i) view.RoundEnded(64, 64, milliseconds(0));
   CHECK(view.Share(64) == 63);  // at most 98%: this host's threads keep a part
   CHECK(view.Share(1000) == 980);
-  for (int i = 0; i < 200; ++i) view.RoundWaited(milliseconds(40), milliseconds(40));
+  for (int i = 0; i < 200; ++i) view.RoundEnded(64, 0, milliseconds(64));
   CHECK(view.Share(64) == 1);  // at least 2%: the feeders stay measured
   CHECK(view.Share(1000) == 20);
 }
@@ -75,7 +104,7 @@ TEST_CASE("FeederPool: with local_decode = false every round is leased whole, wh
   Rig rig(/*local_decode=*/false);
   pipeline::RemoteDecode& view = *rig.view;
   CHECK(view.Share(64) == 64);
-  for (int i = 0; i < 50; ++i) view.RoundWaited(milliseconds(40), milliseconds(1));
+  for (int i = 0; i < 50; ++i) view.RoundEnded(64, 0, milliseconds(40));
   CHECK(view.Share(64) == 64);
 }
 

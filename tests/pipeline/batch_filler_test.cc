@@ -519,10 +519,20 @@ class FakeRemote final : public RemoteDecode {
                                                  std::span<const uint64_t> indices) override {
     return ahead_.Claim(epoch, indices);
   }
+  void Keep(uint64_t epoch, std::unique_ptr<RemoteCall> call) override {
+    kept += call->indices().size();
+    ahead_.Add(epoch, std::move(call));
+  }
+  std::vector<uint64_t> Unheld(uint64_t epoch, std::span<const uint64_t> indices) const override {
+    return ahead_.Fresh(epoch, indices, 0);
+  }
   size_t held_ahead() const { return ahead_.size(); }
 
   std::vector<std::vector<uint64_t>> asked_ahead;  // each call started ahead, in order
   uint64_t leased = 0, accepted = 0, rejected = 0, local = 0;
+  uint64_t kept = 0;  // samples decoded ahead on the filler's side (Keep)
+  // Each call reads as unanswered this many times (Answered) before it is: a late feeder.
+  int late_polls = 0;
   uint64_t seed = 0;
   uint64_t share_bonus = 0;  // samples of each round leased beyond half (a share that grew)
 
@@ -540,6 +550,7 @@ class FakeRemote::Call final : public RemoteCall {
   Call(FakeRemote& owner, std::vector<uint64_t> indices) : owner_(owner), indices_(indices) {}
   const std::vector<uint64_t>& indices() const override { return indices_; }
   std::optional<absl::Status> Wait(std::chrono::milliseconds) override { return status; }
+  bool Answered() const override { return polls_++ >= owner_.late_polls; }
   uint32_t count() const override { return count_; }
   std::span<const uint8_t> payload() const override { return payload_; }
   void Accept(uint32_t used) override { owner_.accepted += used; }
@@ -552,6 +563,7 @@ class FakeRemote::Call final : public RemoteCall {
  private:
   FakeRemote& owner_;
   std::vector<uint64_t> indices_;
+  mutable int polls_ = 0;
 };
 
 std::vector<std::unique_ptr<RemoteCall>> FakeRemote::Start(uint64_t epoch,
@@ -697,7 +709,9 @@ TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same ba
 // `images` small JPEGs in one class, shuffled with seed 5, filled `batch` at a time, with half
 // of each round leased to `remote`: the rounds' leasing ahead, seen through FakeRemote.
 struct LeasingRig {
-  LeasingRig(int images, uint32_t batch) : batch(batch) {
+  // `memory`: what the filler draws from (null: unaccounted).
+  LeasingRig(int images, uint32_t batch, DecodeMemory* memory = nullptr)
+      : batch(batch), filler(pool, image::DecodeLimits{}, FillerOptions{memory}) {
     fs::create_directories(dir.Join("c"));
     for (int i = 0; i < images; ++i)
       WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
@@ -718,7 +732,9 @@ struct LeasingRig {
     req.seed = spec.seed;
     req.remote = with;
     std::vector<uint8_t> bytes(ComputeBatchLayout(batch, SmallTrain()).total_bytes);
-    REQUIRE(filler.Fill(req, bytes, nullptr).ok());
+    absl::StatusOr<FilledBatch> filled = filler.Fill(req, bytes, nullptr);
+    REQUIRE(filled.ok());
+    last = *std::move(filled);
     return bytes;
   }
   // Leased (to `remote`) and alone, the same bytes.
@@ -730,8 +746,9 @@ struct LeasingRig {
   ShardSpec spec;
   std::unique_ptr<EpochShard> shard;
   WorkerPool pool{2};
-  BatchFiller filler{pool, image::DecodeLimits{}};
+  BatchFiller filler;
   std::unique_ptr<FakeRemote> remote;
+  FilledBatch last;  // of the latest Fill
 };
 
 TEST_CASE("BatchFiller: rounds lease the tails of the next two rounds ahead, each once",
@@ -759,6 +776,98 @@ TEST_CASE("BatchFiller: rounds lease the tails of the next two rounds ahead, eac
   CHECK(remote.held_ahead() == 0);
   CHECK(remote.leased == 6);  // rounds 1 and 2 leased nothing of their own
   CHECK(remote.accepted == 6);
+  CHECK(remote.kept == 0);  // the answers were in when the rounds wanted them: nothing ahead
+}
+
+TEST_CASE("BatchFiller: while a round's calls are late, this host decodes the samples of the next "
+          "two rounds no call holds, and those rounds take them as answered",
+          "[pipeline][feeder]") {
+  LeasingRig rig(12, 4);
+  FakeRemote& remote = *rig.remote;
+  remote.late_polls = 1000;  // every call unanswered while the filler has something to decode
+  CHECK(rig.Same(0));
+  // Round 0 leased its tail and rounds 1 and 2's, decoded its head, then (two decode threads,
+  // two samples at a time) the heads of rounds 1 and 2, and only then waited.
+  CHECK(remote.leased == 6);
+  CHECK(remote.kept == 4);
+  CHECK(remote.local == 2 + 4);
+  CHECK(remote.held_ahead() == 4);  // two calls started ahead, two decoded here
+  CHECK(rig.last.ahead_samples == 0);
+  CHECK(rig.Same(4));
+  // Round 1 decoded nothing of its own: its head was decoded ahead, its tail leased ahead.
+  CHECK(remote.local == 2 + 4);
+  CHECK(rig.last.ahead_samples == 2);
+  CHECK(rig.last.remote_samples == 2);
+  CHECK(rig.Same(8));
+  CHECK(rig.last.ahead_samples == 2);
+  CHECK(remote.held_ahead() == 0);
+  CHECK(remote.kept == 4);  // each sample decoded once
+  CHECK(remote.local == 2 + 4);
+  CHECK(remote.accepted == 6);  // a feeder's count: not what was decoded here
+}
+
+// memory_limit as the filler sees it: `room` bytes for what it holds at once or not at all.
+class CountedMemory final : public DecodeMemory {
+ public:
+  explicit CountedMemory(uint64_t room) : room_(room) {}
+  absl::Status Acquire(uint64_t) override { return absl::OkStatus(); }  // decodes: not counted
+  bool TryAcquire(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_ + bytes > room_) return false;
+    held_ += bytes;
+    return true;
+  }
+  void Release(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes <= held_) held_ -= bytes;  // (a decode's own, never counted, is ignored)
+  }
+  uint64_t held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+
+ private:
+  const uint64_t room_;
+  mutable std::mutex mu_;
+  uint64_t held_ = 0;
+};
+
+TEST_CASE("BatchFiller: samples decoded ahead hold memory_limit until their round takes them or "
+          "their stream goes, and none are decoded ahead without it",
+          "[pipeline][feeder]") {
+  const uint64_t two = ComputeBatchLayout(2, SmallTrain()).total_bytes;  // a few decoded ahead
+  SECTION("room for two") {
+    CountedMemory memory(2 * two);
+    LeasingRig rig(12, 4, &memory);
+    rig.remote->late_polls = 1000;
+    CHECK(rig.Same(0));
+    CHECK(rig.remote->kept == 4);  // the heads of rounds 1 and 2
+    CHECK(memory.held() == 2 * two);
+    CHECK(rig.Same(4));  // round 1 took its head and let it go
+    CHECK(memory.held() == two);
+    rig.remote.reset();  // the stream goes, with round 2's head unclaimed
+    CHECK(memory.held() == 0);
+  }
+  SECTION("room for one") {
+    CountedMemory memory(two);
+    LeasingRig rig(12, 4, &memory);
+    rig.remote->late_polls = 1000;
+    CHECK(rig.Same(0));
+    CHECK(rig.remote->kept == 2);  // round 1's head; round 2's found no room
+    CHECK(rig.Same(4));  // no room either while round 1 held its own
+    CHECK(rig.remote->kept == 2);
+    CHECK(rig.remote->local == 2 + 2);
+    CHECK(memory.held() == 0);
+  }
+  SECTION("no room") {
+    CountedMemory memory(two - 1);
+    LeasingRig rig(12, 4, &memory);
+    rig.remote->late_polls = 1000;
+    for (uint64_t cursor : {0, 4, 8}) CHECK(rig.Same(cursor));
+    CHECK(rig.remote->kept == 0);
+    CHECK(rig.remote->local == 6);  // each round's head, in its round
+    CHECK(memory.held() == 0);
+  }
 }
 
 TEST_CASE("BatchFiller: a round whose share grew since its calls were started ahead leases none "
@@ -788,6 +897,7 @@ TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are le
     std::optional<absl::Status> Wait(std::chrono::milliseconds) override {
       return absl::OkStatus();
     }
+    bool Answered() const override { return true; }
     uint32_t count() const override { return 0; }
     std::span<const uint8_t> payload() const override { return {}; }
     void Accept(uint32_t) override {}

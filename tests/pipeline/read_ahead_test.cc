@@ -406,6 +406,33 @@ TEST_CASE("ReadAhead: a task waiting on a read stuck on a dead mount is abandone
   CHECK(read->WaitDone([] { return false; }));
 }
 
+TEST_CASE("ReadAhead: TakeIfDone takes a read only once it is done: one running or queued stays "
+          "for its position's turn",
+          "[pipeline][read_ahead]") {
+  Fixture f;
+  ReadPool pool(1);
+  WaitIdle idle{pool};
+  const EpochShard shard(f.dataset->size(), ShardSpec{});
+  f.observer.stuck_index = shard.at(0);  // the pool's one thread is held by position 0's read
+  ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+  ahead.Advance(*f.dataset, shard, 0, 0, 0, 1 << 30, nullptr, "");
+  f.observer.stuck.AwaitWaiting(1);
+  CHECK(ahead.TakeIfDone(0, 0) == nullptr);  // running
+  CHECK(ahead.TakeIfDone(0, 1) == nullptr);  // queued
+  CHECK(ahead.TakeIfDone(0, 5) == nullptr);  // never started
+  f.observer.stuck.Open();
+  testing::WaitFor([&] { return pool.running() == 0 && pool.queued() == 0; },
+                   std::chrono::seconds(30));
+  std::shared_ptr<PrefetchedSample> first = ahead.TakeIfDone(0, 0);
+  REQUIRE(first != nullptr);
+  CHECK(first->done());
+  CHECK(first->index() == shard.at(0));
+  CHECK(ahead.Take(0, 0) == nullptr);  // the caller's now
+  std::shared_ptr<PrefetchedSample> second = ahead.Take(0, 1);  // left there for its turn
+  REQUIRE(second != nullptr);
+  CHECK(second->index() == shard.at(1));
+}
+
 TEST_CASE("ReadAhead: a task never waits for a read still queued: it cancels it and reads itself",
           "[pipeline][read_ahead]") {
   Fixture f;
