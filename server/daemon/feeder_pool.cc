@@ -45,8 +45,8 @@ constexpr std::chrono::milliseconds kBusyPause{500};
 // moves the dataset's fraction by kLeadIntegral per round of error, and a stream's own share by
 // kLeadGain per round of its latest error; within [kLeastLeased, kMostLeased].
 constexpr double kTargetLead = 0.25;
-constexpr double kLeadGain = 0.15;
-constexpr double kLeadIntegral = 0.02;
+constexpr double kLeadGain = 0.05;
+constexpr double kLeadIntegral = 0.01;
 constexpr double kLeastLeased = 0.02;
 constexpr double kMostLeased = 0.98;
 // Fewer samples than this, leased ahead next to a call that holds the rest of a round's tail,
