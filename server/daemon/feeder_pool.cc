@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "server/daemon/feed_frames.h"
 #include "server/daemon/feeder_service.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
@@ -66,7 +67,7 @@ struct FeederPool::Feeder {
   std::string target;      // the gRPC target for it
   std::string tls_name;    // the name its certificate is checked for (the configured host)
   // Replaced whole when the host's certificate is re-read (SIGHUP); a call keeps its own.
-  std::shared_ptr<v1::Feeder::Stub> stub;
+  std::shared_ptr<FeedChannel> stub;
   std::optional<base::CertificateFacts> cert;  // as its latest answered call showed it
   bool present = true;  // in its name's latest resolution
   Clock::time_point gone_since{};  // when it left its name's resolution (if !present)
@@ -90,7 +91,7 @@ struct FeederPool::Feeder {
 
 // Shared by a call's thread and the filler's Call.
 struct FeederPool::CallState {
-  std::shared_ptr<v1::Feeder::Stub> stub;
+  std::shared_ptr<FeedChannel> stub;
   v1::FeedRequest request;
   std::string dataset;
   std::vector<uint64_t> indices;
@@ -289,7 +290,7 @@ std::unique_ptr<pipeline::RemoteDecode> FeederPool::ForStream(const std::string&
   return std::make_unique<StreamView>(*this, dataset_name, dataset, spec, limits);
 }
 
-std::shared_ptr<v1::Feeder::Stub> FeederPool::MakeStub(const Feeder& feeder) const {
+std::shared_ptr<FeederPool::FeedChannel> FeederPool::MakeStub(const Feeder& feeder) const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(4 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -301,7 +302,11 @@ std::shared_ptr<v1::Feeder::Stub> FeederPool::MakeStub(const Feeder& feeder) con
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   // The feeder's certificate names the host as configured, not each of its addresses.
   if (tls_) args.SetSslTargetNameOverride(feeder.tls_name);
-  return v1::Feeder::NewStub(grpc::CreateCustomChannel(feeder.target, credentials_, args));
+  auto stub = std::make_shared<FeedChannel>();
+  stub->channel = grpc::CreateCustomChannel(feeder.target, credentials_, args);
+  stub->method = std::make_unique<grpc::internal::RpcMethod>(
+      kFeedSamplesMethod, grpc::internal::RpcMethod::SERVER_STREAMING, stub->channel);
+  return stub;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> FeederPool::Credentials(
@@ -542,8 +547,10 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
 void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
   pthread_setname_np(pthread_self(), "rl-feeder-call");
   state->context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
-  std::unique_ptr<grpc::ClientReader<v1::FeedFrame>> reader =
-      state->stub->FeedSamples(&state->context, state->request);
+  // Raw (feed_frames.h): each payload frame is copied once, into the answer's buffer.
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          state->stub->channel.get(), *state->stub->method, &state->context, state->request));
   const size_t n = state->indices.size();
   absl::Status result;
   uint32_t count = 0;
@@ -553,38 +560,41 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     payload = std::move(state->payload);
   }
   size_t received = 0;
-  v1::FeedFrame frame;
+  grpc::ByteBuffer frame;
   uint64_t checksum = 0;
   // Hashed frame by frame as each arrives, while its bytes are still in cache.
   const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> hash(XXH64_createState(),
                                                                              &XXH64_freeState);
   XXH64_reset(hash.get(), 0);
   if (reader->Read(&frame)) {
-    if (!frame.has_header()) {
+    absl::StatusOr<ReadFrame> first = ParseFrame(frame, {}, nullptr);
+    if (!first.ok() || !first->header) {
       result = absl::DataLossError("its answer did not start with a header");
-    } else if (frame.header().payload_bytes() != state->expected_bytes ||
-               frame.header().count() > n) {
+    } else if (first->header->payload_bytes() != state->expected_bytes ||
+               first->header->count() > n) {
       result = absl::DataLossError(absl::StrCat(
-          "its answer holds ", frame.header().count(), " samples in ",
-          frame.header().payload_bytes(), " bytes; ", n, " samples take ", state->expected_bytes,
+          "its answer holds ", first->header->count(), " samples in ",
+          first->header->payload_bytes(), " bytes; ", n, " samples take ", state->expected_bytes,
           " (another transform or version?)"));
     } else {
-      count = frame.header().count();
-      checksum = frame.header().payload_xxh64();
+      count = first->header->count();
+      checksum = first->header->payload_xxh64();
       while (result.ok() && reader->Read(&frame)) {
         if (state->given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
           AnswerBytes().swap(payload);
           break;
         }
-        if (!frame.has_payload() || received + frame.payload().size() > payload.size()) {
-          result = absl::DataLossError("its answer's payload is longer than its header said");
-          break;
+        absl::StatusOr<ReadFrame> part = ParseFrame(
+            frame, std::span<uint8_t>(payload.data() + received, payload.size() - received),
+            hash.get());
+        if (!part.ok()) {
+          result = part.status();
+        } else if (part->header) {
+          result = absl::DataLossError("its answer held a second header");
+        } else {
+          received += part->payload_bytes;
         }
-        const auto* bytes = reinterpret_cast<const uint8_t*>(frame.payload().data());
-        std::memcpy(payload.data() + received, bytes, frame.payload().size());
-        received += frame.payload().size();
-        XXH64_update(hash.get(), bytes, frame.payload().size());
       }
     }
   }

@@ -83,7 +83,12 @@ class FeederPool {
   void Steer(const std::string& dataset, double lead_error);
   static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
       const TlsConfig& tls);
-  std::shared_ptr<v1::Feeder::Stub> MakeStub(const Feeder& feeder) const
+  // A feeder's channel, and service Feeder's method on it (called raw: feed_frames.h).
+  struct FeedChannel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<grpc::internal::RpcMethod> method;
+  };
+  std::shared_ptr<FeedChannel> MakeStub(const Feeder& feeder) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResolveLoop();
   // Each [[feeders]] address's IPs, dialled from now on; `numeric_only`: only those that need

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/wire_text.h"
+#include "server/daemon/feed_frames.h"
 #include "server/daemon/loader_service.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/sampler.h"
@@ -113,13 +114,22 @@ FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& 
     : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
       answers_(budget, kSpareAnswers, kLargestSpareAnswer),
       observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr),
-      lie_(std::move(lie)) {}
+      lie_(std::move(lie)) {
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      kFeedSamplesMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
+      new grpc::internal::ServerStreamingHandler<FeederService, v1::FeedRequest, grpc::ByteBuffer>(
+          [](FeederService* service, grpc::ServerContext* context, const v1::FeedRequest* request,
+             grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+            return service->FeedSamples(context, request, writer);
+          },
+          this)));
+}
 
 FeederService::~FeederService() = default;
 
 grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
                                         const v1::FeedRequest* request,
-                                        grpc::ServerWriter<v1::FeedFrame>* writer) {
+                                        grpc::ServerWriter<grpc::ByteBuffer>* writer) {
   const std::string host = ClientKeyOfPeer(context->peer());
   std::shared_ptr<std::timed_mutex> fill_turn;
   {
@@ -140,7 +150,7 @@ grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
 }
 
 grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                                 grpc::ServerWriter<v1::FeedFrame>* writer,
+                                 grpc::ServerWriter<grpc::ByteBuffer>* writer,
                                  std::timed_mutex& fill_turn) {
   const ServedDataset* served = datasets_.Find(request->dataset());
   if (served == nullptr && datasets_.Indexing(request->dataset())) {
@@ -290,8 +300,8 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
         "\", which may pass or differ elsewhere: decode these elsewhere")));
   }
 
-  v1::FeedFrame frame;
-  v1::FeedHeader* header = frame.mutable_header();
+  v1::FeedHeader header_frame;
+  v1::FeedHeader* header = &header_frame;
   header->set_count(filled->count);
   for (const pipeline::SampleError& e : filled->errors) {
     v1::BadFile* bad = header->add_failed();
@@ -316,11 +326,15 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   if (lie_ == "short" && !payload.empty()) payload.pop_back();
   if (lie_ == "slow") std::this_thread::sleep_for(std::chrono::seconds(3));
   const CutOff cut_off(context, kFeedWriteTimeout);
-  if (!writer->Write(frame)) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  if (!writer->Write(HeaderFrame(header_frame))) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  }
   for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {
-    v1::FeedFrame chunk;
-    chunk.set_payload(payload.data() + offset, std::min(kFeedFrameBytes, payload.size() - offset));
-    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+    const std::span<const uint8_t> chunk(payload.data() + offset,
+                                         std::min(kFeedFrameBytes, payload.size() - offset));
+    if (!writer->Write(PayloadFrame(chunk))) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+    }
   }
   feeds_.fetch_add(1, std::memory_order_relaxed);
   samples_fed_.fetch_add(filled->count, std::memory_order_relaxed);

@@ -51,7 +51,8 @@ inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 // -1"; "none" without labels. The fingerprint covers the files, not these.
 std::string LabelSource(const pipeline::Dataset& dataset);
 
-class FeederService final : public v1::Feeder::Service {
+// Registered raw (feed_frames.h): its answers are written as byte buffers.
+class FeederService final : public grpc::Service {
  public:
   // All outlive the service. `observer` may be null.
   // `lie`: FailpointConfig::feed_lie (tests of the host's checks); empty = honest.
@@ -61,7 +62,7 @@ class FeederService final : public v1::Feeder::Service {
   ~FeederService();
 
   grpc::Status FeedSamples(grpc::ServerContext* context, const v1::FeedRequest* request,
-                           grpc::ServerWriter<v1::FeedFrame>* writer) override;
+                           grpc::ServerWriter<grpc::ByteBuffer>* writer);
 
   uint64_t feeds() const { return feeds_.load(); }
   uint64_t samples_fed() const { return samples_fed_.load(); }
@@ -72,7 +73,7 @@ class FeederService final : public v1::Feeder::Service {
   // order they came (its next round's lease, started ahead, waits behind the one it waits for
   // now instead of halving its speed), while each answer is sent as the next is filled.
   grpc::Status Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                    grpc::ServerWriter<v1::FeedFrame>* writer, std::timed_mutex& fill_turn);
+                    grpc::ServerWriter<grpc::ByteBuffer>* writer, std::timed_mutex& fill_turn);
 
   const ServerConfig& config_;
   const DatasetRegistry& datasets_;

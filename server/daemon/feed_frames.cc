@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/daemon/feed_frames.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringloader::server {
+namespace {
+
+// FeedFrame's payload: field 2, length-delimited.
+constexpr uint8_t kPayloadTag = (2 << 3) | 2;
+constexpr size_t kMostVarintBytes = 10;
+
+size_t PutVarint(uint64_t v, uint8_t* out) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    out[n++] = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  out[n++] = static_cast<uint8_t>(v);
+  return n;
+}
+
+// Copies `bytes` of `slices` from `skip` on into `dest`, adding them to `hash`.
+void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, uint8_t* dest,
+             XXH64_state_t* hash) {
+  for (const grpc::Slice& slice : slices) {
+    if (bytes == 0) break;
+    if (skip >= slice.size()) {
+      skip -= slice.size();
+      continue;
+    }
+    const size_t n = std::min(slice.size() - skip, bytes);
+    std::memcpy(dest, slice.begin() + skip, n);
+    if (hash != nullptr) XXH64_update(hash, slice.begin() + skip, n);
+    dest += n;
+    bytes -= n;
+    skip = 0;
+  }
+}
+
+}  // namespace
+
+grpc::ByteBuffer HeaderFrame(const v1::FeedHeader& header) {
+  v1::FeedFrame frame;
+  *frame.mutable_header() = header;
+  grpc::Slice slice(frame.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer PayloadFrame(std::span<const uint8_t> bytes) {
+  uint8_t prefix[1 + kMostVarintBytes];
+  prefix[0] = kPayloadTag;
+  const size_t prefix_bytes = 1 + PutVarint(bytes.size(), prefix + 1);
+  grpc::Slice slice(prefix_bytes + bytes.size());  // uninitialised: every byte written below
+  auto* out = const_cast<uint8_t*>(slice.begin());
+  std::memcpy(out, prefix, prefix_bytes);
+  std::memcpy(out + prefix_bytes, bytes.data(), bytes.size());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<uint8_t> dest,
+                                     XXH64_state_t* hash) {
+  std::vector<grpc::Slice> slices;
+  if (!frame.Dump(&slices).ok()) return absl::DataLossError("an answer's frame was unreadable");
+  size_t total = 0;
+  for (const grpc::Slice& slice : slices) total += slice.size();
+  // Its first bytes: the field's tag and length, whichever slices they are in.
+  uint8_t prefix[1 + kMostVarintBytes];
+  const size_t have = std::min(total, sizeof(prefix));
+  CopyOut(slices, 0, have, prefix, nullptr);
+  uint64_t length = 0;
+  size_t prefix_bytes = 0;
+  if (have > 1 && prefix[0] == kPayloadTag) {
+    for (size_t i = 1, shift = 0; i < have && shift < 64; ++i, shift += 7) {
+      length |= static_cast<uint64_t>(prefix[i] & 0x7f) << shift;
+      if ((prefix[i] & 0x80) == 0) {
+        prefix_bytes = i + 1;
+        break;
+      }
+    }
+  }
+  ReadFrame read;
+  if (prefix_bytes > 0 && length == total - prefix_bytes) {  // a payload, and nothing else
+    if (length > dest.size()) {
+      return absl::DataLossError("its answer's payload is longer than its header said");
+    }
+    CopyOut(slices, prefix_bytes, length, dest.data(), hash);
+    read.payload_bytes = length;
+    return read;
+  }
+  // Anything else (a header, or an encoding this end does not write) is parsed whole.
+  std::string bytes(total, '\0');
+  CopyOut(slices, 0, total, reinterpret_cast<uint8_t*>(bytes.data()), nullptr);
+  v1::FeedFrame parsed;
+  if (!parsed.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("its answer held a frame of ", total,
+                                            " bytes that is no FeedFrame"));
+  }
+  if (parsed.has_header()) {
+    read.header = std::move(*parsed.mutable_header());
+    return read;
+  }
+  if (!parsed.has_payload()) return absl::DataLossError("its answer held an empty frame");
+  if (parsed.payload().size() > dest.size()) {
+    return absl::DataLossError("its answer's payload is longer than its header said");
+  }
+  std::memcpy(dest.data(), parsed.payload().data(), parsed.payload().size());
+  if (hash != nullptr) XXH64_update(hash, parsed.payload().data(), parsed.payload().size());
+  read.payload_bytes = parsed.payload().size();
+  return read;
+}
+
+}  // namespace ringloader::server

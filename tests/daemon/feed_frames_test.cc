@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// Feed answers' frames read and written raw (feed_frames.h): the same bytes as FeedFrame's
+// protobuf encoding both ways, however gRPC splits a frame into slices, and a frame that is no
+// FeedFrame, or longer than the answer, is refused.
+
+#include "server/daemon/feed_frames.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ringloader::server {
+namespace {
+
+std::string Flat(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  REQUIRE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// `bytes` as gRPC may hand them over: in slices cut at `cuts`.
+grpc::ByteBuffer Sliced(const std::string& bytes, std::vector<size_t> cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t from = 0;
+  cuts.push_back(bytes.size());
+  for (size_t to : cuts) {
+    slices.emplace_back(bytes.data() + from, to - from);
+    from = to;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+struct Hash {
+  Hash() { XXH64_reset(state.get(), 0); }
+  uint64_t digest() const { return XXH64_digest(state.get()); }
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state{XXH64_createState(),
+                                                                         &XXH64_freeState};
+};
+
+TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back whole however "
+          "they are sliced",
+          "[feeder]") {
+  std::vector<uint8_t> payload(300'000);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  v1::FeedFrame expected;
+  expected.set_payload(payload.data(), payload.size());
+  const std::string wire = Flat(PayloadFrame(payload));
+  CHECK(wire == expected.SerializeAsString());
+
+  // The tag and the length's 3 bytes split across slices, and the payload across more.
+  for (const std::vector<size_t>& cuts :
+       {std::vector<size_t>{}, {1}, {2}, {1, 2, 3}, {3, 4, 1000, 200'000}}) {
+    std::vector<uint8_t> dest(payload.size() + 10, 0xEE);
+    Hash hash;
+    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, cuts), dest, hash.state.get());
+    REQUIRE(read.ok());
+    CHECK_FALSE(read->header);
+    CHECK(read->payload_bytes == payload.size());
+    CHECK(std::equal(payload.begin(), payload.end(), dest.begin()));
+    CHECK(dest[payload.size()] == 0xEE);  // nothing past it
+    CHECK(hash.digest() == XXH64(payload.data(), payload.size(), 0));
+  }
+
+  v1::FeedHeader header;
+  header.set_count(3);
+  header.set_payload_bytes(payload.size());
+  header.set_payload_xxh64(0x0123456789abcdefULL);
+  header.add_failed()->set_path("a/b.jpg");
+  v1::FeedFrame framed;
+  *framed.mutable_header() = header;
+  CHECK(Flat(HeaderFrame(header)) == framed.SerializeAsString());
+  absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(framed.SerializeAsString(), {1}), {}, nullptr);
+  REQUIRE(read.ok());
+  REQUIRE(read->header);
+  CHECK(read->header->SerializeAsString() == header.SerializeAsString());
+}
+
+TEST_CASE("Feed frames: a frame that is no FeedFrame, empty, or longer than the answer is refused",
+          "[feeder]") {
+  std::vector<uint8_t> dest(100);
+  const auto refusal = [&](const std::string& wire) {
+    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {}), dest, nullptr);
+    return read.ok() ? std::string("accepted") : std::string(read.status().message());
+  };
+  const std::vector<uint8_t> big(101, 1);
+  CHECK(refusal(Flat(PayloadFrame(big))) ==
+        "its answer's payload is longer than its header said");
+  CHECK(refusal("") == "its answer held an empty frame");
+  // A length past the frame's end, and a truncated length.
+  CHECK(refusal(std::string("\x12\x05" "abc", 5)).find("no FeedFrame") != std::string::npos);
+  CHECK(refusal(std::string("\x12\xff", 2)).find("no FeedFrame") != std::string::npos);
+  CHECK(refusal("\xff\xff\xff").find("no FeedFrame") != std::string::npos);
+  // Another encoder's payload (a field of its own after it) is still read, through protobuf.
+  v1::FeedFrame padded;
+  padded.set_payload("xyz");
+  std::string wire = padded.SerializeAsString() + std::string("\x12\x02" "uv", 4);  // last wins
+  absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {2}), dest, nullptr);
+  REQUIRE(read.ok());
+  CHECK(read->payload_bytes == 2);
+  CHECK(std::string(dest.begin(), dest.begin() + 2) == "uv");
+}
+
+}  // namespace
+}  // namespace ringloader::server
