@@ -102,8 +102,11 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
                                : "; refused: " + absl::StrJoin(f.refused_datasets(), "; "));
   }
   if (s.feeders_size() > 0) {
-    out << absl::StrFormat("%-20s %d samples/s here; %d decoded here for want of a feeder\n",
-                           "local decode", s.local_decode_rate(), s.feeder_fallback_samples());
+    out << absl::StrFormat(
+        "%-20s %d samples/s here; %d decoded here for want of a feeder; %d ahead while feeders "
+        "were late\n",
+        "local decode", s.local_decode_rate(), s.feeder_fallback_samples(),
+        s.samples_decoded_ahead());
   }
   if (s.daemon_restarts() > 0) {
     out << absl::StrFormat("%-20s %d (after an unclean exit)\n", "daemon restarts",

@@ -230,6 +230,7 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     return ahead_.Claim(epoch, indices);
   }
   void Keep(uint64_t epoch, std::unique_ptr<pipeline::RemoteCall> call) override {
+    pool_.ahead_samples_.fetch_add(call->count(), std::memory_order_relaxed);
     ahead_.Add(epoch, std::move(call));
   }
   std::vector<uint64_t> Unheld(uint64_t epoch, std::span<const uint64_t> indices) const override {

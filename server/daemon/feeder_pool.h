@@ -62,6 +62,8 @@ class FeederPool {
   // For GetStats and /metrics.
   std::vector<v1::FeederStatus> Status() const;
   uint64_t fallback_samples() const { return fallback_samples_.load(); }
+  // Good samples decoded here for rounds to come while the feeders' answers were late.
+  uint64_t ahead_samples() const { return ahead_samples_.load(); }
   uint64_t local_rate() const;
 
  private:
@@ -129,6 +131,7 @@ class FeederPool {
   };
   std::list<Running> threads_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> fallback_samples_{0};
+  std::atomic<uint64_t> ahead_samples_{0};
   std::thread resolver_;  // last: starts once the rest is built
 };
 

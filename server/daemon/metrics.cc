@@ -246,6 +246,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSources& sources) {
                          "Samples decoded on this host only because no feeder could take them "
                          "(server.local_decode = false)",
                          kCounter, static_cast<double>(s.feeder_fallback_samples())));
+    out.push_back(Single("feeder_ahead_samples_total",
+                         "Good samples this host decoded for rounds to come while its feeders' "
+                         "answers were late",
+                         kCounter, static_cast<double>(s.samples_decoded_ahead())));
   }
   if (sources.progress != nullptr) {
     out.push_back(Histogram("decode_duration_seconds",

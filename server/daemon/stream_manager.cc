@@ -754,6 +754,7 @@ void StreamManager::Stats(v1::GetStatsResponse* response) {
     for (v1::FeederStatus& f : deps_.feeders->Status()) *response->add_feeders() = std::move(f);
     response->set_feeder_fallback_samples(deps_.feeders->fallback_samples());
     response->set_local_decode_rate(deps_.feeders->local_rate());
+    response->set_samples_decoded_ahead(deps_.feeders->ahead_samples());
   }
   if (deps_.progress != nullptr) {
     const LatencySnapshot read_wait = deps_.progress->read_wait();

@@ -449,6 +449,26 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     }
   }
 
+  SECTION("local_decode = true with a feeder whose answers are late (feed_lie = slow): while a "
+          "round waits for them, the host decodes the next rounds' samples, and the trainer sees "
+          "the same batches") {
+    DaemonFixtureOptions late_options = options;
+    const std::string late_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+    late_options.server_extra = "feeder_listen = \"" + late_address + "\"";
+    late_options.config_extra += "[failpoints]\nfeed_lie = \"slow\"\n";
+    DaemonFixture late(late_options);
+    UseFilesOf(late, feeder.dataset_root());
+    if (!late.Start()) FAIL(late.Log());
+    auto host = MakeHost(pki, {feeder.dataset_root(), late_address, "host", true, 1500});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    CheckSame(Delivered(*host, "ahead"), alone);
+    const v1::GetStatsResponse stats = Stats(host->endpoint());
+    CHECK(stats.samples_decoded_ahead() > 0);
+    const CommandResult text = host->Ctl({"stats"});
+    CHECK_THAT(text.output, Catch::Contains("ahead while feeders were late"));
+  }
+
   SECTION("a feeder that does not allow the host's certificate gives nothing, and the host "
           "says why") {
     // Signed by the CA both trust, but not a name the feeder's allowed_clients lists.
