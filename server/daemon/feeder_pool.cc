@@ -155,7 +155,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
   }
   bool Answered() const override {
     std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->done;
+    return state_->done || Clock::now() >= state_->deadline;
   }
   uint32_t count() const override { return state_->count; }
   std::span<const uint8_t> payload() const override { return state_->payload; }
@@ -218,7 +218,8 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
                               static_cast<double>(pool_.local_rate());
     const double lead =
         static_cast<double>(ahead_.HeldHere()) - static_cast<double>(behind) + could_have;
-    lead_error_ = lead / static_cast<double>(k) - kTargetLead;
+    // Bounded: one answer late by a whole lease must not throw the share to its floor.
+    lead_error_ = std::clamp(lead / static_cast<double>(k), -1.25, 2.0) - kTargetLead;
     pool_.Steer(dataset_name, lead_error_);
   }
   void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {

@@ -38,37 +38,71 @@ absl::Status DeadlineError(const Dataset& dataset, uint64_t index,
 }
 
 // Samples of a round to come, decoded on this host while an earlier round waited for its calls:
-// kept (RemoteDecode::Keep) and collected by their round as a call answered at once.
+// kept (RemoteDecode::Keep) and collected by their round as a call answered at once. Its bytes are
+// a read-ahead hold of memory_limit (DecodeMemory::TryAcquireReadAhead): taken only while no
+// decode waits, and taken back by a decode that would otherwise wait (its samples are then
+// decoded in their round), so samples decoded ahead never keep a decode waiting.
 class DecodedAhead final : public RemoteCall {
  public:
-  DecodedAhead(std::vector<uint64_t> indices, uint64_t bytes, DecodeMemory* memory, uint64_t held)
-      : indices_(std::move(indices)), bytes_(new uint8_t[bytes]), size_(bytes), memory_(memory),
-        held_(held) {}
+  // `hold`: its bytes' hold on `memory` (0: unaccounted).
+  DecodedAhead(std::vector<uint64_t> indices, uint64_t bytes, DecodeMemory* memory, uint64_t hold)
+      : indices_(std::move(indices)), state_(std::make_shared<State>()), size_(bytes),
+        memory_(memory), hold_(hold) {
+    state_->bytes.reset(new uint8_t[bytes]);
+    if (hold_ != 0) {
+      memory_->ArmEviction(hold_, [weak = std::weak_ptr<State>(state_)] {
+        if (std::shared_ptr<State> state = weak.lock()) state->Evict();
+      });
+    }
+  }
   ~DecodedAhead() override {
-    if (memory_ != nullptr) memory_->Release(held_);
+    if (hold_ != 0) memory_->ReleaseReadAhead(hold_);
   }
   const std::vector<uint64_t>& indices() const override { return indices_; }
+  // Its bytes are pinned from here on (a decode can no longer take them back), or were taken.
   std::optional<absl::Status> Wait(std::chrono::milliseconds) override {
+    if (hold_ != 0 && !memory_->Pin(hold_)) {
+      return absl::UnavailableError("its memory was taken back for a decode");
+    }
     return absl::OkStatus();
   }
   bool Answered() const override { return true; }
   bool DecodedHere() const override { return true; }
   uint32_t count() const override { return count_; }
-  std::span<const uint8_t> payload() const override { return {bytes_.get(), size_}; }
+  std::span<const uint8_t> payload() const override { return {state_->bytes.get(), size_}; }
   void Accept(uint32_t) override {}
   void Reject(const absl::Status&) override {}
 
   // Written by the filler before it is kept: its first `count_` samples are good (the layout's
   // unwritten bytes are never read).
-  std::span<uint8_t> mutable_payload() { return {bytes_.get(), size_}; }
+  std::span<uint8_t> mutable_payload() { return {state_->bytes.get(), size_}; }
   void set_count(uint32_t count) { count_ = count; }
+  // Once filled: false when its bytes were taken back meanwhile (then freed here).
+  bool Filled() { return state_->Filled(); }
 
  private:
+  struct State {
+    std::mutex mu;
+    std::unique_ptr<uint8_t[]> bytes;  // left uninitialised: only good samples are read
+    bool filling = true;               // its tasks write into `bytes`: freed once they are done
+    bool evicted = false;
+    void Evict() {
+      std::lock_guard<std::mutex> lock(mu);
+      evicted = true;
+      if (!filling) bytes.reset();
+    }
+    bool Filled() {
+      std::lock_guard<std::mutex> lock(mu);
+      filling = false;
+      if (evicted) bytes.reset();
+      return !evicted;
+    }
+  };
   const std::vector<uint64_t> indices_;
-  const std::unique_ptr<uint8_t[]> bytes_;  // left uninitialised: only good samples are read
+  const std::shared_ptr<State> state_;  // shared with the eviction, which may outlive the call
   const uint64_t size_;
   DecodeMemory* const memory_;
-  const uint64_t held_;  // of memory_limit
+  const uint64_t hold_;
   uint32_t count_ = 0;
 };
 
@@ -270,9 +304,14 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   if (request.remote != nullptr && !local.empty()) {
     request.remote->LocalDone(local.size(), local_took);
   }
-  if (calls.empty()) return absl::OkStatus();
+  // Every round tells the steering how it went, a round that leased nothing too (else a share
+  // steered down to none would stay there).
+  if (calls.empty()) {
+    if (request.remote != nullptr) request.remote->RoundEnded(batch.k, local.size(), {});
+    return absl::OkStatus();
+  }
   // A shared round whose calls are late decodes samples of the rounds to come meanwhile.
-  if (batch.share < batch.k) {
+  if (batch.share > 0 && batch.share < batch.k) {
     if (absl::Status s = DecodeAhead(batch, calls, observer); !s.ok()) return s;
   }
   const auto waited_from = std::chrono::steady_clock::now();
@@ -280,7 +319,9 @@ absl::Status BatchFiller::DecodeRound(Assembly& batch, SampleObserver* observer)
   absl::StatusOr<std::vector<uint64_t>> redo = CollectRemote(batch, calls, leased, waited);
   batch.remote_wait_ns += (std::chrono::steady_clock::now() - waited_from).count();
   if (!redo.ok()) return redo.status();
-  if (batch.share < batch.k) request.remote->RoundEnded(batch.k, local.size(), waited);
+  request.remote->RoundEnded(batch.k, local.size(), waited);
+  // The answers' memory goes back before the samples they did not answer are decoded here.
+  calls.clear();
   return redo->empty() ? absl::OkStatus() : LocalWaves(batch, *redo, observer);
 }
 
@@ -402,17 +443,21 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
   const auto late = [&] {
     return std::any_of(calls.begin(), calls.end(), [](const auto& c) { return !c->Answered(); });
   };
-  if (!late()) return absl::OkStatus();
+  // Without read-ahead each sample would be read on a decode thread: not ahead of its round.
+  if (request.read_ahead == nullptr || !late()) return absl::OkStatus();
   // What is left to decode of the next rounds, their heads first (their tails are the calls
   // started ahead): each (epoch, index) once, none of this round's.
   struct Todo {
     uint64_t epoch, pos, index;
+    size_t round;  // of NextRounds: a few holds one round's samples (its round claims it whole)
   };
   std::vector<Todo> todo;
   std::set<uint64_t> in_round;
   for (uint64_t i = 0; i < batch.k; ++i) in_round.insert(batch.shard.at(batch.pos + i));
   std::set<std::pair<uint64_t, uint64_t>> seen;
-  for (const RoundAhead& next : NextRounds(batch, request.batch_size, kAheadRounds)) {
+  const std::vector<RoundAhead> rounds = NextRounds(batch, request.batch_size, kAheadRounds);
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    const RoundAhead& next = rounds[r];
     const std::vector<uint64_t> unheld = request.remote->Unheld(next.epoch, next.indices);
     const std::set<uint64_t> free(unheld.begin(), unheld.end());
     for (size_t j = 0; j < next.indices.size(); ++j) {
@@ -423,7 +468,7 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
           !Leasable(request, observer, index)) {
         continue;
       }
-      todo.push_back(Todo{next.epoch, next.first + j, index});
+      todo.push_back(Todo{next.epoch, next.first + j, index, r});
     }
   }
   // A few at a time (one per decode thread), so that the answers, once in, wait little.
@@ -434,28 +479,31 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
     if (request.stop && request.stop()) {
       return absl::CancelledError("the batch was decoding ahead when its stream stopped");
     }
-    if (options_.memory != nullptr && !options_.memory->TryAcquire(bytes)) break;
+    // Only while no decode waits for memory, and within read-ahead's part of it.
+    uint64_t hold = 0;
+    if (options_.memory != nullptr && (hold = options_.memory->TryAcquireReadAhead(bytes)) == 0) {
+      break;
+    }
     std::vector<uint32_t> indices;
     std::vector<std::shared_ptr<PrefetchedSample>> reads;
-    const uint64_t epoch = todo[next].epoch;
-    for (; next < todo.size() && todo[next].epoch == epoch && indices.size() < most; ++next) {
-      std::shared_ptr<PrefetchedSample> read;
-      if (request.read_ahead != nullptr) {
-        read = request.read_ahead->TakeIfDone(epoch, todo[next].pos);
-        if (read == nullptr) continue;  // not read yet: decoded in its round
-      }
+    const Todo& first = todo[next];
+    const uint64_t epoch = first.epoch;
+    const size_t round = first.round;
+    for (; next < todo.size() && todo[next].round == round && indices.size() < most; ++next) {
+      std::shared_ptr<PrefetchedSample> read = request.read_ahead->TakeIfDone(epoch, todo[next].pos);
+      if (read == nullptr) continue;  // not read yet: decoded in its round
       indices.push_back(static_cast<uint32_t>(todo[next].index));
       reads.push_back(std::move(read));
     }
     if (indices.empty()) {
-      if (options_.memory != nullptr) options_.memory->Release(bytes);
+      if (hold != 0) options_.memory->ReleaseReadAhead(hold);
       continue;
     }
     const uint32_t n = static_cast<uint32_t>(indices.size());
     auto call = std::make_unique<DecodedAhead>(
         std::vector<uint64_t>(indices.begin(), indices.end()),
         ComputeBatchLayout(n, request.transform, &batch.dataset).total_bytes, options_.memory,
-        options_.memory != nullptr ? bytes : 0);
+        hold);
     ShardSpec spec;
     spec.seed = request.seed;
     spec.epoch = epoch;
@@ -493,7 +541,7 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
     request.remote->LocalDone(n, std::chrono::steady_clock::now() - few_started);
     batch.decode_ns += ahead.decode_ns;
     batch.memory_wait_ns += ahead.memory_wait_ns;
-    request.remote->Keep(epoch, std::move(call));
+    if (call->Filled()) request.remote->Keep(epoch, std::move(call));
   }
   return absl::OkStatus();
 }

@@ -297,8 +297,9 @@ class BatchFiller {
   std::vector<RoundAhead> NextRounds(const Assembly& batch, uint64_t round_size, int rounds) const;
   // While some of `calls` are not answered, decodes samples of the rounds to come that no call
   // holds, a few at a time, and hands each few to the stream's RemoteDecode::Keep for their
-  // round: this host's threads do not idle while a feeder is late. Only samples whose reads are
-  // done (none may wait for storage here), within memory_limit at once.
+  // round: this host's threads do not idle while a feeder is late. Only samples whose bytes are
+  // read already (nothing here touches storage; without read-ahead, none), each few's buffer a
+  // read-ahead hold of memory_limit (taken back by a decode that would wait).
   absl::Status DecodeAhead(
       Assembly& batch, const std::vector<std::unique_ptr<RemoteCall>>& calls,
       SampleObserver* observer);

@@ -73,6 +73,11 @@ std::optional<PrefetchedSample::Bytes> PrefetchedSample::TakeBytes() {
   return bytes;
 }
 
+bool PrefetchedSample::HoldsBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kDone && bytes_.has_value();
+}
+
 void PrefetchedSample::Evict() {
   std::lock_guard<std::mutex> lock(mu_);
   bytes_.reset();  // the evictor gives the bytes back
@@ -270,7 +275,7 @@ std::shared_ptr<PrefetchedSample> ReadAhead::TakeIfDone(uint64_t epoch, uint64_t
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = reads_.find({epoch, pos});
-    if (it == reads_.end() || !it->second->done()) return nullptr;
+    if (it == reads_.end() || !it->second->HoldsBytes()) return nullptr;
   }
   return Take(epoch, pos);  // (only this stream's producer takes: it is still there)
 }

@@ -19,7 +19,8 @@
 // when the lane judges it poison (Judge: the storage answers others while it hangs), and
 // WriteOff() then gives the lane another thread. Nothing here decides which samples a batch has.
 //
-// Thread-safety: Advance, Take and StartNow from the stream's producer; the rest from anywhere.
+// Thread-safety: Advance, Take, TakeIfDone and StartNow from the stream's producer; the rest from
+// anywhere.
 
 #include <atomic>
 #include <chrono>
@@ -87,6 +88,8 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
   // Waits until the read is done or cancelled (true), or `until` passes (false).
   bool WaitSettledUntil(std::chrono::steady_clock::time_point until);
   bool done() const { return state() == State::kDone; }
+  // Done, and its bytes still in memory (read, not evicted since): its task reads nothing.
+  bool HoldsBytes() const;
   // Started and not finished: its thread may be stuck (see ReadAhead::WriteOff).
   bool running() const { return state() == State::kRunning; }
   // When it started running (base::SteadyNowNs); 0 before, and while it waits for memory.
@@ -179,8 +182,8 @@ class ReadAhead {
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
-  // The same, only when that read is done (else it is left for the position's turn): for a
-  // sample decoded ahead of its round, which must not wait for storage.
+  // The same, only when that read is done and holds the sample's bytes (else it is left for the
+  // position's turn): for a sample decoded ahead of its round, which must not touch storage.
   std::shared_ptr<PrefetchedSample> TakeIfDone(uint64_t epoch, uint64_t pos);
   // The dataset index at shard position `pos` of `epoch`: of the stream's shard, or the next
   // epoch's (built here, as for its reads); nullopt past either's end or the stream's.

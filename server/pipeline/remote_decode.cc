@@ -23,7 +23,7 @@ std::vector<uint64_t> AheadCalls::Fresh(uint64_t epoch, std::span<const uint64_t
 size_t AheadCalls::HeldHere() const {
   size_t n = 0;
   for (const Held& h : held_) {
-    if (h.call->DecodedHere()) n += h.call->indices().size();
+    if (h.call->DecodedHere()) n += h.call->count();
   }
   return n;
 }

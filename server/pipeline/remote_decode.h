@@ -13,8 +13,9 @@
 //
 // While a round's calls are late, the filler decodes samples of the next rounds that no call
 // holds (their heads: their tails are leased ahead) and keeps them here as calls answered at
-// once (Keep): the host's threads never idle behind a feeder, and the lead they build is what
-// Share() steers by (RoundEnded).
+// once (Keep): the host's threads need not idle behind a feeder (they stop when nothing is left
+// that is read already, or when memory is short), and the lead they build is what Share()
+// steers by (RoundEnded).
 
 #include <chrono>
 #include <cstdint>
@@ -39,8 +40,8 @@ class RemoteCall {
   // again, after checking whether the stream stopped). OK: `payload()` is the answer, checked for
   // size and checksum. Otherwise why the call gave nothing (its samples are decoded locally).
   virtual std::optional<absl::Status> Wait(std::chrono::milliseconds slice) = 0;
-  // Whether the answer (or the call's failure) is in, so that Wait would return at once. Never
-  // blocks: while it says no, the filler decodes samples of the rounds to come.
+  // Whether the answer (or the call's failure) is in, or its lease ran out: Wait would return at
+  // once. Never blocks: while it says no, the filler decodes samples of the rounds to come.
   virtual bool Answered() const = 0;
   // The call was this host's own (samples of a round to come, decoded while an earlier round
   // waited for its feeders): not counted as decoded elsewhere.
@@ -103,7 +104,7 @@ class RemoteDecode {
   }
 };
 
-// The calls one stream started ahead, until a round claims them: the bookkeeping behind
+// The calls one stream started ahead (and those it decoded ahead, kept), until a round claims them: the bookkeeping behind
 // RemoteDecode::Ahead and Claim, for an implementation to hold. Not thread-safe (a stream's
 // producer alone uses it).
 class AheadCalls {
@@ -119,7 +120,7 @@ class AheadCalls {
   std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
                                                  std::span<const uint64_t> indices);
   size_t size() const { return held_.size(); }
-  // Samples held by calls decoded here (RemoteCall::DecodedHere): this host's lead.
+  // Good samples held by calls decoded here (RemoteCall::DecodedHere): this host's lead.
   size_t HeldHere() const;
 
  private:

@@ -57,7 +57,7 @@ class HostDecoded final : public pipeline::RemoteCall {
   std::optional<absl::Status> Wait(milliseconds) override { return absl::OkStatus(); }
   bool Answered() const override { return true; }
   bool DecodedHere() const override { return true; }
-  uint32_t count() const override { return 0; }
+  uint32_t count() const override { return static_cast<uint32_t>(indices_.size()); }
   std::span<const uint8_t> payload() const override { return {}; }
   void Accept(uint32_t) override {}
   void Reject(const absl::Status&) override {}

@@ -6,12 +6,17 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "server/image/synthetic.h"
+#include "server/pipeline/read_ahead.h"
+#include "server/pipeline/read_pool.h"
 #include "tests/support/test_support.h"
 
 namespace ringloader::pipeline {
@@ -708,10 +713,80 @@ TEST_CASE("BatchFiller: samples leased elsewhere (RemoteDecode) give the same ba
 
 // `images` small JPEGs in one class, shuffled with seed 5, filled `batch` at a time, with half
 // of each round leased to `remote`: the rounds' leasing ahead, seen through FakeRemote.
+// memory_limit as the filler sees it. Decodes are not counted; read-ahead holds are, and those
+// of `few_bytes` (samples decoded ahead: a few's buffer) only while `few_room` has room.
+class CountedMemory final : public DecodeMemory {
+ public:
+  CountedMemory(uint64_t few_bytes, uint64_t few_room) : few_bytes_(few_bytes), room_(few_room) {}
+  absl::Status Acquire(uint64_t) override { return absl::OkStatus(); }
+  void Release(uint64_t) override {}
+  uint64_t TryAcquireReadAhead(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes == few_bytes_ && few_held_ + bytes > room_) return 0;
+    if (bytes == few_bytes_) few_held_ += bytes;
+    holds_[next_] = Hold{bytes, nullptr};
+    return next_++;
+  }
+  void ArmEviction(uint64_t id, std::function<void()> evict) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (holds_.count(id) != 0) holds_[id].evict = std::move(evict);
+  }
+  bool Pin(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (holds_.count(id) == 0) return false;
+    holds_[id].evict = nullptr;
+    return true;
+  }
+  void ReleaseReadAhead(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Drop(id);
+  }
+  // A decode short of memory: every few's hold not pinned is taken back.
+  int TakeBackFews() {
+    std::vector<std::function<void()>> evicts;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = holds_.begin(); it != holds_.end();) {
+        const uint64_t id = (it++)->first;
+        if (holds_[id].bytes != few_bytes_ || !holds_[id].evict) continue;
+        evicts.push_back(std::move(holds_[id].evict));
+        Drop(id);
+      }
+    }
+    for (auto& evict : evicts) evict();
+    return static_cast<int>(evicts.size());
+  }
+  uint64_t few_held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return few_held_;
+  }
+
+ private:
+  struct Hold {
+    uint64_t bytes;
+    std::function<void()> evict;
+  };
+  void Drop(uint64_t id) {
+    auto it = holds_.find(id);
+    if (it == holds_.end()) return;
+    if (it->second.bytes == few_bytes_) few_held_ -= it->second.bytes;
+    holds_.erase(it);
+  }
+  const uint64_t few_bytes_, room_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, Hold> holds_;
+  uint64_t next_ = 1;
+  uint64_t few_held_ = 0;
+};
+
+// Two decode threads decode ahead two samples at a time: a few's buffer.
+const uint64_t kFewBytes = ComputeBatchLayout(2, SmallTrain()).total_bytes;
+
 struct LeasingRig {
-  // `memory`: what the filler draws from (null: unaccounted).
-  LeasingRig(int images, uint32_t batch, DecodeMemory* memory = nullptr)
-      : batch(batch), filler(pool, image::DecodeLimits{}, FillerOptions{memory}) {
+  // `few_room`: memory_limit's room for samples decoded ahead (CountedMemory).
+  LeasingRig(int images, uint32_t batch, uint64_t few_room = uint64_t{1} << 40)
+      : batch(batch), memory(kFewBytes, few_room),
+        filler(pool, image::DecodeLimits{}, FillerOptions{&memory}) {
     fs::create_directories(dir.Join("c"));
     for (int i = 0; i < images; ++i)
       WriteBytes(dir.Join("c/" + std::to_string(i) + ".jpg"), SmallJpeg(i));
@@ -731,6 +806,16 @@ struct LeasingRig {
     req.transform = SmallTrain();
     req.seed = spec.seed;
     req.remote = with;
+    if (with != nullptr) {
+      // Every read the window holds is done first: what may be decoded ahead does not depend
+      // on how fast the reads were.
+      // The stream ends with epoch 0, as the rounds' leases do without a read-ahead.
+      ahead.Advance(*ds, *shard, 0, cursor, 1, uint64_t{1} << 30, nullptr, "");
+      testing::WaitFor([&] { return reads.running() == 0 && reads.queued() == 0; },
+                       std::chrono::seconds(30));
+      req.read_ahead = &ahead;
+      req.end_epoch = 1;
+    }
     std::vector<uint8_t> bytes(ComputeBatchLayout(batch, SmallTrain()).total_bytes);
     absl::StatusOr<FilledBatch> filled = filler.Fill(req, bytes, nullptr);
     REQUIRE(filled.ok());
@@ -745,8 +830,11 @@ struct LeasingRig {
   std::unique_ptr<Dataset> ds;
   ShardSpec spec;
   std::unique_ptr<EpochShard> shard;
+  CountedMemory memory;
   WorkerPool pool{2};
   BatchFiller filler;
+  ReadPool reads{2};
+  ReadAhead ahead{reads, 16, &memory, nullptr, std::chrono::milliseconds(0)};
   std::unique_ptr<FakeRemote> remote;
   FilledBatch last;  // of the latest Fill
 };
@@ -806,67 +894,51 @@ TEST_CASE("BatchFiller: while a round's calls are late, this host decodes the sa
   CHECK(remote.accepted == 6);  // a feeder's count: not what was decoded here
 }
 
-// memory_limit as the filler sees it: `room` bytes for what it holds at once or not at all.
-class CountedMemory final : public DecodeMemory {
- public:
-  explicit CountedMemory(uint64_t room) : room_(room) {}
-  absl::Status Acquire(uint64_t) override { return absl::OkStatus(); }  // decodes: not counted
-  bool TryAcquire(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (held_ + bytes > room_) return false;
-    held_ += bytes;
-    return true;
-  }
-  void Release(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (bytes <= held_) held_ -= bytes;  // (a decode's own, never counted, is ignored)
-  }
-  uint64_t held() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return held_;
-  }
-
- private:
-  const uint64_t room_;
-  mutable std::mutex mu_;
-  uint64_t held_ = 0;
-};
-
-TEST_CASE("BatchFiller: samples decoded ahead hold memory_limit until their round takes them or "
-          "their stream goes, and none are decoded ahead without it",
+TEST_CASE("BatchFiller: samples decoded ahead are read-ahead holds of memory_limit: none without "
+          "room, given back with their stream, and taken back by a decode that would wait",
           "[pipeline][feeder]") {
-  const uint64_t two = ComputeBatchLayout(2, SmallTrain()).total_bytes;  // a few decoded ahead
-  SECTION("room for two") {
-    CountedMemory memory(2 * two);
-    LeasingRig rig(12, 4, &memory);
+  SECTION("room for two few") {
+    LeasingRig rig(12, 4, 2 * kFewBytes);
     rig.remote->late_polls = 1000;
     CHECK(rig.Same(0));
     CHECK(rig.remote->kept == 4);  // the heads of rounds 1 and 2
-    CHECK(memory.held() == 2 * two);
+    CHECK(rig.memory.few_held() == 2 * kFewBytes);
     CHECK(rig.Same(4));  // round 1 took its head and let it go
-    CHECK(memory.held() == two);
+    CHECK(rig.memory.few_held() == kFewBytes);
     rig.remote.reset();  // the stream goes, with round 2's head unclaimed
-    CHECK(memory.held() == 0);
+    CHECK(rig.memory.few_held() == 0);
   }
-  SECTION("room for one") {
-    CountedMemory memory(two);
-    LeasingRig rig(12, 4, &memory);
+  SECTION("room for one few") {
+    LeasingRig rig(12, 4, kFewBytes);
     rig.remote->late_polls = 1000;
     CHECK(rig.Same(0));
     CHECK(rig.remote->kept == 2);  // round 1's head; round 2's found no room
     CHECK(rig.Same(4));  // no room either while round 1 held its own
     CHECK(rig.remote->kept == 2);
     CHECK(rig.remote->local == 2 + 2);
-    CHECK(memory.held() == 0);
+    CHECK(rig.memory.few_held() == 0);
   }
   SECTION("no room") {
-    CountedMemory memory(two - 1);
-    LeasingRig rig(12, 4, &memory);
+    LeasingRig rig(12, 4, kFewBytes - 1);
     rig.remote->late_polls = 1000;
     for (uint64_t cursor : {0, 4, 8}) CHECK(rig.Same(cursor));
     CHECK(rig.remote->kept == 0);
     CHECK(rig.remote->local == 6);  // each round's head, in its round
-    CHECK(memory.held() == 0);
+  }
+  SECTION("taken back by a decode") {
+    LeasingRig rig(12, 4);
+    rig.remote->late_polls = 1000;
+    CHECK(rig.Same(0));
+    CHECK(rig.remote->kept == 4);
+    CHECK(rig.memory.TakeBackFews() == 2);
+    CHECK(rig.memory.few_held() == 0);
+    // Rounds 1 and 2 decode their heads themselves, to the same bytes.
+    CHECK(rig.Same(4));
+    CHECK(rig.last.ahead_samples == 0);
+    CHECK(rig.Same(8));
+    CHECK(rig.last.ahead_samples == 0);
+    CHECK(rig.last.remote_samples == 2);  // its tail, from the feeder
+    CHECK(rig.remote->kept == 4);         // nothing decoded ahead twice
   }
 }
 
