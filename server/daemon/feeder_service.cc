@@ -300,11 +300,10 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
         "\", which may pass or differ elsewhere: decode these elsewhere")));
   }
 
-  v1::FeedHeader header_frame;
-  v1::FeedHeader* header = &header_frame;
-  header->set_count(filled->count);
+  v1::FeedHeader header;
+  header.set_count(filled->count);
   for (const pipeline::SampleError& e : filled->errors) {
-    v1::BadFile* bad = header->add_failed();
+    v1::BadFile* bad = header.add_failed();
     bad->set_dataset(served->config.name);
     bad->set_path(wire::EscapeBytes(e.relative_path));
     bad->set_reason(e.reason);
@@ -320,13 +319,13 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     ++label;
     std::memcpy(payload.data() + layout.labels_offset, &label, 8);
   }
-  header->set_payload_bytes(payload.size());
-  header->set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
+  header.set_payload_bytes(payload.size());
+  header.set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
   if (lie_ == "checksum" && !payload.empty()) payload[payload.size() / 2] ^= 0x5a;
   if (lie_ == "short" && !payload.empty()) payload.pop_back();
   if (lie_ == "slow") std::this_thread::sleep_for(std::chrono::seconds(3));
   const CutOff cut_off(context, kFeedWriteTimeout);
-  if (!writer->Write(HeaderFrame(header_frame))) {
+  if (!writer->Write(HeaderFrame(header))) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   }
   for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {

@@ -500,10 +500,10 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
       continue;
     }
     const uint32_t n = static_cast<uint32_t>(indices.size());
+    const BatchLayout layout = ComputeBatchLayout(n, request.transform, &batch.dataset);
     auto call = std::make_unique<DecodedAhead>(
-        std::vector<uint64_t>(indices.begin(), indices.end()),
-        ComputeBatchLayout(n, request.transform, &batch.dataset).total_bytes, options_.memory,
-        hold);
+        std::vector<uint64_t>(indices.begin(), indices.end()), layout.total_bytes,
+        options_.memory, hold);
     ShardSpec spec;
     spec.seed = request.seed;
     spec.epoch = epoch;
@@ -516,7 +516,6 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
     few.epoch = epoch;
     few.remote = nullptr;
     few.cache = nullptr;  // (cached samples are not decoded ahead)
-    const BatchLayout layout = ComputeBatchLayout(n, request.transform, &batch.dataset);
     Assembly ahead(few, layout, call->mutable_payload());
     ahead.k = n;
     ahead.statuses.assign(n, absl::OkStatus());
