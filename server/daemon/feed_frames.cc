@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/feed_frames.h"
 
+#include <grpc/slice.h>
+
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -26,7 +29,7 @@ size_t PutVarint(uint64_t v, uint8_t* out) {
 
 // Copies `bytes` of `slices` from `skip` on into `dest`, adding them to `hash`.
 void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, uint8_t* dest,
-             XXH64_state_t* hash) {
+             PayloadHash* hash) {
   for (const grpc::Slice& slice : slices) {
     if (bytes == 0) break;
     if (skip >= slice.size()) {
@@ -35,14 +38,51 @@ void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, 
     }
     const size_t n = std::min(slice.size() - skip, bytes);
     std::memcpy(dest, slice.begin() + skip, n);
-    if (hash != nullptr) XXH64_update(hash, slice.begin() + skip, n);
+    if (hash != nullptr) hash->Update({dest, n});
     dest += n;
     bytes -= n;
     skip = 0;
   }
 }
 
+// A payload slice's reference to what keeps its bytes (PayloadFrame), let go with the slice.
+void LetGo(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
 }  // namespace
+
+PayloadHash::PayloadHash(Kind kind) : kind_(kind) {
+  if (kind_ == Kind::kXxh3) {
+    xxh3_ = XXH3_createState();
+    if (xxh3_ == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(xxh3_);
+  } else {
+    xxh64_ = XXH64_createState();
+    if (xxh64_ == nullptr) throw std::bad_alloc();
+    XXH64_reset(xxh64_, 0);
+  }
+}
+
+PayloadHash::~PayloadHash() {
+  if (xxh3_ != nullptr) XXH3_freeState(xxh3_);
+  if (xxh64_ != nullptr) XXH64_freeState(xxh64_);
+}
+
+void PayloadHash::Update(std::span<const uint8_t> bytes) {
+  if (xxh3_ != nullptr) {
+    XXH3_64bits_update(xxh3_, bytes.data(), bytes.size());
+  } else {
+    XXH64_update(xxh64_, bytes.data(), bytes.size());
+  }
+}
+
+uint64_t PayloadHash::Digest() const {
+  return xxh3_ != nullptr ? XXH3_64bits_digest(xxh3_) : XXH64_digest(xxh64_);
+}
+
+uint64_t PayloadHash::Of(Kind kind, std::span<const uint8_t> bytes) {
+  return kind == Kind::kXxh3 ? XXH3_64bits(bytes.data(), bytes.size())
+                             : XXH64(bytes.data(), bytes.size(), 0);
+}
 
 grpc::ByteBuffer HeaderFrame(const v1::FeedHeader& header) {
   v1::FeedFrame frame;
@@ -51,19 +91,21 @@ grpc::ByteBuffer HeaderFrame(const v1::FeedHeader& header) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-grpc::ByteBuffer PayloadFrame(std::span<const uint8_t> bytes) {
+grpc::ByteBuffer PayloadFrame(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
   uint8_t prefix[1 + kMostVarintBytes];
   prefix[0] = kPayloadTag;
   const size_t prefix_bytes = 1 + PutVarint(bytes.size(), prefix + 1);
-  grpc::Slice slice(prefix_bytes + bytes.size());  // uninitialised: every byte written below
-  auto* out = const_cast<uint8_t*>(slice.begin());
-  std::memcpy(out, prefix, prefix_bytes);
-  std::memcpy(out + prefix_bytes, bytes.data(), bytes.size());
-  return grpc::ByteBuffer(&slice, 1);
+  grpc::Slice slices[2] = {
+      grpc::Slice(prefix, prefix_bytes),
+      grpc::Slice(grpc_slice_new_with_user_data(
+                      const_cast<uint8_t*>(bytes.data()), bytes.size(), &LetGo,
+                      new std::shared_ptr<const void>(std::move(owner))),
+                  grpc::Slice::STEAL_REF)};
+  return grpc::ByteBuffer(slices, 2);
 }
 
 absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<uint8_t> dest,
-                                     XXH64_state_t* hash) {
+                                     PayloadHash* hash) {
   std::vector<grpc::Slice> slices;
   if (!frame.Dump(&slices).ok()) return absl::DataLossError("an answer's frame was unreadable");
   size_t total = 0;
@@ -109,7 +151,7 @@ absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<ui
     return absl::DataLossError("its answer's payload is longer than its header said");
   }
   std::memcpy(dest.data(), parsed.payload().data(), parsed.payload().size());
-  if (hash != nullptr) XXH64_update(hash, parsed.payload().data(), parsed.payload().size());
+  if (hash != nullptr) hash->Update({dest.data(), parsed.payload().size()});
   read.payload_bytes = parsed.payload().size();
   return read;
 }

@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -195,13 +194,16 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     base.set_dataset(this->dataset_name);
     base.set_dataset_fingerprint(dataset.fingerprint());
     base.set_label_source(LabelSource(dataset));
+    base.set_payload_xxh3(true);
     *base.mutable_spec() = spec;
     v1::FeedLimits* l = base.mutable_limits();
     l->set_max_pixels(limits.max_pixels);
     l->set_max_file_bytes(limits.max_file_bytes);
     l->set_warnings_are_errors(limits.warnings_are_errors);
     l->set_max_scans(limits.max_scans);
+    pool_.CountStream(this->dataset_name, +1);
   }
+  ~StreamView() override { pool_.CountStream(dataset_name, -1); }
   uint64_t Share(uint64_t k) override {
     return pool_.ShareFor(dataset_name, k, -kLeadGain * lead_error_);
   }
@@ -226,9 +228,10 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     const std::vector<uint64_t> fresh = ahead_.Fresh(epoch, indices, kLeastExtraAhead);
     for (auto& call : pool_.StartFor(*this, epoch, fresh)) ahead_.Add(epoch, std::move(call));
   }
-  std::vector<std::unique_ptr<pipeline::RemoteCall>> Claim(
-      uint64_t epoch, std::span<const uint64_t> indices) override {
-    return ahead_.Claim(epoch, indices);
+  std::vector<std::unique_ptr<pipeline::RemoteCall>> Claim(uint64_t epoch,
+                                                           std::span<const uint64_t> indices,
+                                                           bool batch_begins) override {
+    return ahead_.Claim(epoch, indices, batch_begins);
   }
   void Keep(uint64_t epoch, std::unique_ptr<pipeline::RemoteCall> call) override {
     pool_.ahead_samples_.fetch_add(call->count(), std::memory_order_relaxed);
@@ -475,8 +478,17 @@ void FeederPool::Steer(const std::string& dataset, double lead_error) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = steering_.find(dataset);
   if (it == steering_.end() || it->second.fraction < 0) return;
+  // Each of the dataset's streams steers it once a round: N streams at kLeadIntegral each
+  // would move it N times as fast, and overshoot where one stream settles.
+  const double streams = std::max(1, it->second.streams);
   double& fraction = it->second.fraction;
-  fraction = std::clamp(fraction - kLeadIntegral * lead_error, kLeastLeased, kMostLeased);
+  fraction =
+      std::clamp(fraction - kLeadIntegral * lead_error / streams, kLeastLeased, kMostLeased);
+}
+
+void FeederPool::CountStream(const std::string& dataset, int delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  steering_[dataset].streams += delta;
 }
 
 std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
@@ -564,10 +576,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   size_t received = 0;
   grpc::ByteBuffer frame;
   uint64_t checksum = 0;
-  // Hashed frame by frame as each arrives, while its bytes are still in cache.
-  const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> hash(XXH64_createState(),
-                                                                             &XXH64_freeState);
-  XXH64_reset(hash.get(), 0);
+  std::optional<PayloadHash> hash;  // frame by frame as each arrives, while its bytes are in cache
   if (reader->Read(&frame)) {
     absl::StatusOr<ReadFrame> first = ParseFrame(frame, {}, nullptr);
     if (!first.ok() || !first->header) {
@@ -580,7 +589,10 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
           " (another transform or version?)"));
     } else {
       count = first->header->count();
-      checksum = first->header->payload_xxh64();
+      // XXH3 as asked; a feeder older than it sends XXH64.
+      const bool xxh3 = first->header->has_payload_xxh3();
+      checksum = xxh3 ? first->header->payload_xxh3() : first->header->payload_xxh64();
+      hash.emplace(xxh3 ? PayloadHash::Kind::kXxh3 : PayloadHash::Kind::kXxh64);
       while (result.ok() && reader->Read(&frame)) {
         if (state->given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
@@ -589,7 +601,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
         }
         absl::StatusOr<ReadFrame> part = ParseFrame(
             frame, std::span<uint8_t>(payload.data() + received, payload.size() - received),
-            hash.get());
+            &*hash);
         if (!part.ok()) {
           result = part.status();
         } else if (part->header) {
@@ -613,8 +625,10 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
         absl::StrCat("its answer ended after ", received, " of ", state->expected_bytes,
                      " bytes"));
   }
-  if (result.ok() && XXH64_digest(hash.get()) != checksum) {
-    result = absl::DataLossError("its answer's XXH64 is not the one its header gave");
+  if (result.ok() && hash && hash->Digest() != checksum) {
+    result = absl::DataLossError(absl::StrCat(
+        "its answer's ", hash->kind() == PayloadHash::Kind::kXxh3 ? "XXH3" : "XXH64",
+        " is not the one its header gave"));
   }
   // The feeder's certificate, for its days left in stats (the handshake checked it already).
   std::optional<base::CertificateFacts> cert;

@@ -81,8 +81,11 @@ class FeederPool {
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
-  // A round's lead, less the one aimed at (in rounds): moves the dataset's fraction.
+  // A round's lead, less the one aimed at (in rounds): moves the dataset's fraction, by the
+  // same amount per round of all its streams together, however many they are.
   void Steer(const std::string& dataset, double lead_error);
+  // A stream of `dataset` came (+1) or went (-1).
+  void CountStream(const std::string& dataset, int delta);
   static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
       const TlsConfig& tls);
   // A feeder's channel, and service Feeder's method on it (called raw: feed_frames.h).
@@ -123,6 +126,7 @@ class FeederPool {
   struct Steering {
     double fraction = -1;
     int available = -1;  // feeders available when `fraction` was set from the rates
+    int streams = 0;     // the dataset's streams now (each steers once a round)
   };
   std::map<std::string, Steering> steering_ ABSL_GUARDED_BY(mu_);
   struct Running {

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/feeder_service.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <condition_variable>
@@ -90,6 +88,63 @@ class FeederService::NoStrikes final : public pipeline::SampleObserver {
   pipeline::SampleObserver& inner_;
 };
 
+// The feeds' answer buffers, within a quarter of memory_limit. An answer is let go when the last
+// of its holders does: the handler, or a slice of it gRPC has not sent yet (PayloadFrame), which
+// may be after the handler returned. So this lives as long as any answer does, not the service.
+class FeederService::Answers final : public std::enable_shared_from_this<Answers> {
+ public:
+  Answers(MemoryBudget& budget, uint64_t share)
+      : share_(share), spares_(budget, kSpareAnswers, kLargestSpareAnswer) {}
+
+  // A buffer of `bytes` for `what`, or ResourceExhausted when feeds would hold more than their
+  // share, or the budget has not got them.
+  absl::StatusOr<std::shared_ptr<SpareBuffers::Buffer>> Take(uint64_t bytes,
+                                                             const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (held_bytes_ + bytes > share_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "feeds would hold ", held_bytes_ + bytes, " bytes, past their share ", share_,
+            " (a quarter of memory_limit): decode these elsewhere"));
+      }
+      held_bytes_ += bytes;
+      ++out_;
+    }
+    absl::StatusOr<SpareBuffers::Buffer> buffer = spares_.Take(bytes, what);
+    if (!buffer.ok()) {
+      LetGo(bytes);
+      return buffer.status();
+    }
+    std::shared_ptr<Answers> self = shared_from_this();
+    return std::shared_ptr<SpareBuffers::Buffer>(
+        new SpareBuffers::Buffer(*std::move(buffer)), [self, bytes](SpareBuffers::Buffer* b) {
+          self->spares_.Give(std::move(*b));
+          delete b;
+          self->LetGo(bytes);
+        });
+  }
+
+  // Waits up to `most` for every answer to be let go: false if some are still held.
+  bool Drained(std::chrono::milliseconds most) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return drained_.wait_for(lock, most, [this] { return out_ == 0; });
+  }
+
+ private:
+  void LetGo(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_bytes_ -= bytes;
+    if (--out_ == 0) drained_.notify_all();
+  }
+
+  const uint64_t share_;
+  SpareBuffers spares_;
+  std::mutex mu_;
+  std::condition_variable drained_;
+  uint64_t held_bytes_ = 0;  // by answers not let go yet, under mu_
+  int out_ = 0;              // answers not let go yet, under mu_
+};
+
 std::string LabelSource(const pipeline::Dataset& dataset) {
   if (!dataset.has_labels()) return "none";
   const pipeline::DatasetSpec& spec = dataset.spec();
@@ -111,8 +166,8 @@ std::string LabelSource(const pipeline::Dataset& dataset) {
 FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                              pipeline::BatchFiller& filler, MemoryBudget& budget,
                              pipeline::SampleObserver* observer, std::string lie)
-    : config_(config), datasets_(datasets), filler_(filler), budget_(budget),
-      answers_(budget, kSpareAnswers, kLargestSpareAnswer),
+    : config_(config), datasets_(datasets), filler_(filler),
+      answers_(std::make_shared<Answers>(budget, config.memory_limit_bytes / 4)),
       observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr),
       lie_(std::move(lie)) {
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -125,7 +180,13 @@ FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& 
           this)));
 }
 
-FeederService::~FeederService() = default;
+FeederService::~FeederService() {
+  // The server is shut down: gRPC lets go of the answers it was sending as it closes their
+  // connections. Their buffers hold memory_limit reservations, so the budget must see them go.
+  if (!answers_->Drained(std::chrono::seconds(5))) {
+    SPDLOG_WARN("feeder: gRPC still holds answers 5 s after the feeder service stopped");
+  }
+}
 
 grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
                                         const v1::FeedRequest* request,
@@ -236,33 +297,10 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
   // The answer's buffer is drawn from memory_limit, at once or not at all, and feeds together
   // hold at most a quarter of it: the feeder's own trainers come first.
-  const uint64_t share = config_.memory_limit_bytes / 4;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (held_bytes_ + layout.total_bytes > share) {
-      return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
-          "feeds would hold ", held_bytes_ + layout.total_bytes, " bytes, past their share ",
-          share, " (a quarter of memory_limit): decode these elsewhere")));
-    }
-    held_bytes_ += layout.total_bytes;
-  }
-  struct GiveBack {
-    FeederService* service;
-    uint64_t bytes;
-    ~GiveBack() {
-      std::lock_guard<std::mutex> lock(service->mu_);
-      service->held_bytes_ -= bytes;
-    }
-  } give_back{this, layout.total_bytes};
-  absl::StatusOr<SpareBuffers::Buffer> answer =
-      answers_.Take(layout.total_bytes, absl::StrCat("a feed of ", n, " samples"));
+  absl::StatusOr<std::shared_ptr<SpareBuffers::Buffer>> answer =
+      answers_->Take(layout.total_bytes, absl::StrCat("a feed of ", n, " samples"));
   if (!answer.ok()) return ToGrpc(answer.status());
-  struct KeepForNext {
-    SpareBuffers& answers;
-    SpareBuffers::Buffer& buffer;
-    ~KeepForNext() { answers.Give(std::move(buffer)); }
-  } keep_for_next{answers_, *answer};
-  AnswerBytes& payload = answer->bytes;
+  AnswerBytes& payload = (*answer)->bytes;
   // Zeroed: what a filled batch leaves unwritten (alignment) must be neither another answer's
   // bytes nor the allocator's leftovers.
   std::fill(payload.begin(), payload.end(), uint8_t{0});
@@ -320,7 +358,11 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     std::memcpy(payload.data() + layout.labels_offset, &label, 8);
   }
   header.set_payload_bytes(payload.size());
-  header.set_payload_xxh64(XXH64(payload.data(), payload.size(), 0));
+  if (request->payload_xxh3()) {
+    header.set_payload_xxh3(PayloadHash::Of(PayloadHash::Kind::kXxh3, payload));
+  } else {
+    header.set_payload_xxh64(PayloadHash::Of(PayloadHash::Kind::kXxh64, payload));
+  }
   if (lie_ == "checksum" && !payload.empty()) payload[payload.size() / 2] ^= 0x5a;
   if (lie_ == "short" && !payload.empty()) payload.pop_back();
   if (lie_ == "slow") std::this_thread::sleep_for(std::chrono::seconds(3));
@@ -331,7 +373,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {
     const std::span<const uint8_t> chunk(payload.data() + offset,
                                          std::min(kFeedFrameBytes, payload.size() - offset));
-    if (!writer->Write(PayloadFrame(chunk))) {
+    if (!writer->Write(PayloadFrame(chunk, *answer))) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
     }
   }

@@ -12,7 +12,8 @@
 //
 // Hosts are untrusted, and the feeder's own trainers come first:
 //   - feeds together hold at most a quarter of memory_limit, taken at once or refused
-//     (RESOURCE_EXHAUSTED: the host decodes elsewhere), never waited for;
+//     (RESOURCE_EXHAUSTED: the host decodes elsewhere), never waited for; an answer holds its
+//     memory until gRPC has sent it (its frames are slices of the answer's buffer, not copies);
 //   - at most kMaxFeedsPerHost at once per host address; duplicate indices are refused;
 //   - a host that stops reading its answer is cut off after kFeedWriteTimeout;
 //   - a feed's sample that meets its deadline is never struck on the feeder (the host's
@@ -69,6 +70,7 @@ class FeederService final : public grpc::Service {
 
  private:
   class NoStrikes;
+  class Answers;
   // `fill_turn`: held while filling, so that one host's feeds are filled one at a time, in the
   // order they came (its next round's lease, started ahead, waits behind the one it waits for
   // now instead of halving its speed), while each answer is sent as the next is filled.
@@ -78,12 +80,11 @@ class FeederService final : public grpc::Service {
   const ServerConfig& config_;
   const DatasetRegistry& datasets_;
   pipeline::BatchFiller& filler_;
-  MemoryBudget& budget_;
-  SpareBuffers answers_;  // the answers' buffers, kept for the next feeds
+  // The answers' buffers and what they hold; shared with the gRPC slices that send them.
+  const std::shared_ptr<Answers> answers_;
   std::unique_ptr<NoStrikes> observer_;  // null without one
   const std::string lie_;
   std::mutex mu_;
-  uint64_t held_bytes_ = 0;                  // by feeds in progress, under mu_
   struct HostFeeds {
     int in_progress = 0;
     std::shared_ptr<std::timed_mutex> fill_turn = std::make_shared<std::timed_mutex>();

@@ -342,7 +342,8 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   }
   const auto leasable = [&](uint64_t index) { return Leasable(request, observer, index); };
   // The calls started ahead for this round's samples come first, and those decoded here ahead.
-  std::vector<std::unique_ptr<RemoteCall>> calls = request.remote->Claim(request.epoch, round);
+  std::vector<std::unique_ptr<RemoteCall>> calls =
+      request.remote->Claim(request.epoch, round, /*batch_begins=*/batch.first_slot == 0);
   uint64_t claimed = 0;  // of the share: samples calls started ahead hold
   for (const auto& call : calls) {
     for (uint64_t index : call->indices()) {

@@ -33,7 +33,8 @@ void AheadCalls::Add(uint64_t epoch, std::unique_ptr<RemoteCall> call) {
 }
 
 std::vector<std::unique_ptr<RemoteCall>> AheadCalls::Claim(uint64_t epoch,
-                                                           std::span<const uint64_t> indices) {
+                                                           std::span<const uint64_t> indices,
+                                                           bool ages) {
   const std::set<uint64_t> wanted(indices.begin(), indices.end());
   std::vector<std::unique_ptr<RemoteCall>> claimed;
   std::vector<Held> kept;
@@ -42,7 +43,7 @@ std::vector<std::unique_ptr<RemoteCall>> AheadCalls::Claim(uint64_t epoch,
     if (h.epoch == epoch &&
         std::any_of(asks.begin(), asks.end(), [&](uint64_t i) { return wanted.count(i) > 0; })) {
       claimed.push_back(std::move(h.call));
-    } else if (++h.passed < 2) {
+    } else if (!ages || ++h.passed < 2) {
       kept.push_back(std::move(h));  // for a round to come
     }
   }

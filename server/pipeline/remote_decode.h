@@ -79,11 +79,16 @@ class RemoteDecode {
     (void)indices;
   }
   // The calls started ahead that hold any of `indices` of `epoch`, now this round's. One that
-  // two rounds in a row did not claim is given up (the rounds moved past it). Default: none.
+  // the first rounds of two batches in a row did not claim is given up (the rounds moved past
+  // it). `batch_begins`: the round is its batch's first; a later one (refilling the slots of
+  // samples that failed) takes samples of the rounds to come, whose calls it must not age.
+  // Default: none.
   virtual std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
-                                                         std::span<const uint64_t> indices) {
+                                                         std::span<const uint64_t> indices,
+                                                         bool batch_begins) {
     (void)epoch;
     (void)indices;
+    (void)batch_begins;
     return {};
   }
   // Holds `call`, decoded on this host while a round waited for its feeders' answers, for the
@@ -115,10 +120,10 @@ class AheadCalls {
   std::vector<uint64_t> Fresh(uint64_t epoch, std::span<const uint64_t> indices,
                               size_t least) const;
   void Add(uint64_t epoch, std::unique_ptr<RemoteCall> call);
-  // The calls of `epoch` that hold any of `indices`, handed over. One that two rounds in a row
-  // did not claim is dropped (the rounds moved past it: given up as it goes).
-  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
-                                                 std::span<const uint64_t> indices);
+  // The calls of `epoch` that hold any of `indices`, handed over. One that two claims with
+  // `ages` in a row did not take is dropped (the rounds moved past it: given up as it goes).
+  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch, std::span<const uint64_t> indices,
+                                                 bool ages);
   size_t size() const { return held_.size(); }
   // Good samples held by calls decoded here (RemoteCall::DecodedHere): this host's lead.
   size_t HeldHere() const;
@@ -127,7 +132,7 @@ class AheadCalls {
   struct Held {
     uint64_t epoch;
     std::unique_ptr<RemoteCall> call;
-    int passed;  // rounds that claimed other calls since it was started
+    int passed;  // claims that aged it (batches begun) since it was started
   };
   std::vector<Held> held_;
 };

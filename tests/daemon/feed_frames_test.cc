@@ -33,13 +33,6 @@ grpc::ByteBuffer Sliced(const std::string& bytes, std::vector<size_t> cuts) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-struct Hash {
-  Hash() { XXH64_reset(state.get(), 0); }
-  uint64_t digest() const { return XXH64_digest(state.get()); }
-  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state{XXH64_createState(),
-                                                                         &XXH64_freeState};
-};
-
 TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back whole however "
           "they are sliced",
           "[feeder]") {
@@ -47,21 +40,25 @@ TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
   v1::FeedFrame expected;
   expected.set_payload(payload.data(), payload.size());
-  const std::string wire = Flat(PayloadFrame(payload));
+  const std::string wire = Flat(PayloadFrame(payload, nullptr));
   CHECK(wire == expected.SerializeAsString());
 
   // The tag and the length's 3 bytes split across slices, and the payload across more.
   for (const std::vector<size_t>& cuts :
        {std::vector<size_t>{}, {1}, {2}, {1, 2, 3}, {3, 4, 1000, 200'000}}) {
     std::vector<uint8_t> dest(payload.size() + 10, 0xEE);
-    Hash hash;
-    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, cuts), dest, hash.state.get());
+    PayloadHash xxh64(PayloadHash::Kind::kXxh64);
+    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, cuts), dest, &xxh64);
     REQUIRE(read.ok());
     CHECK_FALSE(read->header);
     CHECK(read->payload_bytes == payload.size());
     CHECK(std::equal(payload.begin(), payload.end(), dest.begin()));
     CHECK(dest[payload.size()] == 0xEE);  // nothing past it
-    CHECK(hash.digest() == XXH64(payload.data(), payload.size(), 0));
+    CHECK(xxh64.Digest() == XXH64(payload.data(), payload.size(), 0));
+    PayloadHash xxh3(PayloadHash::Kind::kXxh3);
+    REQUIRE(ParseFrame(Sliced(wire, cuts), dest, &xxh3).ok());
+    CHECK(xxh3.Digest() == XXH3_64bits(payload.data(), payload.size()));
+    CHECK(xxh3.Digest() == PayloadHash::Of(PayloadHash::Kind::kXxh3, payload));
   }
 
   v1::FeedHeader header;
@@ -78,6 +75,27 @@ TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back
   CHECK(read->header->SerializeAsString() == header.SerializeAsString());
 }
 
+TEST_CASE("Feed frames: a payload frame is the answer's own bytes, kept alive until gRPC lets go "
+          "of the frame's last slice",
+          "[feeder]") {
+  auto answer = std::make_shared<std::vector<uint8_t>>(70'000, uint8_t{9});
+  std::weak_ptr<std::vector<uint8_t>> watch = answer;
+  const std::span<const uint8_t> bytes(answer->data() + 1000, 60'000);
+  grpc::ByteBuffer frame = PayloadFrame(bytes, std::move(answer));
+  std::vector<grpc::Slice> slices;
+  REQUIRE(frame.Dump(&slices).ok());
+  // Not copied: the payload's slice is the answer's memory.
+  REQUIRE(slices.size() == 2);
+  CHECK(slices[1].begin() == bytes.data());
+  CHECK(slices[1].size() == bytes.size());
+  frame.Clear();
+  CHECK_FALSE(watch.expired());  // a slice is still held (here, as gRPC would while sending)
+  slices.erase(slices.begin());
+  CHECK_FALSE(watch.expired());
+  slices.clear();
+  CHECK(watch.expired());  // the last one let go: so is the answer
+}
+
 TEST_CASE("Feed frames: a frame that is no FeedFrame, empty, or longer than the answer is refused",
           "[feeder]") {
   std::vector<uint8_t> dest(100);
@@ -86,7 +104,7 @@ TEST_CASE("Feed frames: a frame that is no FeedFrame, empty, or longer than the 
     return read.ok() ? std::string("accepted") : std::string(read.status().message());
   };
   const std::vector<uint8_t> big(101, 1);
-  CHECK(refusal(Flat(PayloadFrame(big))) ==
+  CHECK(refusal(Flat(PayloadFrame(big, nullptr))) ==
         "its answer's payload is longer than its header said");
   CHECK(refusal("") == "its answer held an empty frame");
   // A length past the frame's end, and a truncated length.

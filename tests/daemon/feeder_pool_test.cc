@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "server/daemon/memory_budget.h"
 #include "tests/support/test_support.h"
@@ -97,6 +98,32 @@ TEST_CASE("FeederPool: a shared round's lease follows the host's lead: more when
   for (int i = 0; i < 200; ++i) view.RoundEnded(64, 0, milliseconds(64));
   CHECK(view.Share(64) == 1);  // at least 2%: the feeders stay measured
   CHECK(view.Share(1000) == 20);
+}
+
+TEST_CASE("FeederPool: a dataset's streams together steer its fraction as fast as one stream "
+          "does, however many they are",
+          "[feeder]") {
+  Rig rig(/*local_decode=*/true);
+  rig.view->LocalDone(1000, std::chrono::seconds(1));
+  std::vector<std::unique_ptr<pipeline::RemoteDecode>> streams;
+  for (int i = 0; i < 3; ++i) {
+    v1::StreamSpec spec;
+    spec.set_batch_size(64);
+    spec.set_image_size(224);
+    streams.push_back(rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{}));
+  }
+  CHECK(rig.view->Share(1000) == 500);
+  // Each of the four streams ends a round a quarter of a round behind (lead error -1/2): the
+  // fraction gains 1% of 1/2 for the rounds of all four, not four times that (0.52); each
+  // stream's own share 5% of its latest error more.
+  rig.view->RoundEnded(64, 16, milliseconds(0));
+  for (auto& stream : streams) stream->RoundEnded(64, 16, milliseconds(0));
+  CHECK(rig.view->Share(1000) == 530);  // 0.505 + 0.025
+  CHECK(streams[2]->Share(1000) == 530);
+  // Three streams gone: the one left steers alone, at the full step.
+  streams.clear();
+  rig.view->RoundEnded(64, 16, milliseconds(0));
+  CHECK(rig.view->Share(1000) == 535);  // 0.51 + 0.025
 }
 
 TEST_CASE("FeederPool: with local_decode = false every round is leased whole, whatever it waited",

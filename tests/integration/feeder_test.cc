@@ -167,6 +167,17 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   CHECK_FALSE(fed.header.failed(0).reason().empty());
   REQUIRE(fed.payload.size() == fed.header.payload_bytes());
   CHECK(XXH64(fed.payload.data(), fed.payload.size(), 0) == fed.header.payload_xxh64());
+  CHECK_FALSE(fed.header.has_payload_xxh3());  // a host that does not ask for XXH3 gets XXH64
+  {
+    v1::FeedRequest xxh3_request = request;
+    xxh3_request.set_payload_xxh3(true);
+    const Fed fed3 = Feed(feeder_address, xxh3_request);
+    REQUIRE(fed3.status.ok());
+    REQUIRE(fed3.header.has_payload_xxh3());
+    CHECK(fed3.header.payload_xxh3() == XXH3_64bits(fed3.payload.data(), fed3.payload.size()));
+    CHECK(fed3.header.payload_xxh64() == 0);
+    CHECK(fed3.payload == fed.payload);
+  }
   image::TransformSpec transform;
   transform.image_size = 32;
   const pipeline::BatchLayout layout = pipeline::ComputeBatchLayout(21, transform);

@@ -520,9 +520,9 @@ class FakeRemote final : public RemoteDecode {
     if (!fresh.empty()) asked_ahead.push_back(fresh);
     for (auto& call : Start(epoch, fresh)) ahead_.Add(epoch, std::move(call));
   }
-  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
-                                                 std::span<const uint64_t> indices) override {
-    return ahead_.Claim(epoch, indices);
+  std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch, std::span<const uint64_t> indices,
+                                                 bool batch_begins) override {
+    return ahead_.Claim(epoch, indices, batch_begins);
   }
   void Keep(uint64_t epoch, std::unique_ptr<RemoteCall> call) override {
     kept += call->indices().size();
@@ -959,8 +959,33 @@ TEST_CASE("BatchFiller: a round whose share grew since its calls were started ah
   CHECK(remote.accepted == remote.leased);
 }
 
+TEST_CASE("BatchFiller: a batch that refills a failed sample's slot keeps the calls held for the "
+          "rounds to come: each sample is leased once",
+          "[pipeline][feeder]") {
+  LeasingRig rig(12, 4);
+  FakeRemote& remote = *rig.remote;
+  // The batch's first sample (decoded here: the round leases its tail) is no JPEG: the batch
+  // refills its slot with a round of one, from the next batch's head.
+  WriteBytes(rig.dir.Join(std::string(rig.ds->relative_path(rig.shard->at(0)))),
+             std::vector<uint8_t>(64, 0x5a));
+  CHECK(rig.Same(0));
+  CHECK(rig.last.count == 4);
+  CHECK(rig.last.next_cursor == 5);
+  CHECK(remote.leased == 6);  // its tail, and rounds 1 and 2's tails ahead
+  CHECK(remote.held_ahead() == 2);
+  CHECK(rig.Same(5));
+  CHECK(remote.held_ahead() == 1);  // the call for the last round, still held
+  CHECK(rig.Same(9));
+  CHECK(rig.last.count == 3);
+  CHECK(remote.held_ahead() == 0);
+  // Nothing leased again: the refilling round aged no call (it dropped the last round's, which
+  // was leased a second time).
+  CHECK(remote.leased == 6);
+  CHECK(remote.accepted == 6);
+}
+
 TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are left to the round, "
-          "and a call two rounds passed by is dropped",
+          "and a call two batches passed by is dropped",
           "[pipeline][feeder]") {
   class Held final : public RemoteCall {
    public:
@@ -990,11 +1015,14 @@ TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are le
   CHECK(ahead.Fresh(1, two, 4) == two);  // none held: a call however small
   // A round holding 11 claims the first call; the second waits for a round to come.
   const std::vector<uint64_t> round{9, 11};
-  std::vector<std::unique_ptr<RemoteCall>> claimed = ahead.Claim(1, round);
+  std::vector<std::unique_ptr<RemoteCall>> claimed = ahead.Claim(1, round, true);
   REQUIRE(claimed.size() == 1);
   CHECK(claimed[0]->indices() == first);
   CHECK(ahead.size() == 1);
-  CHECK(ahead.Claim(2, std::vector<uint64_t>{20}).empty());  // another epoch's 20
+  // A batch's later rounds (refilling failed samples' slots) age nothing.
+  for (int i = 0; i < 3; ++i) CHECK(ahead.Claim(1, std::vector<uint64_t>{40}, false).empty());
+  CHECK(ahead.size() == 1);
+  CHECK(ahead.Claim(2, std::vector<uint64_t>{20}, true).empty());  // another epoch's 20
   CHECK(ahead.size() == 0);  // passed by twice: the rounds moved past it
 }
 
