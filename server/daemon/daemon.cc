@@ -768,6 +768,10 @@ absl::Status StartUp(DaemonState& d) {
   // Clients ping every 10 s during long NextBatch waits; accept that instead of answering
   // "too_many_pings" and dropping them.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  // A TCP port another process listens on is an error, not shared (gRPC's SO_REUSEPORT: a second
+  // daemon with the same config took half the connections, and TLS refused them if its
+  // certificates were older).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc::ResourceQuota quota("ringloaderd");
   // Each stream may have a NextBatch waiting and each client an Attach call open.
   quota.SetMaxThreads(std::max<int>(16, 3 * server.max_streams + 8));
@@ -781,6 +785,7 @@ absl::Status StartUp(DaemonState& d) {
     health_builder.AddListeningPort(server.health_listen, grpc::InsecureServerCredentials(),
                                     &health_port);
     health_builder.RegisterService(&d.probe_health);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as the main listen's
     d.health_server = health_builder.BuildAndStart();
     if (!d.health_server || (!absl::StartsWith(server.health_listen, "unix:") && health_port == 0)) {
       return absl::UnavailableError(absl::StrCat(d.config.source,
@@ -800,6 +805,7 @@ absl::Status StartUp(DaemonState& d) {
         server.feeder_listen, d.tls ? d.tls->Credentials() : grpc::InsecureServerCredentials(),
         &feeder_port);
     feeder_builder.RegisterService(d.feeder_service.get());
+    feeder_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as the main listen's
     feeder_builder.SetMaxReceiveMessageSize(1 << 20);
     d.feeder_server = feeder_builder.BuildAndStart();
     if (!d.feeder_server || feeder_port == 0) {

@@ -201,5 +201,41 @@ TEST_CASE("12.2: a metrics_listen address in use stops the start, naming the key
   CHECK(first.Stop() == 0);
 }
 
+TEST_CASE("12.2: a TCP listen, health_listen or feeder_listen address another daemon listens on "
+          "stops the start, naming it (gRPC would share the port through SO_REUSEPORT: half the "
+          "connections to the other daemon)",
+          "[integration][metrics]") {
+  std::string address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  std::string key;
+  DaemonFixtureOptions options;
+  options.images = 8;
+  SECTION("listen") { options.tcp = true; }
+  SECTION("health_listen") {
+    key = "health_listen";
+    options.server_extra = "health_listen = \"" + address + "\"";
+  }
+  SECTION("feeder_listen") {
+    key = "feeder_listen";
+    options.server_extra = "feeder_listen = \"" + address + "\"\ninsecure_tcp = true";
+  }
+  DaemonFixture first(options);
+  REQUIRE(first.Start());
+  DaemonFixture second(options);
+  if (key.empty()) {  // the same listen as the first's
+    const std::string config = ReadFile(second.config_path());
+    const size_t at = config.find(second.endpoint());
+    REQUIRE(at != std::string::npos);
+    address = first.endpoint();
+    WriteFile(second.config_path(),
+              config.substr(0, at) + address + config.substr(at + second.endpoint().size()));
+  }
+  second.Launch();
+  CHECK(second.process().WaitExitCode(std::chrono::seconds(30)) == 1);
+  CHECK_THAT(second.Log(),
+             Catch::Contains((key.empty() ? "" : "server." + key + ": ") + "cannot listen on " +
+                             address));
+  CHECK(first.Stop() == 0);
+}
+
 }  // namespace
 }  // namespace ringloader::testing
