@@ -27,9 +27,8 @@ size_t PutVarint(uint64_t v, uint8_t* out) {
   return n;
 }
 
-// Copies `bytes` of `slices` from `skip` on into `dest`, adding them to `hash`.
-void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, uint8_t* dest,
-             PayloadHash* hash) {
+// Copies `bytes` of `slices` from `skip` on into `dest`.
+void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, uint8_t* dest) {
   for (const grpc::Slice& slice : slices) {
     if (bytes == 0) break;
     if (skip >= slice.size()) {
@@ -38,7 +37,6 @@ void CopyOut(const std::vector<grpc::Slice>& slices, size_t skip, size_t bytes, 
     }
     const size_t n = std::min(slice.size() - skip, bytes);
     std::memcpy(dest, slice.begin() + skip, n);
-    if (hash != nullptr) hash->Update({dest, n});
     dest += n;
     bytes -= n;
     skip = 0;
@@ -104,8 +102,8 @@ grpc::ByteBuffer PayloadFrame(std::span<const uint8_t> bytes, std::shared_ptr<co
   return grpc::ByteBuffer(slices, 2);
 }
 
-absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<uint8_t> dest,
-                                     PayloadHash* hash) {
+absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, uint64_t room,
+                                     PayloadHash* hash, std::vector<grpc::Slice>* pieces) {
   std::vector<grpc::Slice> slices;
   if (!frame.Dump(&slices).ok()) return absl::DataLossError("an answer's frame was unreadable");
   size_t total = 0;
@@ -113,7 +111,7 @@ absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<ui
   // Its first bytes: the field's tag and length, whichever slices they are in.
   uint8_t prefix[1 + kMostVarintBytes];
   const size_t have = std::min(total, sizeof(prefix));
-  CopyOut(slices, 0, have, prefix, nullptr);
+  CopyOut(slices, 0, have, prefix);
   uint64_t length = 0;
   size_t prefix_bytes = 0;
   if (have > 1 && prefix[0] == kPayloadTag) {
@@ -126,17 +124,30 @@ absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<ui
     }
   }
   ReadFrame read;
+  const auto keep = [&](grpc::Slice piece) {
+    if (piece.size() == 0) return;
+    if (hash != nullptr) hash->Update({piece.begin(), piece.size()});
+    if (pieces != nullptr) pieces->push_back(std::move(piece));
+  };
   if (prefix_bytes > 0 && length == total - prefix_bytes) {  // a payload, and nothing else
-    if (length > dest.size()) {
+    if (length > room) {
       return absl::DataLossError("its answer's payload is longer than its header said");
     }
-    CopyOut(slices, prefix_bytes, length, dest.data(), hash);
+    size_t skip = prefix_bytes;
+    for (const grpc::Slice& slice : slices) {
+      if (skip >= slice.size()) {
+        skip -= slice.size();
+        continue;
+      }
+      keep(skip == 0 ? slice : slice.sub(skip, slice.size()));  // a reference, not a copy
+      skip = 0;
+    }
     read.payload_bytes = length;
     return read;
   }
   // Anything else (a header, or an encoding this end does not write) is parsed whole.
   std::string bytes(total, '\0');
-  CopyOut(slices, 0, total, reinterpret_cast<uint8_t*>(bytes.data()), nullptr);
+  CopyOut(slices, 0, total, reinterpret_cast<uint8_t*>(bytes.data()));
   v1::FeedFrame parsed;
   if (!parsed.ParseFromString(bytes)) {
     return absl::DataLossError(absl::StrCat("its answer held a frame of ", total,
@@ -147,11 +158,10 @@ absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<ui
     return read;
   }
   if (!parsed.has_payload()) return absl::DataLossError("its answer held an empty frame");
-  if (parsed.payload().size() > dest.size()) {
+  if (parsed.payload().size() > room) {
     return absl::DataLossError("its answer's payload is longer than its header said");
   }
-  std::memcpy(dest.data(), parsed.payload().data(), parsed.payload().size());
-  if (hash != nullptr) hash->Update({dest.data(), parsed.payload().size()});
+  keep(grpc::Slice(parsed.payload()));
   read.payload_bytes = parsed.payload().size();
   return read;
 }

@@ -2,10 +2,10 @@
 #pragma once
 // Service Feeder's answer frames as raw gRPC byte buffers, on both ends (feeder_service,
 // feeder_pool). The feeder's payload frames are slices of the answer's own buffer, never copied
-// (gRPC's TLS encrypts straight from it); the host copies each once, from gRPC's slices into its
-// answer's buffer, hashing it there while it is in cache. Through the generated code a payload
-// went through a protobuf string as well, a second copy on each end, and the feeder's copy into
-// fresh slices was a third (together 8% of a feeder's core in feeder_bench). What goes on the
+// (gRPC's TLS encrypts straight from it); the host keeps the slices it received, hashed as they
+// come while in cache, and copies each sample once, from them into its slot. Through the
+// generated code a payload went through a protobuf string as well, and into one buffer: copies
+// on each end that cost a feeder 8% of its core in feeder_bench, a host more. What goes on the
 // wire is still FeedFrame's protobuf encoding, so either end may use the generated code.
 
 #include <xxhash.h>
@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -58,12 +59,13 @@ class PayloadHash {
 // One frame as read: its header, or the payload bytes it held.
 struct ReadFrame {
   std::optional<v1::FeedHeader> header;
-  size_t payload_bytes = 0;  // copied to the front of `dest` (see ParseFrame)
+  size_t payload_bytes = 0;  // appended to `pieces` (see ParseFrame)
 };
-// Reads `frame`, a FeedFrame: a payload is copied to the front of `dest` and added to `hash` (if
+// Reads `frame`, a FeedFrame: a payload's bytes are appended to `pieces` as slices of the frame
+// (not copied; a payload another encoder wrote, through protobuf, is) and added to `hash` (if
 // any); a header is returned whole. DataLoss when it is no FeedFrame, holds neither, or its
-// payload is longer than `dest`.
-absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, std::span<uint8_t> dest,
-                                     PayloadHash* hash);
+// payload is longer than `room`.
+absl::StatusOr<ReadFrame> ParseFrame(const grpc::ByteBuffer& frame, uint64_t room,
+                                     PayloadHash* hash, std::vector<grpc::Slice>* pieces);
 
 }  // namespace ringloader::server

@@ -95,7 +95,7 @@ struct FeederPool::CallState {
   std::string dataset;
   std::vector<uint64_t> indices;
   uint64_t expected_bytes = 0;
-  Reservation held;  // the answer's buffer, from memory_limit
+  Reservation held;  // the answer's bytes, from memory_limit
   grpc::ClientContext context;
   Clock::time_point started, deadline;
   Clock::time_point ended;  // the answer's last byte (set with `done`)
@@ -109,7 +109,9 @@ struct FeederPool::CallState {
   std::atomic<bool> given_up{false};
   absl::Status status;
   uint32_t count = 0;
-  AnswerBytes payload;
+  // The answer's payload as it came: gRPC's slices, read in place (the call's thread's until
+  // `done`). `held` counts them.
+  std::vector<grpc::Slice> pieces;
   std::atomic<bool> finished{false};  // the thread is about to return (joined without waiting)
 };
 
@@ -124,13 +126,9 @@ class FeederPool::Call final : public pipeline::RemoteCall {
       state_->given_up = true;
       state_->context.TryCancel();
     }
-    // The answer's memory goes back now, not when the thread is next reaped: kept for the
-    // next call once the thread is done with it, else the thread frees it as it ends.
-    if (state_->done && state_->payload.size() == state_->expected_bytes) {
-      pool_.answers_.Give(
-          SpareBuffers::Buffer{std::move(state_->payload), std::move(state_->held)});
-    }
-    state_->payload = AnswerBytes();
+    // The answer's memory goes back now, not when the thread is next reaped (a thread still
+    // receiving frees what it holds as it ends).
+    std::vector<grpc::Slice>().swap(state_->pieces);
     state_->held = Reservation();
   }
   const std::vector<uint64_t>& indices() const override { return state_->indices; }
@@ -157,7 +155,12 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     return state_->done || Clock::now() >= state_->deadline;
   }
   uint32_t count() const override { return state_->count; }
-  std::span<const uint8_t> payload() const override { return state_->payload; }
+  pipeline::AnswerView payload() const override {
+    std::vector<std::span<const uint8_t>> pieces;
+    pieces.reserve(state_->pieces.size());
+    for (const grpc::Slice& piece : state_->pieces) pieces.emplace_back(piece.begin(), piece.size());
+    return pipeline::AnswerView(std::move(pieces));
+  }
   void Accept(uint32_t used) override {
     std::lock_guard<std::mutex> lock(pool_.mu_);
     // Only an answer the filler used clears the feeder's failures and counts for its rate.
@@ -268,7 +271,6 @@ FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
                          ? std::chrono::milliseconds(config.failpoints.feeder_resolve_ms)
                          : std::chrono::milliseconds(kResolveEvery)),
       budget_(budget),
-      answers_(budget, kSpareAnswers, kLargestSpareAnswer),
       tls_(config.tls.enabled()),
       credentials_(std::move(credentials)) {
   Resolve(/*numeric_only=*/true);
@@ -522,9 +524,9 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       const uint64_t bytes =
           pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), view.transform, &view.dataset)
               .total_bytes;
-      absl::StatusOr<SpareBuffers::Buffer> answer =
-          answers_.Take(bytes, absl::StrCat("a feeder's answer of ", n, " samples"));
-      if (!answer.ok()) break;  // memory is short: these are decoded here
+      absl::StatusOr<Reservation> held = budget_.Reserve(
+          bytes, absl::StrCat("a feeder's answer of ", n, " samples"), std::chrono::milliseconds(0));
+      if (!held.ok()) break;  // memory is short: these are decoded here
       auto state = std::make_shared<CallState>();
       state->stub = feeder->stub;
       state->request = view.base;
@@ -535,8 +537,7 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       }
       state->dataset = view.dataset_name;
       state->expected_bytes = bytes;
-      state->held = std::move(answer->held);
-      state->payload = std::move(answer->bytes);
+      state->held = *std::move(held);
       state->started = Clock::now();
       state->deadline = state->started + lease_;
       std::thread thread;
@@ -561,24 +562,20 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
 void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
   pthread_setname_np(pthread_self(), "rl-feeder-call");
   state->context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
-  // Raw (feed_frames.h): each payload frame is copied once, into the answer's buffer.
+  // Raw (feed_frames.h): the payload frames' slices are kept as they came, not copied.
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
           state->stub->channel.get(), *state->stub->method, &state->context, state->request));
   const size_t n = state->indices.size();
   absl::Status result;
   uint32_t count = 0;
-  AnswerBytes payload;  // the call's buffer (expected_bytes), the thread's meanwhile
-  {
-    std::lock_guard<std::mutex> lock(state->mu);
-    payload = std::move(state->payload);
-  }
+  std::vector<grpc::Slice> pieces;  // the answer's payload, the thread's until it is done
   size_t received = 0;
   grpc::ByteBuffer frame;
   uint64_t checksum = 0;
   std::optional<PayloadHash> hash;  // frame by frame as each arrives, while its bytes are in cache
   if (reader->Read(&frame)) {
-    absl::StatusOr<ReadFrame> first = ParseFrame(frame, {}, nullptr);
+    absl::StatusOr<ReadFrame> first = ParseFrame(frame, 0, nullptr, nullptr);
     if (!first.ok() || !first->header) {
       result = absl::DataLossError("its answer did not start with a header");
     } else if (first->header->payload_bytes() != state->expected_bytes ||
@@ -596,12 +593,11 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
       while (result.ok() && reader->Read(&frame)) {
         if (state->given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
-          AnswerBytes().swap(payload);
+          std::vector<grpc::Slice>().swap(pieces);
           break;
         }
-        absl::StatusOr<ReadFrame> part = ParseFrame(
-            frame, std::span<uint8_t>(payload.data() + received, payload.size() - received),
-            &*hash);
+        absl::StatusOr<ReadFrame> part =
+            ParseFrame(frame, state->expected_bytes - received, &*hash, &pieces);
         if (!part.ok()) {
           result = part.status();
         } else if (part->header) {
@@ -663,7 +659,7 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     state->status = result;
     state->count = count;
     state->ended = ended;
-    if (!abandoned) state->payload = std::move(payload);
+    if (!abandoned && result.ok()) state->pieces = std::move(pieces);
     if (abandoned) state->held = Reservation();  // nobody reads it
     state->cv.notify_all();
   }

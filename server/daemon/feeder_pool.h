@@ -112,7 +112,6 @@ class FeederPool {
   const std::chrono::milliseconds lease_;
   const std::chrono::milliseconds resolve_every_;  // [failpoints] feeder_resolve_ms, else 30 s
   MemoryBudget& budget_;
-  SpareBuffers answers_;  // answers' buffers, kept for the next calls
   const bool tls_;
 
   mutable std::mutex mu_;

@@ -69,7 +69,9 @@ class DecodedAhead final : public RemoteCall {
   bool Answered() const override { return true; }
   bool DecodedHere() const override { return true; }
   uint32_t count() const override { return count_; }
-  std::span<const uint8_t> payload() const override { return {state_->bytes.get(), size_}; }
+  AnswerView payload() const override {
+    return AnswerView(std::span<const uint8_t>(state_->bytes.get(), size_));
+  }
   void Accept(uint32_t) override {}
   void Reject(const absl::Status&) override {}
 
@@ -582,8 +584,7 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
     const bool call_failed = !status.ok();
     const BatchLayout layout = ComputeBatchLayout(static_cast<uint32_t>(asked.size()),
                                                   request.transform, &batch.dataset);
-    const std::span<const uint8_t> payload =
-        status.ok() ? call->payload() : std::span<const uint8_t>();
+    const AnswerView payload = status.ok() ? call->payload() : AnswerView();
     if (status.ok() && (payload.size() != layout.total_bytes || call->count() > asked.size())) {
       status = absl::DataLossError(absl::StrCat("an answer of ", payload.size(), " bytes and ",
                                                 call->count(), " samples for ", asked.size(),
@@ -593,8 +594,7 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
     // (answer j, round position) of the answer's samples this round leased to the call.
     std::vector<std::pair<uint32_t, uint64_t>> taken;
     for (uint32_t j = 0; status.ok() && j < call->count(); ++j) {
-      int64_t index = 0;
-      std::memcpy(&index, payload.data() + layout.indices_offset + j * 8, 8);
+      const int64_t index = payload.Int64At(layout.indices_offset + j * 8);
       const auto asked_at = std::find(asked.begin(), asked.end(), static_cast<uint64_t>(index));
       if (index < 0 || asked_at == asked.end() || answered[asked_at - asked.begin()]) {
         status = absl::DataLossError(
@@ -604,8 +604,7 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
       answered[asked_at - asked.begin()] = true;
       // A label this host knows without reading the sample (imagefolder, manifest; none at all:
       // -1) must be the one sent. Labels read with the sample (records, members) cannot be.
-      int64_t label = 0;
-      std::memcpy(&label, payload.data() + layout.labels_offset + j * 8, 8);
+      const int64_t label = payload.Int64At(layout.labels_offset + j * 8);
       const int64_t known =
           batch.dataset.has_labels() ? batch.dataset.label(static_cast<uint64_t>(index)) : -1;
       if ((known >= 0 || !batch.dataset.has_labels()) && label != known) {
@@ -616,8 +615,7 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
       for (size_t t = 0; t < tensors && status.ok(); ++t) {
         if (batch.lengths[t] == nullptr) continue;
         const TensorPlacement* rows = layout.Find(batch.extras[t]->name + "_lengths");
-        int64_t n = 0;
-        std::memcpy(&n, payload.data() + rows->offset + j * 8, 8);
+        const int64_t n = payload.Int64At(rows->offset + j * 8);
         const TensorPlacement& tensor = *batch.extras[t];
         const uint64_t most = tensor.sample_shape.empty() ? 0 : tensor.sample_shape[0];
         if (n < 0 || static_cast<uint64_t>(n) > most) {
@@ -641,23 +639,20 @@ absl::StatusOr<std::vector<uint64_t>> BatchFiller::CollectRemote(Assembly& batch
       }
       continue;
     }
-    const uint8_t* const base = payload.data();
     for (const auto& [j, i] : taken) {
       const uint64_t slot = batch.first_slot + i;
       if (batch.sample_bytes > 0) {
-        std::memcpy(batch.Image(slot).data(),
-                    base + layout.images_offset + j * batch.sample_bytes, batch.sample_bytes);
+        payload.Copy(layout.images_offset + j * batch.sample_bytes, batch.Image(slot));
       }
-      std::memcpy(&batch.labels[i], base + layout.labels_offset + j * 8, 8);
+      batch.labels[i] = payload.Int64At(layout.labels_offset + j * 8);
       for (size_t t = 0; t < tensors; ++t) {
         const TensorPlacement& mine = *batch.extras[t];
         const TensorPlacement* theirs = layout.Find(mine.name);
-        std::memcpy(batch.At(mine, slot), base + theirs->offset + j * theirs->sample_bytes,
-                    mine.sample_bytes);
+        payload.Copy(theirs->offset + j * theirs->sample_bytes,
+                     {batch.At(mine, slot), mine.sample_bytes});
         if (batch.lengths[t] != nullptr) {
           const TensorPlacement* rows = layout.Find(mine.name + "_lengths");
-          int64_t n = 0;
-          std::memcpy(&n, base + rows->offset + j * 8, 8);
+          const int64_t n = payload.Int64At(rows->offset + j * 8);
           batch.rows[i * tensors + t] = static_cast<uint64_t>(std::max<int64_t>(0, n));
         }
       }

@@ -2,9 +2,43 @@
 #include "server/pipeline/remote_decode.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace ringloader::pipeline {
+
+AnswerView::AnswerView(std::span<const uint8_t> whole)
+    : AnswerView(std::vector<std::span<const uint8_t>>{whole}) {}
+
+AnswerView::AnswerView(std::vector<std::span<const uint8_t>> pieces) : pieces_(std::move(pieces)) {
+  starts_.reserve(pieces_.size());
+  for (const std::span<const uint8_t>& piece : pieces_) {
+    starts_.push_back(size_);
+    size_ += piece.size();
+  }
+}
+
+void AnswerView::Copy(uint64_t offset, std::span<uint8_t> dest) const {
+  // The piece holding `offset`: the last that starts at or before it.
+  size_t p = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) -
+                                 starts_.begin());
+  uint8_t* out = dest.data();
+  uint64_t left = dest.size();
+  for (p = p == 0 ? 0 : p - 1; left > 0 && p < pieces_.size(); ++p) {
+    const uint64_t skip = offset > starts_[p] ? offset - starts_[p] : 0;
+    if (skip >= pieces_[p].size()) continue;  // an empty piece
+    const uint64_t n = std::min<uint64_t>(pieces_[p].size() - skip, left);
+    std::memcpy(out, pieces_[p].data() + skip, n);
+    out += n;
+    left -= n;
+  }
+}
+
+int64_t AnswerView::Int64At(uint64_t offset) const {
+  int64_t value = 0;
+  Copy(offset, {reinterpret_cast<uint8_t*>(&value), sizeof(value)});
+  return value;
+}
 
 std::vector<uint64_t> AheadCalls::Fresh(uint64_t epoch, std::span<const uint64_t> indices,
                                         size_t least) const {

@@ -29,6 +29,28 @@
 
 namespace ringloader::pipeline {
 
+// An answer's bytes as they came: one buffer, or the pieces a feeder's answer arrived in (gRPC's
+// slices, read in place rather than copied into one buffer first: the host copied each sample
+// twice, into the answer and then into its slot). Read by offset. Does not own the pieces: its
+// call does.
+class AnswerView {
+ public:
+  AnswerView() = default;
+  explicit AnswerView(std::span<const uint8_t> whole);
+  explicit AnswerView(std::vector<std::span<const uint8_t>> pieces);
+
+  uint64_t size() const { return size_; }
+  // Copies bytes [offset, offset + dest.size()) into `dest`. REQUIRES: within size().
+  void Copy(uint64_t offset, std::span<uint8_t> dest) const;
+  // The 8 bytes at `offset` as an int64 (the layout's indices, labels and row counts).
+  int64_t Int64At(uint64_t offset) const;
+
+ private:
+  std::vector<std::span<const uint8_t>> pieces_;
+  std::vector<uint64_t> starts_;  // each piece's first offset
+  uint64_t size_ = 0;
+};
+
 // One call decoding samples elsewhere. Thread-safe.
 class RemoteCall {
  public:
@@ -46,9 +68,10 @@ class RemoteCall {
   // The call was this host's own (samples of a round to come, decoded while an earlier round
   // waited for its feeders): not counted as decoded elsewhere.
   virtual bool DecodedHere() const { return false; }
-  // After Wait() returned OK: the good samples' count and the buffer.
+  // After Wait() returned OK: the good samples' count and the answer's bytes (valid while the
+  // call lives).
   virtual uint32_t count() const = 0;
-  virtual std::span<const uint8_t> payload() const = 0;
+  virtual AnswerView payload() const = 0;
   // The answer was used: `used` of its good samples are in their slots (counted as the
   // feeder's; a call started ahead may hold samples another round had).
   virtual void Accept(uint32_t used) = 0;

@@ -46,20 +46,28 @@ TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back
   // The tag and the length's 3 bytes split across slices, and the payload across more.
   for (const std::vector<size_t>& cuts :
        {std::vector<size_t>{}, {1}, {2}, {1, 2, 3}, {3, 4, 1000, 200'000}}) {
-    std::vector<uint8_t> dest(payload.size() + 10, 0xEE);
+    const grpc::ByteBuffer frame = Sliced(wire, cuts);
+    std::vector<grpc::Slice> frame_slices;
+    REQUIRE(frame.Dump(&frame_slices).ok());
+    std::vector<grpc::Slice> pieces(1, grpc::Slice("earlier", 7));  // appended to
     PayloadHash xxh64(PayloadHash::Kind::kXxh64);
-    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, cuts), dest, &xxh64);
+    absl::StatusOr<ReadFrame> read = ParseFrame(frame, payload.size(), &xxh64, &pieces);
     REQUIRE(read.ok());
     CHECK_FALSE(read->header);
     CHECK(read->payload_bytes == payload.size());
-    CHECK(std::equal(payload.begin(), payload.end(), dest.begin()));
-    CHECK(dest[payload.size()] == 0xEE);  // nothing past it
+    std::string got;
+    for (const grpc::Slice& piece : pieces) got.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+    CHECK(got == "earlier" + std::string(payload.begin(), payload.end()));
+    // Read in place: the last piece is the frame's own last slice, not a copy.
+    CHECK(pieces.back().end() == frame_slices.back().end());
     CHECK(xxh64.Digest() == XXH64(payload.data(), payload.size(), 0));
     PayloadHash xxh3(PayloadHash::Kind::kXxh3);
-    REQUIRE(ParseFrame(Sliced(wire, cuts), dest, &xxh3).ok());
+    REQUIRE(ParseFrame(frame, payload.size(), &xxh3, nullptr).ok());
     CHECK(xxh3.Digest() == XXH3_64bits(payload.data(), payload.size()));
     CHECK(xxh3.Digest() == PayloadHash::Of(PayloadHash::Kind::kXxh3, payload));
   }
+  // One byte more than the room left is refused.
+  CHECK_FALSE(ParseFrame(Sliced(wire, {}), payload.size() - 1, nullptr, nullptr).ok());
 
   v1::FeedHeader header;
   header.set_count(3);
@@ -69,7 +77,8 @@ TEST_CASE("Feed frames: written raw they are FeedFrame's encoding, and read back
   v1::FeedFrame framed;
   *framed.mutable_header() = header;
   CHECK(Flat(HeaderFrame(header)) == framed.SerializeAsString());
-  absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(framed.SerializeAsString(), {1}), {}, nullptr);
+  absl::StatusOr<ReadFrame> read =
+      ParseFrame(Sliced(framed.SerializeAsString(), {1}), 0, nullptr, nullptr);
   REQUIRE(read.ok());
   REQUIRE(read->header);
   CHECK(read->header->SerializeAsString() == header.SerializeAsString());
@@ -98,9 +107,8 @@ TEST_CASE("Feed frames: a payload frame is the answer's own bytes, kept alive un
 
 TEST_CASE("Feed frames: a frame that is no FeedFrame, empty, or longer than the answer is refused",
           "[feeder]") {
-  std::vector<uint8_t> dest(100);
   const auto refusal = [&](const std::string& wire) {
-    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {}), dest, nullptr);
+    absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {}), 100, nullptr, nullptr);
     return read.ok() ? std::string("accepted") : std::string(read.status().message());
   };
   const std::vector<uint8_t> big(101, 1);
@@ -115,10 +123,12 @@ TEST_CASE("Feed frames: a frame that is no FeedFrame, empty, or longer than the 
   v1::FeedFrame padded;
   padded.set_payload("xyz");
   std::string wire = padded.SerializeAsString() + std::string("\x12\x02" "uv", 4);  // last wins
-  absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {2}), dest, nullptr);
+  std::vector<grpc::Slice> pieces;
+  absl::StatusOr<ReadFrame> read = ParseFrame(Sliced(wire, {2}), 100, nullptr, &pieces);
   REQUIRE(read.ok());
   CHECK(read->payload_bytes == 2);
-  CHECK(std::string(dest.begin(), dest.begin() + 2) == "uv");
+  REQUIRE(pieces.size() == 1);
+  CHECK(std::string(reinterpret_cast<const char*>(pieces[0].begin()), 2) == "uv");
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ class HostDecoded final : public pipeline::RemoteCall {
   bool Answered() const override { return true; }
   bool DecodedHere() const override { return true; }
   uint32_t count() const override { return static_cast<uint32_t>(indices_.size()); }
-  std::span<const uint8_t> payload() const override { return {}; }
+  pipeline::AnswerView payload() const override { return {}; }
   void Accept(uint32_t) override {}
   void Reject(const absl::Status&) override {}
 

@@ -557,7 +557,15 @@ class FakeRemote::Call final : public RemoteCall {
   std::optional<absl::Status> Wait(std::chrono::milliseconds) override { return status; }
   bool Answered() const override { return polls_++ >= owner_.late_polls; }
   uint32_t count() const override { return count_; }
-  std::span<const uint8_t> payload() const override { return payload_; }
+  // In pieces of 997 bytes, as a feeder's answer comes in gRPC's slices: samples and int64s
+  // straddle them.
+  AnswerView payload() const override {
+    std::vector<std::span<const uint8_t>> pieces;
+    for (size_t at = 0; at < payload_.size(); at += 997) {
+      pieces.emplace_back(payload_.data() + at, std::min<size_t>(997, payload_.size() - at));
+    }
+    return AnswerView(std::move(pieces));
+  }
   void Accept(uint32_t used) override { owner_.accepted += used; }
   void Reject(const absl::Status&) override { ++owner_.rejected; }
 
@@ -984,6 +992,29 @@ TEST_CASE("BatchFiller: a batch that refills a failed sample's slot keeps the ca
   CHECK(remote.accepted == 6);
 }
 
+TEST_CASE("AnswerView: bytes read by offset across the pieces an answer came in",
+          "[pipeline][feeder]") {
+  std::vector<uint8_t> bytes(64);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i);
+  const std::span<const uint8_t> all(bytes);
+  // Pieces of 5, 0, 1, 20 and 38 bytes.
+  const AnswerView view({all.subspan(0, 5), all.subspan(5, 0), all.subspan(5, 1),
+                         all.subspan(6, 20), all.subspan(26)});
+  CHECK(view.size() == 64);
+  for (uint64_t offset = 0; offset < 64; ++offset) {
+    for (uint64_t n = 0; offset + n <= 64; n += 7) {
+      std::vector<uint8_t> out(n, 0xEE);
+      view.Copy(offset, out);
+      CHECK(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<long>(offset)));
+    }
+  }
+  int64_t expected = 0;
+  std::memcpy(&expected, bytes.data() + 3, 8);  // across three pieces, one of them empty
+  CHECK(view.Int64At(3) == expected);
+  CHECK(AnswerView(all).Int64At(56) == view.Int64At(56));
+  CHECK(AnswerView().size() == 0);
+}
+
 TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are left to the round, "
           "and a call two batches passed by is dropped",
           "[pipeline][feeder]") {
@@ -996,7 +1027,7 @@ TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are le
     }
     bool Answered() const override { return true; }
     uint32_t count() const override { return 0; }
-    std::span<const uint8_t> payload() const override { return {}; }
+    AnswerView payload() const override { return {}; }
     void Accept(uint32_t) override {}
     void Reject(const absl::Status&) override {}
 
