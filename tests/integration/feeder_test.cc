@@ -532,6 +532,39 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
   }
 }
 
+namespace {
+
+// `trainers` trainers (seeds 5, 6, ...) reading `options`' epochs at once: a line per sample,
+// its trainer, position, index, label and the XXH64 of its pixels; trainer by trainer.
+std::vector<std::string> ReadTrainers(const std::string& endpoint, int trainers,
+                                      const client::StreamOptions& options) {
+  std::vector<std::vector<std::string>> lines(static_cast<size_t>(trainers));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < trainers; ++t) {
+    threads.emplace_back([&, t] {
+      client::Client c(endpoint);
+      client::StreamOptions o = options;
+      o.seed = 5 + static_cast<uint64_t>(t);
+      auto stream = c.Open(o);
+      uint64_t position = 0;
+      while (std::optional<client::Batch> b = stream->Next()) {
+        for (uint32_t i = 0; i < b->size(); ++i, ++position) {
+          lines[static_cast<size_t>(t)].push_back(absl::StrFormat(
+              "%d %d %d %d %016x", t, position, b->indices().data<int64_t>()[i],
+              b->labels().data<int64_t>()[i],
+              XXH64(b->sample_image(i), b->sample_image_bytes(), 0)));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::string> all;
+  for (const std::vector<std::string>& one : lines) all.insert(all.end(), one.begin(), one.end());
+  return all;
+}
+
+}  // namespace
+
 TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each, rings of 462 "
           "MB), two trainers at once, all through a feeder: the same bytes as a host alone",
           "[feeder][tls][shape]") {
@@ -544,38 +577,13 @@ TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each
   DaemonFixture feeder(feeder_options);
   if (!feeder.Start()) FAIL(feeder.Log());
 
-  // Two trainers (seeds 5 and 6) reading one epoch at once: a line per sample, its trainer,
-  // position, index, label and the XXH64 of its float32 pixels.
-  const auto read = [](const std::string& endpoint) {
-    std::vector<std::string> lines[2];
-    std::thread trainers[2];
-    for (int t = 0; t < 2; ++t) {
-      trainers[t] = std::thread([&, t] {
-        client::Client c(endpoint);
-        client::StreamOptions o;
-        o.dataset = "synth";
-        o.batch_size = 256;
-        o.image_size = 224;
-        o.dtype = client::DType::kFloat32;
-        o.seed = 5 + t;
-        o.end_epoch = 1;
-        auto stream = c.Open(o);
-        uint64_t position = 0;
-        while (std::optional<client::Batch> b = stream->Next()) {
-          for (uint32_t i = 0; i < b->size(); ++i, ++position) {
-            lines[t].push_back(absl::StrFormat(
-                "%d %d %d %d %016x", t, position, b->indices().data<int64_t>()[i],
-                b->labels().data<int64_t>()[i],
-                XXH64(b->sample_image(i), b->sample_image_bytes(), 0)));
-          }
-        }
-      });
-    }
-    for (std::thread& t : trainers) t.join();
-    std::vector<std::string> all = lines[0];
-    all.insert(all.end(), lines[1].begin(), lines[1].end());
-    return all;
-  };
+  client::StreamOptions o;
+  o.dataset = "synth";
+  o.batch_size = 256;
+  o.image_size = 224;
+  o.dtype = client::DType::kFloat32;
+  o.end_epoch = 1;
+  const auto read = [&](const std::string& endpoint) { return ReadTrainers(endpoint, 2, o); };
   const std::vector<std::string> alone = read(feeder.endpoint());  // decoded locally
   REQUIRE(alone.size() == 2 * 512);
 
@@ -594,6 +602,41 @@ TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each
   REQUIRE(stats.feeders_size() == 1);
   // Most through the feeder (one busy with the other trainer's answers may send some back here).
   CHECK(stats.feeders(0).samples() >= 512);
+}
+
+TEST_CASE("eight trainers on one host sharing a feeder, half their rounds leased: each reads the "
+          "bytes of a host alone, and the feeder decodes a part of every stream's epoch",
+          "[feeder][tls][shape]") {
+  TestPki pki;
+  IssueFeederAndHost(pki);
+  const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  DaemonFixtureOptions feeder_options = FeederOptions(pki, feeder_address);
+  feeder_options.images = 256;
+  DaemonFixture feeder(feeder_options);
+  if (!feeder.Start()) FAIL(feeder.Log());
+  client::StreamOptions o;
+  o.dataset = "synth";
+  o.batch_size = 32;
+  o.image_size = 64;
+  o.end_epoch = 2;
+  constexpr int kTrainers = 8;
+  const std::vector<std::string> alone = ReadTrainers(feeder.endpoint(), kTrainers, o);
+  REQUIRE(alone.size() == kTrainers * 2 * 256);
+
+  DaemonFixtureOptions host_options;
+  host_options.images = 4;
+  host_options.server_extra = "max_streams = 16\nfeeder_lease_ms = 60000";
+  host_options.config_extra =
+      pki.TlsTable("host") + "[[feeders]]\naddress = \"" + feeder_address + "\"\n";
+  DaemonFixture host(host_options);
+  UseFilesOf(host, feeder.dataset_root());
+  if (!host.Start()) FAIL(host.Log());
+  INFO(host.Log());
+  CHECK(ReadTrainers(host.endpoint(), kTrainers, o) == alone);
+  const v1::GetStatsResponse stats = Stats(host.endpoint());
+  REQUIRE(stats.feeders_size() == 1);
+  CHECK(stats.feeders(0).samples() > 0);
+  CHECK(stats.feeders(0).samples() < kTrainers * 2 * 256);  // this host decoded the rest
 }
 
 }  // namespace ringloader::testing
