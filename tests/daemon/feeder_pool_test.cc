@@ -5,6 +5,11 @@
 
 #include "server/daemon/feeder_pool.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -20,7 +25,9 @@ namespace {
 using std::chrono::milliseconds;
 
 struct Rig {
-  explicit Rig(bool local_decode) {
+  // `feeder`: its one feeder's address; `lease_ms`: server.feeder_lease_ms.
+  explicit Rig(bool local_decode, const std::string& feeder = "127.0.0.1:9",
+               uint32_t lease_ms = 5'000) {
     std::filesystem::create_directories(dir.Join("a"));
     testing::WriteFile(dir.Join("a/0.jpg"), "not decoded here");
     pipeline::DatasetSpec spec;
@@ -31,7 +38,8 @@ struct Rig {
     dataset = *std::move(opened);
     config.server.local_decode = local_decode;
     config.server.insecure_tcp = true;
-    config.feeders.push_back({"127.0.0.1:9"});  // an IP: present from the start
+    config.server.feeder_lease_ms = lease_ms;
+    config.feeders.push_back({feeder});  // an IP: present from the start
     auto started = FeederPool::Start(config, budget);
     REQUIRE(started.ok());
     pool = *std::move(started);
@@ -124,6 +132,40 @@ TEST_CASE("FeederPool: a dataset's streams together steer its fraction as fast a
   streams.clear();
   rig.view->RoundEnded(64, 16, milliseconds(0));
   CHECK(rig.view->Share(1000) == 535);  // 0.51 + 0.025
+}
+
+TEST_CASE("FeederPool: a call past its lease reads as answered (the filler stops decoding ahead "
+          "for it), and Wait gives it up at once",
+          "[feeder]") {
+  // A feeder that takes the connection and never says a word (not even HTTP/2's preface).
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(::listen(listener, 8) == 0);
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const std::string silent = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  {
+    Rig rig(/*local_decode=*/true, silent, /*lease_ms=*/2'000);
+    rig.view->LocalDone(1000, std::chrono::seconds(1));
+    const uint64_t index = 0;
+    std::vector<std::unique_ptr<pipeline::RemoteCall>> calls =
+        rig.view->Start(0, std::span<const uint64_t>(&index, 1));
+    REQUIRE(calls.size() == 1);
+    CHECK_FALSE(calls[0]->Answered());  // within its lease, nothing came
+    CHECK(testing::WaitFor([&] { return calls[0]->Answered(); }, std::chrono::seconds(30)));
+    const auto asked = std::chrono::steady_clock::now();
+    const std::optional<absl::Status> status = calls[0]->Wait(std::chrono::seconds(10));
+    REQUIRE(status);
+    CHECK(status->code() == absl::StatusCode::kDeadlineExceeded);
+    // Given up at its lease, not when the RPC's own deadline (a second later) ended it.
+    CHECK_THAT(std::string(status->message()), Catch::Contains("server.feeder_lease_ms"));
+    CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(5));  // not waited out
+  }
+  ::close(listener);
 }
 
 TEST_CASE("FeederPool: with local_decode = false every round is leased whole, whatever it waited",
