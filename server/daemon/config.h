@@ -78,8 +78,8 @@ struct FailpointConfig {
   // Independent of `action`.
   uint32_t open_delay_ms = 0;
   // A feeder (server.feeder_listen) lies in every answer: "checksum" (a payload byte flipped after
-  // its XXH64), "index" (its first sample's index is one not asked for), "label" (its first
-  // sample's label is off by one, under a right XXH64), "short" (a payload one byte shorter than
+  // its checksum), "index" (its first sample's index is one not asked for), "label" (its first
+  // sample's label is off by one, under a right checksum), "short" (a payload one byte shorter than
   // its header says), "slow" (each answer waits 3 s first). "" = honest.
   // Independent of `action`: the host must catch each and decode those samples itself.
   std::string feed_lie;

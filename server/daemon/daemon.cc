@@ -806,6 +806,17 @@ absl::Status StartUp(DaemonState& d) {
         &feeder_port);
     feeder_builder.RegisterService(d.feeder_service.get());
     feeder_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as the main listen's
+    // An answer's frames are slices of its buffer (feed_frames.h): a connection that stopped
+    // draining holds them, and the buffer's memory, until it is closed. gRPC keeps a server's
+    // connection 2 h by default; pings close one whose host is gone within half a minute.
+    feeder_builder.AddChannelArgument(
+        GRPC_ARG_KEEPALIVE_TIME_MS,
+        static_cast<int>(std::chrono::milliseconds(kFeedKeepalive).count()));
+    feeder_builder.AddChannelArgument(
+        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        static_cast<int>(std::chrono::milliseconds(kFeedKeepaliveTimeout).count()));
+    feeder_builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    feeder_builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     feeder_builder.SetMaxReceiveMessageSize(1 << 20);
     d.feeder_server = feeder_builder.BuildAndStart();
     if (!d.feeder_server || feeder_port == 0) {

@@ -90,8 +90,9 @@ class FeederService::NoStrikes final : public pipeline::SampleObserver {
 
 // The feeds' answer buffers, within a quarter of memory_limit. An answer is let go when the last
 // of its holders does: the handler, or a slice of it gRPC has not sent yet (PayloadFrame), which
-// may be after the handler returned. So this lives as long as any answer does, not the service.
-class FeederService::Answers final : public std::enable_shared_from_this<Answers> {
+// may be after the handler returned. The service waits for them at its end; answers still held
+// then are left be (Orphan), and this with them.
+class FeederService::Answers final {
  public:
   Answers(MemoryBudget& budget, uint64_t share)
       : share_(share), spares_(budget, kSpareAnswers, kLargestSpareAnswer) {}
@@ -115,12 +116,15 @@ class FeederService::Answers final : public std::enable_shared_from_this<Answers
       LetGo(bytes);
       return buffer.status();
     }
-    std::shared_ptr<Answers> self = shared_from_this();
+    Answers* self = this;  // lives until every answer is let go, or for ever (Orphan)
     return std::shared_ptr<SpareBuffers::Buffer>(
         new SpareBuffers::Buffer(*std::move(buffer)), [self, bytes](SpareBuffers::Buffer* b) {
+          // Orphaned: the daemon is ending, and its budget may be gone before this buffer's
+          // reservation would be given back to it. Left to the process's end.
+          if (self->orphaned_.load()) return;
           self->spares_.Give(std::move(*b));
           delete b;
-          self->LetGo(bytes);
+          self->LetGo(bytes);  // the last touch of `self`
         });
   }
 
@@ -129,6 +133,8 @@ class FeederService::Answers final : public std::enable_shared_from_this<Answers
     std::unique_lock<std::mutex> lock(mu_);
     return drained_.wait_for(lock, most, [this] { return out_ == 0; });
   }
+  // Answers let go from now on are left be, and so must this be (never destroyed).
+  void Orphan() { orphaned_.store(true); }
 
  private:
   void LetGo(uint64_t bytes) {
@@ -143,6 +149,7 @@ class FeederService::Answers final : public std::enable_shared_from_this<Answers
   std::condition_variable drained_;
   uint64_t held_bytes_ = 0;  // by answers not let go yet, under mu_
   int out_ = 0;              // answers not let go yet, under mu_
+  std::atomic<bool> orphaned_{false};
 };
 
 std::string LabelSource(const pipeline::Dataset& dataset) {
@@ -167,7 +174,7 @@ FeederService::FeederService(const ServerConfig& config, const DatasetRegistry& 
                              pipeline::BatchFiller& filler, MemoryBudget& budget,
                              pipeline::SampleObserver* observer, std::string lie)
     : config_(config), datasets_(datasets), filler_(filler),
-      answers_(std::make_shared<Answers>(budget, config.memory_limit_bytes / 4)),
+      answers_(std::make_unique<Answers>(budget, config.memory_limit_bytes / 4)),
       observer_(observer != nullptr ? std::make_unique<NoStrikes>(*observer) : nullptr),
       lie_(std::move(lie)) {
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -184,7 +191,10 @@ FeederService::~FeederService() {
   // The server is shut down: gRPC lets go of the answers it was sending as it closes their
   // connections. Their buffers hold memory_limit reservations, so the budget must see them go.
   if (!answers_->Drained(std::chrono::seconds(5))) {
-    SPDLOG_WARN("feeder: gRPC still holds answers 5 s after the feeder service stopped");
+    SPDLOG_WARN("feeder: gRPC still holds answers 5 s after the feeder service stopped: left to "
+                "the process's end");
+    answers_->Orphan();
+    (void)answers_.release();  // on purpose: gRPC's threads may still let go of its answers
   }
 }
 

@@ -41,11 +41,17 @@ inline constexpr int kMaxFeedSamples = 256;
 inline constexpr size_t kFeedFrameBytes = 1 << 20;
 // Feeds at once from one host (its address): more are RESOURCE_EXHAUSTED, decoded elsewhere.
 inline constexpr int kMaxFeedsPerHost = 4;
-// Answer buffers kept for the next feeds or calls (SpareBuffers, on each end), and the largest.
+// Answer buffers kept for the next feeds (SpareBuffers), and the largest.
 inline constexpr size_t kSpareAnswers = 2;
 inline constexpr uint64_t kLargestSpareAnswer = 32 << 20;
-// A host that does not take its answer within this long is cut off (its memory given back).
+// A host that does not take its answer within this long is cut off. The frames gRPC holds still
+// (queued on a connection that does not drain) hold the answer, within the feeds' share, until
+// the connection goes: keepalive pings (kFeedKeepalive, kFeedKeepaliveTimeout) close an idle
+// one whose host is gone. Not verified: one whose write is stuck behind a zero window (its host
+// stopped, its kernel still answering) may keep them until the host resumes or the feeder stops.
 inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
+inline constexpr std::chrono::seconds kFeedKeepalive{20};
+inline constexpr std::chrono::seconds kFeedKeepaliveTimeout{10};
 
 // Where `dataset`'s labels come from, as host and feeder compare it (FeedRequest.label_source):
 // its format and the keys that pick its labels, e.g. "tfrecord feature image/class/label offset
@@ -55,7 +61,8 @@ std::string LabelSource(const pipeline::Dataset& dataset);
 // Registered raw (feed_frames.h): its answers are written as byte buffers.
 class FeederService final : public grpc::Service {
  public:
-  // All outlive the service. `observer` may be null.
+  // All outlive the service; `budget` also outlives the answers gRPC may still hold after it
+  // (the service waits 5 s for them, then leaves them be). `observer` may be null.
   // `lie`: FailpointConfig::feed_lie (tests of the host's checks); empty = honest.
   FeederService(const ServerConfig& config, const DatasetRegistry& datasets,
                 pipeline::BatchFiller& filler, MemoryBudget& budget,
@@ -81,7 +88,7 @@ class FeederService final : public grpc::Service {
   const DatasetRegistry& datasets_;
   pipeline::BatchFiller& filler_;
   // The answers' buffers and what they hold; shared with the gRPC slices that send them.
-  const std::shared_ptr<Answers> answers_;
+  std::unique_ptr<Answers> answers_;
   std::unique_ptr<NoStrikes> observer_;  // null without one
   const std::string lie_;
   std::mutex mu_;

@@ -345,7 +345,7 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   const auto leasable = [&](uint64_t index) { return Leasable(request, observer, index); };
   // The calls started ahead for this round's samples come first, and those decoded here ahead.
   std::vector<std::unique_ptr<RemoteCall>> calls =
-      request.remote->Claim(request.epoch, round, /*batch_begins=*/batch.first_slot == 0);
+      request.remote->Claim(request.epoch, round, /*batch_begins=*/batch.pos == request.cursor);
   uint64_t claimed = 0;  // of the share: samples calls started ahead hold
   for (const auto& call : calls) {
     for (uint64_t index : call->indices()) {
