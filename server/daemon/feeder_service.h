@@ -46,9 +46,10 @@ inline constexpr size_t kSpareAnswers = 2;
 inline constexpr uint64_t kLargestSpareAnswer = 32 << 20;
 // A host that does not take its answer within this long is cut off. The frames gRPC holds still
 // (queued on a connection that does not drain) hold the answer, within the feeds' share, until
-// the connection goes: keepalive pings (kFeedKeepalive, kFeedKeepaliveTimeout) close an idle
-// one whose host is gone. Not verified: one whose write is stuck behind a zero window (its host
-// stopped, its kernel still answering) may keep them until the host resumes or the feeder stops.
+// the connection goes: keepalive pings (kFeedKeepalive, kFeedKeepaliveTimeout, as gRPC spaces
+// them) close one whose host is gone. Not verified: one whose write is stuck behind a zero window
+// (its host stopped, its kernel still answering) may keep them until the host resumes or the
+// feeder stops.
 inline constexpr std::chrono::seconds kFeedWriteTimeout{30};
 inline constexpr std::chrono::seconds kFeedKeepalive{20};
 inline constexpr std::chrono::seconds kFeedKeepaliveTimeout{10};
