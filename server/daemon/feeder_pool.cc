@@ -158,7 +158,9 @@ class FeederPool::Call final : public pipeline::RemoteCall {
   pipeline::AnswerView payload() const override {
     std::vector<std::span<const uint8_t>> pieces;
     pieces.reserve(state_->pieces.size());
-    for (const grpc::Slice& piece : state_->pieces) pieces.emplace_back(piece.begin(), piece.size());
+    for (const grpc::Slice& piece : state_->pieces) {
+      pieces.emplace_back(piece.begin(), piece.size());
+    }
     return pipeline::AnswerView(std::move(pieces));
   }
   void Accept(uint32_t used) override {
@@ -524,8 +526,9 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
       const uint64_t bytes =
           pipeline::ComputeBatchLayout(static_cast<uint32_t>(n), view.transform, &view.dataset)
               .total_bytes;
-      absl::StatusOr<Reservation> held = budget_.Reserve(
-          bytes, absl::StrCat("a feeder's answer of ", n, " samples"), std::chrono::milliseconds(0));
+      absl::StatusOr<Reservation> held =
+          budget_.Reserve(bytes, absl::StrCat("a feeder's answer of ", n, " samples"),
+                          std::chrono::milliseconds(0));
       if (!held.ok()) break;  // memory is short: these are decoded here
       auto state = std::make_shared<CallState>();
       state->stub = feeder->stub;

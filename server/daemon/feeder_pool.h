@@ -8,8 +8,8 @@
 // proportion to how fast each has delivered, and against this host's own decode threads (their
 // measured rate) unless server.local_decode = false. Each call runs on a thread of its own,
 // keeping the slices its answer came in under a reservation of memory_limit (at once or not at
-// all), and is checked (size, checksum) before the filler copies anything out of it. A feeder that fails a call, or does not answer within
-// server.feeder_lease_ms, is given no more for a pause that doubles with each failure in a row
+// all), and is checked (size, checksum) before the filler copies anything out of it. A feeder
+// that fails a call, or does not answer within server.feeder_lease_ms, is given no more for a pause that doubles with each failure in a row
 // (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
 // or rules are not this host's) is given none of that dataset's samples for 10 minutes, and says
 // why in stats. A name with several addresses is each of them, resolved again every 30 s; an
@@ -34,7 +34,6 @@
 #include "proto/ringloader.grpc.pb.h"
 #include "server/daemon/config.h"
 #include "server/daemon/memory_budget.h"
-#include "server/daemon/spare_buffers.h"
 #include "server/pipeline/dataset.h"
 #include "server/pipeline/remote_decode.h"
 

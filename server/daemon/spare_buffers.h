@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Feed answers' buffers kept for the next call, on both ends of a feed (the feeder fills one,
-// the host receives into one). A buffer of megabytes allocated anew for every call is mapped,
+// A feeder's answer buffers kept for its next feeds (the host reads answers in the slices they
+// came in, and keeps none). A buffer of megabytes allocated anew for every call is mapped,
 // faulted in page by page and unmapped each time: 3% of a feeder's core in feeder_bench. A spare
 // keeps its memory_limit reservation, so what it holds stays counted; a few small ones are kept
 // at most, and none while anything waits for memory.

@@ -285,6 +285,8 @@ struct HostOptions {
   std::string cert = "host";
   bool local_decode = true;
   uint32_t lease_ms = 1500;
+  std::string server_extra{};  // more of [server]
+  std::string memory_limit{};  // empty: the fixture's
 };
 
 std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const HostOptions& h,
@@ -292,8 +294,10 @@ std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const HostOptions& h
   DaemonFixtureOptions options;
   options.images = 48;
   options.dataset_seed = dataset_seed;
-  options.server_extra = absl::StrFormat("local_decode = %s\nfeeder_lease_ms = %d",
-                                         h.local_decode ? "true" : "false", h.lease_ms);
+  options.server_extra = absl::StrFormat("local_decode = %s\nfeeder_lease_ms = %d\n%s",
+                                         h.local_decode ? "true" : "false", h.lease_ms,
+                                         h.server_extra);
+  if (!h.memory_limit.empty()) options.memory_limit = h.memory_limit;
   options.config_extra =
       pki.TlsTable(h.cert) + "[[feeders]]\naddress = \"" + h.feeder + "\"\n";
   auto host = std::make_unique<DaemonFixture>(options);
@@ -587,18 +591,14 @@ TEST_CASE("at the shape users run: float32 batches of 256 at 224 px (154 MB each
   const std::vector<std::string> alone = read(feeder.endpoint());  // decoded locally
   REQUIRE(alone.size() == 2 * 512);
 
-  DaemonFixtureOptions host_options;
-  host_options.images = 4;
-  host_options.memory_limit = "3GiB";  // two rings of 462 MB, and the answers in flight
-  host_options.server_extra = "local_decode = false\nfeeder_lease_ms = 60000";
-  host_options.config_extra =
-      pki.TlsTable("host") + "[[feeders]]\naddress = \"" + feeder_address + "\"\n";
-  DaemonFixture host(host_options);
-  UseFilesOf(host, feeder.dataset_root());
-  if (!host.Start()) FAIL(host.Log());
-  INFO(host.Log());
-  CHECK(read(host.endpoint()) == alone);
-  const v1::GetStatsResponse stats = Stats(host.endpoint());
+  // Rings of 462 MB, two of them, and the answers in flight: 3 GiB.
+  const std::unique_ptr<DaemonFixture> host =
+      MakeHost(pki, {.dataset_root = feeder.dataset_root(), .feeder = feeder_address,
+                     .local_decode = false, .lease_ms = 60'000, .memory_limit = "3GiB"});
+  if (!host->Start()) FAIL(host->Log());
+  INFO(host->Log());
+  CHECK(read(host->endpoint()) == alone);
+  const v1::GetStatsResponse stats = Stats(host->endpoint());
   REQUIRE(stats.feeders_size() == 1);
   // Most through the feeder (one busy with the other trainer's answers may send some back here).
   CHECK(stats.feeders(0).samples() >= 512);
@@ -623,17 +623,13 @@ TEST_CASE("eight trainers on one host sharing a feeder, half their rounds leased
   const std::vector<std::string> alone = ReadTrainers(feeder.endpoint(), kTrainers, o);
   REQUIRE(alone.size() == kTrainers * 2 * 256);
 
-  DaemonFixtureOptions host_options;
-  host_options.images = 4;
-  host_options.server_extra = "max_streams = 16\nfeeder_lease_ms = 60000";
-  host_options.config_extra =
-      pki.TlsTable("host") + "[[feeders]]\naddress = \"" + feeder_address + "\"\n";
-  DaemonFixture host(host_options);
-  UseFilesOf(host, feeder.dataset_root());
-  if (!host.Start()) FAIL(host.Log());
-  INFO(host.Log());
-  CHECK(ReadTrainers(host.endpoint(), kTrainers, o) == alone);
-  const v1::GetStatsResponse stats = Stats(host.endpoint());
+  const std::unique_ptr<DaemonFixture> host =
+      MakeHost(pki, {.dataset_root = feeder.dataset_root(), .feeder = feeder_address,
+                     .lease_ms = 60'000, .server_extra = "max_streams = 16"});
+  if (!host->Start()) FAIL(host->Log());
+  INFO(host->Log());
+  CHECK(ReadTrainers(host->endpoint(), kTrainers, o) == alone);
+  const v1::GetStatsResponse stats = Stats(host->endpoint());
   REQUIRE(stats.feeders_size() == 1);
   CHECK(stats.feeders(0).samples() > 0);
   CHECK(stats.feeders(0).samples() < kTrainers * 2 * 256);  // this host decoded the rest
