@@ -18,7 +18,13 @@ namespace ringloader::pipeline {
 namespace {
 
 // How many rounds ahead a stream leases samples to its feeders (RemoteDecode::Ahead).
-constexpr int kAheadRounds = 2;
+constexpr int kLeaseAheadRounds = 2;
+// How many rounds ahead this host decodes while a round's calls are late (DecodeAhead): past the
+// rounds leased ahead, only their heads (their tails are for the feeders, leased in turn). With
+// the leased rounds alone, a feeder late by more than their heads idled this host: in
+// feeder_bench a wait of 40-75 ms about once an epoch, 3-7% of its core.
+constexpr int kDecodeAheadRounds = kMostRoundsAhead;
+static_assert(kLeaseAheadRounds <= kDecodeAheadRounds);
 
 uint64_t AlignUp(uint64_t v) { return (v + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }
 
@@ -377,15 +383,15 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
     for (uint64_t index : call->indices()) leased[position_of.at(index)] = true;
     calls.push_back(std::move(call));
   }
-  // And ahead: the next kAheadRounds rounds' tails, the same share of each, into the next epoch
-  // (its shard as the read-ahead builds it). Two rounds: the other side always has the next
+  // And ahead: the next kLeaseAheadRounds rounds' tails, the same share of each, into the next
+  // epoch (its shard as the read-ahead builds it). Two rounds: the other side always has the next
   // call queued when it ends one (with one, it idled from its answer until the next round began,
   // a fifth of its time, and every epoch's first round waited for a lease of its own).
   if (share > 0) {
     const uint64_t round_size = request.batch_size;
     const uint64_t tail =
         batch.k == round_size ? share : std::min(request.remote->Share(round_size), round_size);
-    for (const RoundAhead& next : NextRounds(batch, round_size, kAheadRounds)) {
+    for (const RoundAhead& next : NextRounds(batch, round_size, kLeaseAheadRounds)) {
       if (tail == 0) break;
       std::set<uint64_t> ahead_seen;
       std::vector<uint64_t> ahead;
@@ -449,7 +455,7 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
   // Without read-ahead each sample would be read on a decode thread: not ahead of its round.
   if (request.read_ahead == nullptr || !late()) return absl::OkStatus();
   // What is left to decode of the next rounds, their heads first (their tails are the calls
-  // started ahead): each (epoch, index) once, none of this round's.
+  // started ahead, or will be): each (epoch, index) once, none of this round's.
   struct Todo {
     uint64_t epoch, pos, index;
     size_t round;  // of NextRounds: a few holds one round's samples (its round claims it whole)
@@ -458,12 +464,18 @@ absl::Status BatchFiller::DecodeAhead(Assembly& batch,
   std::set<uint64_t> in_round;
   for (uint64_t i = 0; i < batch.k; ++i) in_round.insert(batch.shard.at(batch.pos + i));
   std::set<std::pair<uint64_t, uint64_t>> seen;
-  const std::vector<RoundAhead> rounds = NextRounds(batch, request.batch_size, kAheadRounds);
+  const std::vector<RoundAhead> rounds =
+      NextRounds(batch, request.batch_size, kDecodeAheadRounds);
+  // A round past those leased ahead keeps its tail, the share a feeder will be leased.
+  const uint64_t tail = request.remote->Share(request.batch_size);
   for (size_t r = 0; r < rounds.size(); ++r) {
     const RoundAhead& next = rounds[r];
     const std::vector<uint64_t> unheld = request.remote->Unheld(next.epoch, next.indices);
     const std::set<uint64_t> free(unheld.begin(), unheld.end());
-    for (size_t j = 0; j < next.indices.size(); ++j) {
+    const size_t head = r < kLeaseAheadRounds
+                            ? next.indices.size()
+                            : next.indices.size() - std::min<size_t>(tail, next.indices.size());
+    for (size_t j = 0; j < head; ++j) {
       const uint64_t index = next.indices[j];
       if (index >= batch.dataset.size() || free.count(index) == 0 ||
           !seen.emplace(next.epoch, index).second ||
