@@ -446,7 +446,8 @@ Check InputBound(const v1::GetStatsResponse& stats, const v1::StreamStats& st) {
                               "smaller image_size or lighter augmentation",
                               stats.decode_threads(), cores)
             : "the host's cores are all decoding: a smaller image_size or lighter augmentation, "
-              "fewer streams on this host, or feeders (remote decode) when they exist");
+              "fewer streams on this host, or feeders ([[feeders]]: the README's \"More decode "
+              "than one host has\")");
   }
   if (top == &parts[0]) {
     return Problem(

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -95,13 +96,71 @@ std::optional<std::string> DirUnder(const Mount& mount, const std::string& path)
   return std::nullopt;
 }
 
-bool HasMemoryController(const std::string& mount_point) {
+bool HasController(const std::string& mount_point, absl::string_view controller) {
   const std::optional<std::string> controllers = ReadText(mount_point + "/cgroup.controllers");
   if (!controllers) return false;
   for (absl::string_view c : absl::StrSplit(*controllers, absl::ByAnyChar(" \n"))) {
-    if (c == "memory") return true;
+    if (c == controller) return true;
   }
   return false;
+}
+
+// The process's cgroup in the hierarchy that has `controller`: the v2 one when its hierarchy has
+// it, else the v1 hierarchy whose mount names it.
+std::optional<MemoryCgroup> ControllerCgroupFrom(const std::string& proc_cgroup,
+                                                 const std::string& mountinfo,
+                                                 absl::string_view controller) {
+  const std::vector<Mount> mounts = CgroupMounts(mountinfo);
+  std::optional<MemoryCgroup> v1;
+  for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n')) {
+    // "hierarchy-id:controllers:path"; v2's is "0::path".
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    const std::string path(f[2]);
+    const bool unified = f[0] == "0" && f[1].empty();
+    bool named = false;
+    for (absl::string_view c : absl::StrSplit(f[1], ',')) named = named || c == controller;
+    if (!unified && !named) continue;
+    for (const Mount& m : mounts) {
+      const bool fits =
+          unified ? m.fstype == "cgroup2"
+                  : m.fstype == "cgroup" && absl::StrContains("," + m.super_options + ",",
+                                                              absl::StrCat(",", controller, ","));
+      if (!fits) continue;
+      const std::optional<std::string> dir = DirUnder(m, path);
+      if (!dir) continue;
+      if (unified) {
+        if (!HasController(m.mount_point, controller)) break;  // v2 without it: v1 has it
+        return MemoryCgroup{2, *dir, m.mount_point};
+      }
+      if (!v1) v1 = MemoryCgroup{1, *dir, m.mount_point};
+      break;
+    }
+  }
+  return v1;
+}
+
+// A cgroup's own CPU quota in cores; nullopt for none, or a file unreadable or junk.
+std::optional<double> CoresAt(const fs::path& dir, int version) {
+  int64_t quota = 0, period = 0;
+  if (version == 2) {
+    const std::optional<std::string> text = ReadText((dir / "cpu.max").string());
+    if (!text) return std::nullopt;
+    std::vector<absl::string_view> f =
+        absl::StrSplit(absl::StripAsciiWhitespace(*text), ' ', absl::SkipEmpty());
+    if (f.size() != 2 || !absl::SimpleAtoi(f[0], &quota) || !absl::SimpleAtoi(f[1], &period)) {
+      return std::nullopt;  // "max PERIOD": none
+    }
+  } else {
+    const std::optional<std::string> q = ReadText((dir / "cpu.cfs_quota_us").string());
+    const std::optional<std::string> p = ReadText((dir / "cpu.cfs_period_us").string());
+    if (!q || !p || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*q), &quota) ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(*p), &period)) {
+      return std::nullopt;
+    }
+  }
+  if (quota <= 0 || period <= 0) return std::nullopt;  // v1's -1: none
+  return static_cast<double>(quota) / static_cast<double>(period);
 }
 
 }  // namespace
@@ -144,33 +203,7 @@ MemoryCgroup MemoryCgroup::AtDirectory(const std::string& dir) {
 
 std::optional<MemoryCgroup> MemoryCgroupFrom(const std::string& proc_cgroup,
                                              const std::string& mountinfo) {
-  const std::vector<Mount> mounts = CgroupMounts(mountinfo);
-  std::optional<MemoryCgroup> v1;
-  for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n')) {
-    // "hierarchy-id:controllers:path"; v2's is "0::path".
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (f.size() != 3) continue;
-    const std::string path(f[2]);
-    const bool unified = f[0] == "0" && f[1].empty();
-    bool memory = false;
-    for (absl::string_view c : absl::StrSplit(f[1], ',')) memory = memory || c == "memory";
-    if (!unified && !memory) continue;
-    for (const Mount& m : mounts) {
-      const bool fits = unified ? m.fstype == "cgroup2"
-                                : m.fstype == "cgroup" &&
-                                      absl::StrContains("," + m.super_options + ",", ",memory,");
-      if (!fits) continue;
-      const std::optional<std::string> dir = DirUnder(m, path);
-      if (!dir) continue;
-      if (unified) {
-        if (!HasMemoryController(m.mount_point)) break;  // v2 without memory: v1 has it
-        return MemoryCgroup{2, *dir, m.mount_point};
-      }
-      if (!v1) v1 = MemoryCgroup{1, *dir, m.mount_point};
-      break;
-    }
-  }
-  return v1;
+  return ControllerCgroupFrom(proc_cgroup, mountinfo, "memory");
 }
 
 std::optional<MemoryCgroup> MemoryCgroupOf(const std::string& pid) {
@@ -178,6 +211,31 @@ std::optional<MemoryCgroup> MemoryCgroupOf(const std::string& pid) {
   const std::optional<std::string> mountinfo = ReadText("/proc/" + pid + "/mountinfo");
   if (!cgroup || !mountinfo) return std::nullopt;
   return MemoryCgroupFrom(*cgroup, *mountinfo);
+}
+
+std::optional<CpuQuota> CpuQuotaFrom(const std::string& proc_cgroup,
+                                     const std::string& mountinfo) {
+  const std::optional<MemoryCgroup> c = ControllerCgroupFrom(proc_cgroup, mountinfo, "cpu");
+  if (!c) return std::nullopt;
+  std::optional<CpuQuota> tightest;
+  fs::path at = c->dir;
+  for (int depth = 0; depth < 64; ++depth) {
+    if (std::optional<double> cores = CoresAt(at, c->version);
+        cores && (!tightest || *cores < tightest->cores)) {
+      const char* file = c->version == 2 ? "cpu.max" : "cpu.cfs_quota_us";
+      tightest = CpuQuota{*cores, (at / file).string()};
+    }
+    if (at.string() == c->mount || at == at.root_path() || !at.has_parent_path()) break;
+    at = at.parent_path();
+  }
+  return tightest;
+}
+
+std::optional<CpuQuota> CpuQuotaOf(const std::string& pid) {
+  const std::optional<std::string> cgroup = ReadText("/proc/" + pid + "/cgroup");
+  const std::optional<std::string> mountinfo = ReadText("/proc/" + pid + "/mountinfo");
+  if (!cgroup || !mountinfo) return std::nullopt;
+  return CpuQuotaFrom(*cgroup, *mountinfo);
 }
 
 }  // namespace ringloader::base

@@ -46,4 +46,15 @@ std::optional<MemoryCgroup> MemoryCgroupFrom(const std::string& proc_cgroup,
 // Of process `pid` ("self" or a number), read from /proc.
 std::optional<MemoryCgroup> MemoryCgroupOf(const std::string& pid = "self");
 
+// The CPUs a process's cgroup lets it use, in cores (a container's --cpus, Kubernetes' CPU limit,
+// systemd's CPUQuota=): the tightest of its cgroup and its ancestors up to the mount, v2 cpu.max
+// ("QUOTA PERIOD", "max" for none), v1 cpu.cfs_quota_us over cpu.cfs_period_us (-1 for none).
+// Found as MemoryCgroupFrom finds the memory cgroup, by the cpu controller. nullopt: no quota.
+struct CpuQuota {
+  double cores = 0;
+  std::string path;  // the file that sets it
+};
+std::optional<CpuQuota> CpuQuotaFrom(const std::string& proc_cgroup, const std::string& mountinfo);
+std::optional<CpuQuota> CpuQuotaOf(const std::string& pid = "self");
+
 }  // namespace ringloader::base

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/memory_cgroup.h"
@@ -251,6 +252,77 @@ TEST_CASE("38.3: a WebDataset shard with 50,000 empty members among 4 good, memo
   CHECK(rss_after_run[2] < rss_after_run[0] + (8u << 20));
   supervisor.Kill(SIGTERM);
   CHECK(supervisor.WaitExitCode(std::chrono::seconds(30)) == 0);
+}
+
+// decode_threads = 0 meant std::thread::hardware_concurrency(): the machine's cores, not the
+// daemon's. Pinned to one core (taskset, CPUAffinity=, a cpuset) or held to one core's time by a
+// CPU quota (a container's --cpus, a Kubernetes limit), it ran a decode thread per machine core,
+// all taking turns on one.
+TEST_CASE("decode_threads = 0 counts the cores the daemon may use: all of them alone, 1 under "
+          "taskset -c 0, 1 in a cgroup with a CPU quota of one core",
+          "[integration][limits]") {
+  const unsigned machine = std::thread::hardware_concurrency();
+  if (machine < 2) RINGLOADER_SKIP("one core here: nothing to tell apart");
+  DaemonFixtureOptions options;
+  options.decode_threads = 0;
+  const auto threads_of = [](DaemonFixture& daemon) {
+    REQUIRE(daemon.Start());
+    const uint32_t threads = Stats(daemon.endpoint()).decode_threads();
+    client::Client c(daemon.endpoint());
+    CHECK(Lines(*c.Open(Options("synth", 1))).size() == 120);  // and it decodes with them
+    return threads;
+  };
+  SECTION("alone") {
+    DaemonFixture daemon(options);
+    CHECK(threads_of(daemon) == machine);
+    CHECK_THAT(daemon.Log(), Catch::Contains(absl::StrCat("decode_threads = 0: ", machine,
+                                                          " decode threads, as this process may "
+                                                          "use ", machine, " cores here")));
+    CHECK(daemon.Stop() == 0);
+  }
+  SECTION("taskset -c 0") {
+    if (::access("/usr/bin/taskset", X_OK) != 0) RINGLOADER_SKIP("no /usr/bin/taskset");
+    options.command_prefix = {"/usr/bin/taskset", "-c", "0"};
+    DaemonFixture daemon(options);
+    CHECK(threads_of(daemon) == 1);
+    CHECK_THAT(daemon.Log(), Catch::Contains(absl::StrCat("1 decode threads, as this process may "
+                                                          "use 1 of ", machine,
+                                                          " cores in its CPU affinity")));
+    CHECK(daemon.Stop() == 0);
+  }
+  SECTION("a cgroup (v1) with a CPU quota of one core") {
+    // A child of this process's own cpu cgroup, as a container's or a unit's.
+    const std::string self = ReadFile("/proc/self/cgroup");
+    size_t at = self.find(":cpu,cpuacct:");
+    size_t skip = 13;
+    if (at == std::string::npos) {
+      at = self.find(":cpu:");
+      skip = 5;
+    }
+    if (at == std::string::npos) RINGLOADER_SKIP("no cgroup v1 cpu hierarchy here");
+    std::string root = "/sys/fs/cgroup/cpu,cpuacct";
+    if (!std::filesystem::exists(root)) root = "/sys/fs/cgroup/cpu";
+    std::string own = self.substr(at + skip, self.find('\n', at) - at - skip);
+    if (own == "/") own.clear();
+    const std::string dir = root + own + "/rl-test-cpu-" + std::to_string(::getpid());
+    std::error_code ec;
+    if (!std::filesystem::create_directory(dir, ec) || ec) {
+      RINGLOADER_SKIP("cannot make a cpu cgroup (not root?): " + dir);
+    }
+    WriteFile(dir + "/cpu.cfs_period_us", "100000");
+    WriteFile(dir + "/cpu.cfs_quota_us", "100000");
+    options.command_prefix = {"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"",
+                              dir};
+    {
+      DaemonFixture daemon(options);
+      CHECK(threads_of(daemon) == 1);
+      CHECK_THAT(daemon.Log(),
+                 Catch::Contains("1 decode threads, as this process may use a CPU quota of 1.00 "
+                                 "cores (" + dir + "/cpu.cfs_quota_us)"));
+      CHECK(daemon.Stop() == 0);
+    }
+    ::rmdir(dir.c_str());
+  }
 }
 
 }  // namespace

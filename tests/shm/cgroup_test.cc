@@ -144,6 +144,54 @@ TEST_CASE("MemoryCgroup: no memory cgroup, or one not mounted here, is none", "[
   CHECK_FALSE(MemoryCgroupFrom("4:memory:/x\n", "1 0 0:1 / /proc rw - proc proc rw\n").has_value());
 }
 
+TEST_CASE("CpuQuota: cgroup v2 nested (CPUQuota= of the unit or its slice, the tightest), \"max\" "
+          "is none",
+          "[base][cgroup]") {
+  TempDir t;
+  const std::string mnt = t.Join("sys/fs/cgroup");
+  Files(mnt, {{"cgroup.controllers", "cpuset cpu io memory pids\n"}});
+  Files(mnt + "/system.slice", {{"cpu.max", "400000 100000\n"}});
+  Files(mnt + "/system.slice/ringloader.service", {{"cpu.max", "150000 100000\n"}});
+  const std::string mountinfo = "35 25 0:30 / " + mnt +
+                                " rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw\n";
+  const std::string proc = "0::/system.slice/ringloader.service\n";
+  std::optional<CpuQuota> q = CpuQuotaFrom(proc, mountinfo);
+  REQUIRE(q.has_value());
+  CHECK(q->cores == Approx(1.5));
+  CHECK(q->path == mnt + "/system.slice/ringloader.service/cpu.max");
+  WriteFile(mnt + "/system.slice/ringloader.service/cpu.max", "max 100000\n");
+  q = CpuQuotaFrom(proc, mountinfo);
+  REQUIRE(q.has_value());
+  CHECK(q->cores == Approx(4.0));  // the slice's
+  WriteFile(mnt + "/system.slice/cpu.max", "max 100000\n");
+  CHECK_FALSE(CpuQuotaFrom(proc, mountinfo).has_value());
+  WriteFile(mnt + "/system.slice/cpu.max", "junk\n");
+  CHECK_FALSE(CpuQuotaFrom(proc, mountinfo).has_value());
+  // A v2 hierarchy without the cpu controller says nothing (nor does one with no cpu line).
+  WriteFile(mnt + "/cgroup.controllers", "memory pids\n");
+  WriteFile(mnt + "/system.slice/cpu.max", "100000 100000\n");
+  CHECK_FALSE(CpuQuotaFrom(proc, mountinfo).has_value());
+}
+
+TEST_CASE("CpuQuota: cgroup v1 (the cpu,cpuacct hierarchy), a container's quota, and -1 is none",
+          "[base][cgroup]") {
+  TempDir t;
+  const std::string mnt = t.Join("sys/fs/cgroup/cpu,cpuacct");
+  Files(mnt, {{"cpu.cfs_quota_us", "-1\n"}, {"cpu.cfs_period_us", "100000\n"}});
+  Files(mnt + "/kubepods/pod1",
+        {{"cpu.cfs_quota_us", "50000\n"}, {"cpu.cfs_period_us", "100000\n"}});
+  const std::string mountinfo =
+      "35 31 0:32 / " + t.Join("sys/fs/cgroup/memory") + " rw - cgroup cgroup rw,memory\n"
+      "36 31 0:33 / " + mnt + " rw - cgroup cgroup rw,cpu,cpuacct\n";
+  std::optional<CpuQuota> q =
+      CpuQuotaFrom("8:cpu,cpuacct:/kubepods/pod1\n4:memory:/kubepods/pod1\n", mountinfo);
+  REQUIRE(q.has_value());
+  CHECK(q->cores == Approx(0.5));
+  CHECK(q->path == mnt + "/kubepods/pod1/cpu.cfs_quota_us");
+  CHECK_FALSE(CpuQuotaFrom("8:cpu,cpuacct:/\n", mountinfo).has_value());
+  CHECK_FALSE(CpuQuotaFrom("4:memory:/kubepods/pod1\n", mountinfo).has_value());  // no cpu line
+}
+
 TEST_CASE("MemoryCgroup: this machine's own cgroup resolves to a directory with its files",
           "[base][cgroup]") {
   std::optional<MemoryCgroup> c = MemoryCgroupOf();
