@@ -62,9 +62,21 @@ Check Problem(std::string what, std::string fix) {
 // What the daemon needs beyond memory_limit: code, heap and threads (config/ringloaderd.toml).
 uint64_t FixedOverheadBytes(uint32_t threads) { return (30ull << 20) + (uint64_t{threads} << 20); }
 
+// decode_threads = 0: one per core the daemon may use, as this process may (run where it runs).
 uint32_t DecodeThreads(const server::ServerConfig& s) {
-  return s.decode_threads != 0 ? s.decode_threads
-                               : std::max(1u, std::thread::hardware_concurrency());
+  return s.decode_threads != 0 ? s.decode_threads : base::UsableCores();
+}
+
+// The cores a live daemon may use: its own process's, when its pid names a ringloaderd here (not
+// the machine's: under a CPU quota or an affinity, raising decode_threads past them only makes
+// its threads take turns); else this process's.
+uint32_t DaemonCores(uint64_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  if (pid != 0 && std::getline(comm, name) && name == "ringloaderd") {
+    return base::UsableCores(std::to_string(pid));
+  }
+  return base::UsableCores();
 }
 
 // The ring of one stream shaped like `options` (uint8 NHWC, as consume's defaults).
@@ -437,9 +449,9 @@ Check InputBound(const v1::GetStatsResponse& stats, const v1::StreamStats& st) {
   }
   const std::string limit = absl::StrCat(figure, spent, ": limited by ", top->name);
   if (top == &parts[1]) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned cores = DaemonCores(stats.pid());
     return Problem(
-        absl::StrFormat("%s (decode threads %d/%d busy, %d cores here)", limit,
+        absl::StrFormat("%s (decode threads %d/%d busy, %d cores it may use)", limit,
                         stats.decode_threads_busy(), stats.decode_threads(), cores),
         stats.decode_threads() < cores
             ? absl::StrFormat("raise [server] decode_threads (now %d, up to %d cores); or a "

@@ -655,13 +655,14 @@ absl::Status StartUp(DaemonState& d) {
     }
   }
 
-  d.pool = std::make_unique<pipeline::WorkerPool>(server.decode_threads);
-  if (server.decode_threads == 0) {
+  uint32_t decode_threads = server.decode_threads;
+  if (decode_threads == 0) {
     std::string why;
-    pipeline::UsableCores(&why);
+    decode_threads = base::UsableCores("self", &why);
     SPDLOG_INFO("decode_threads = 0: {} decode threads, as this process may use {}",
-                d.pool->size(), why);
+                decode_threads, why);
   }
+  d.pool = std::make_unique<pipeline::WorkerPool>(decode_threads);
   absl::StatusOr<std::unique_ptr<CrashJournal>> journal =
       CrashJournal::Open(server.state_dir, d.pool->size());
   if (!journal.ok()) return journal.status();

@@ -17,13 +17,9 @@
 namespace ringloader::pipeline {
 namespace {
 
-// How many rounds ahead a stream leases samples to its feeders (RemoteDecode::Ahead).
-constexpr int kLeaseAheadRounds = 2;
-// How many rounds ahead this host decodes while a round's calls are late (DecodeAhead): past the
-// rounds leased ahead, only their heads (their tails are for the feeders, leased in turn). With
-// the leased rounds alone, a feeder late by more than their heads idled this host: in
-// feeder_bench a wait of 40-75 ms about once an epoch, 3-7% of its core.
-constexpr int kDecodeAheadRounds = kMostRoundsAhead;
+// kLeaseAheadRounds, kDecodeAheadRounds: remote_decode.h. Decoding ahead within the rounds
+// leased ahead alone, a feeder late by more than their heads idled this host: in feeder_bench a
+// wait of 40-75 ms about once an epoch, 3-7% of its core.
 static_assert(kLeaseAheadRounds <= kDecodeAheadRounds);
 
 uint64_t AlignUp(uint64_t v) { return (v + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }

@@ -77,7 +77,8 @@ std::vector<std::unique_ptr<RemoteCall>> AheadCalls::Claim(uint64_t epoch,
     if (h.epoch == epoch &&
         std::any_of(asks.begin(), asks.end(), [&](uint64_t i) { return wanted.count(i) > 0; })) {
       claimed.push_back(std::move(h.call));
-    } else if (!ages || ++h.passed < kMostRoundsAhead) {
+    } else if (!ages ||
+               ++h.passed < (h.call->DecodedHere() ? kDecodeAheadRounds : kLeaseAheadRounds)) {
       kept.push_back(std::move(h));  // for a round to come
     }
   }

@@ -29,10 +29,12 @@
 
 namespace ringloader::pipeline {
 
-// How many rounds ahead of a stream's current one a call may be started (samples leased to a
-// feeder, or decoded on this host while a round's calls are late): AheadCalls keeps a call
-// unclaimed that many batches.
-inline constexpr int kMostRoundsAhead = 4;
+// How many rounds ahead of a stream's current one its samples are leased to feeders
+// (RemoteDecode::Ahead), and how many ahead this host decodes while a round's calls are late
+// (RemoteDecode::Keep; past the rounds leased ahead only their heads, their tails being for the
+// feeders). AheadCalls keeps a call unclaimed that many batches, by its kind.
+inline constexpr int kLeaseAheadRounds = 2;
+inline constexpr int kDecodeAheadRounds = 4;
 
 // An answer's bytes as they came: one buffer, or the pieces a feeder's answer arrived in (gRPC's
 // slices, read in place rather than copied into one buffer first: the host copied each sample
@@ -107,11 +109,10 @@ class RemoteDecode {
     (void)indices;
   }
   // The calls started ahead that hold any of `indices` of `epoch`, now this round's. One that
-  // the first rounds of kMostRoundsAhead batches in a row did not claim is given up (the rounds
-  // moved past it). `batch_begins`: the round is its batch's first; a later one (refilling the
-  // slots of samples that failed) takes samples of the rounds to come, whose calls it must not
-  // age.
-  // Default: none.
+  // the first rounds of kLeaseAheadRounds batches in a row did not claim (kDecodeAheadRounds for
+  // one decoded here) is given up (the rounds moved past it). `batch_begins`: the round is its
+  // batch's first; a later one (refilling the slots of samples that failed) takes samples of the
+  // rounds to come, whose calls it must not age. Default: none.
   virtual std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch,
                                                          std::span<const uint64_t> indices,
                                                          bool batch_begins) {
@@ -149,9 +150,9 @@ class AheadCalls {
   std::vector<uint64_t> Fresh(uint64_t epoch, std::span<const uint64_t> indices,
                               size_t least) const;
   void Add(uint64_t epoch, std::unique_ptr<RemoteCall> call);
-  // The calls of `epoch` that hold any of `indices`, handed over. One that kMostRoundsAhead
+  // The calls of `epoch` that hold any of `indices`, handed over. One that kLeaseAheadRounds
   // claims with `ages` in a row did not take is dropped (the rounds moved past it: given up as it
-  // goes).
+  // goes; its answer's memory_limit reservation with it); one decoded here, kDecodeAheadRounds.
   std::vector<std::unique_ptr<RemoteCall>> Claim(uint64_t epoch, std::span<const uint64_t> indices,
                                                  bool ages);
   size_t size() const { return held_.size(); }

@@ -2,15 +2,12 @@
 #include "server/pipeline/worker_pool.h"
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -18,8 +15,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "shm/base/cgroup.h"
 #include "shm/base/clock.h"
 
@@ -194,32 +189,8 @@ void WorkerPool::Impl::ReplaceWorker(uint32_t worker_id) {
   }
 }
 
-uint32_t UsableCores(std::string* why) {
-  const uint32_t machine = std::max(1u, std::thread::hardware_concurrency());
-  uint32_t cores = machine;
-  std::string said = absl::StrCat(machine, " cores here");
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const uint32_t allowed = static_cast<uint32_t>(std::max(1, CPU_COUNT(&set)));
-    if (allowed < cores) {
-      cores = allowed;
-      said = absl::StrCat(allowed, " of ", machine, " cores in its CPU affinity");
-    }
-  }
-  if (const std::optional<base::CpuQuota> quota = base::CpuQuotaOf()) {
-    const uint32_t granted = static_cast<uint32_t>(std::max(1.0, std::ceil(quota->cores)));
-    if (granted < cores) {
-      cores = granted;
-      said = absl::StrFormat("a CPU quota of %.2f cores (%s)", quota->cores, quota->path);
-    }
-  }
-  if (why != nullptr) *why = said;
-  return cores;
-}
-
 WorkerPool::WorkerPool(uint32_t threads) : impl_(std::make_shared<Impl>()) {
-  if (threads == 0) threads = UsableCores();
+  if (threads == 0) threads = base::UsableCores();
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->threads.reserve(threads);
   for (uint32_t id = 0; id < threads; ++id) {

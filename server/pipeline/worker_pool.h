@@ -61,16 +61,10 @@ class TaskControl final : public TaskGate {
   std::shared_ptr<State> state_;
 };
 
-// The cores this process may run on: those in its CPU affinity (taskset, systemd's
-// CPUAffinity=, a container's cpuset), fewer when its cgroup's CPU quota is (a container's
-// --cpus, Kubernetes' limit, CPUQuota=; rounded up); at least 1. `why`, when given, says which
-// bound it is. std::thread::hardware_concurrency() counts the machine's: a daemon pinned to 1
-// core of 64 ran 64 decode threads taking turns on it.
-uint32_t UsableCores(std::string* why = nullptr);
-
 class WorkerPool {
  public:
-  // threads == 0 means UsableCores().
+  // threads == 0 means base::UsableCores(): one per core this process may use ([server]
+  // decode_threads = 0).
   explicit WorkerPool(uint32_t threads);
   ~WorkerPool();  // joins (threads stuck in an abandoned task are left detached)
   WorkerPool(const WorkerPool&) = delete;

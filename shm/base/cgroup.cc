@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "shm/base/cgroup.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -236,6 +242,36 @@ std::optional<CpuQuota> CpuQuotaOf(const std::string& pid) {
   const std::optional<std::string> mountinfo = ReadText("/proc/" + pid + "/mountinfo");
   if (!cgroup || !mountinfo) return std::nullopt;
   return CpuQuotaFrom(*cgroup, *mountinfo);
+}
+
+uint32_t UsableCoresFrom(uint32_t machine, std::optional<uint32_t> affinity,
+                         const std::optional<CpuQuota>& quota, std::string* why) {
+  uint32_t cores = std::max(1u, machine);
+  std::string said = absl::StrCat(cores, " cores here");
+  if (affinity && *affinity >= 1 && *affinity < cores) {
+    cores = *affinity;
+    said = absl::StrCat(cores, " of ", machine, " cores in its CPU affinity");
+  }
+  // Compared as a double: an absurd quota must not overflow the cast.
+  if (quota && quota->cores > 0 && std::ceil(quota->cores) < static_cast<double>(cores)) {
+    cores = std::max(1u, static_cast<uint32_t>(std::ceil(quota->cores)));
+    said = absl::StrFormat("a CPU quota of %.2f cores (%s)", quota->cores, quota->path);
+  }
+  if (why != nullptr) *why = said;
+  return cores;
+}
+
+uint32_t UsableCores(const std::string& pid, std::string* why) {
+  std::optional<uint32_t> affinity;
+  int id = 0;  // 0: this process
+  if (pid == "self" || absl::SimpleAtoi(pid, &id)) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(id, sizeof(set), &set) == 0) {
+      affinity = static_cast<uint32_t>(CPU_COUNT(&set));
+    }
+  }
+  return UsableCoresFrom(std::thread::hardware_concurrency(), affinity, CpuQuotaOf(pid), why);
 }
 
 }  // namespace ringloader::base

@@ -6,10 +6,12 @@
 // start how it shares the limit. Bad samples in bulk: each bad file is logged once at most, the
 // rest summed in one line per epoch, and every one counted; a WebDataset shard of 50,000 empty
 // members in a 100 MiB memory cgroup costs counts, not memory. The heap stays in 2 arenas.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "shm/base/cgroup.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/memory_cgroup.h"
 #include "tests/integration/storage_data.h"
@@ -258,11 +261,61 @@ TEST_CASE("38.3: a WebDataset shard with 50,000 empty members among 4 good, memo
 // daemon's. Pinned to one core (taskset, CPUAffinity=, a cpuset) or held to one core's time by a
 // CPU quota (a container's --cpus, a Kubernetes limit), it ran a decode thread per machine core,
 // all taking turns on one.
-TEST_CASE("decode_threads = 0 counts the cores the daemon may use: all of them alone, 1 under "
-          "taskset -c 0, 1 in a cgroup with a CPU quota of one core",
+
+// A child of this process's own cpu cgroup (v1) with a quota, removed when done; !ok() where
+// there is none to be made (cgroup v2, not root).
+class CpuCgroup {
+ public:
+  explicit CpuCgroup(double cores) {
+    const std::string self = ReadFile("/proc/self/cgroup");
+    for (const char* line : {":cpu,cpuacct:", ":cpu:"}) {
+      const size_t at = self.find(line);
+      if (at == std::string::npos) continue;
+      const size_t from = at + std::strlen(line);
+      std::string own = self.substr(from, self.find('\n', at) - from);
+      if (own == "/") own.clear();
+      for (const char* root : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"}) {
+        if (!std::filesystem::exists(std::string(root) + own + "/cpu.cfs_quota_us")) continue;
+        path_ = std::string(root) + own + "/rl-test-cpu-" + std::to_string(::getpid());
+        break;
+      }
+      break;
+    }
+    std::error_code ec;
+    if (path_.empty() || !std::filesystem::create_directory(path_, ec) || ec) {
+      path_.clear();
+      return;
+    }
+    const std::string quota = std::to_string(static_cast<int64_t>(cores * 100000));
+    WriteFile(path_ + "/cpu.cfs_period_us", "100000");
+    WriteFile(path_ + "/cpu.cfs_quota_us", quota);
+    // The kernel refuses a quota its parent's forbids: then there is none to test with.
+    if (ReadFile(path_ + "/cpu.cfs_quota_us").find(quota) != 0) {
+      ::rmdir(path_.c_str());
+      path_.clear();
+    }
+  }
+  ~CpuCgroup() {
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  CpuCgroup(const CpuCgroup&) = delete;
+  CpuCgroup& operator=(const CpuCgroup&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+  // What runs a command inside it: the shell joins it, then execs the rest.
+  std::vector<std::string> Prefix() const {
+    return {"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"", path_};
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST_CASE("decode_threads = 0 counts the cores the daemon may use: as many as this test may, 1 "
+          "pinned to one of them, 1 in a cgroup with a CPU quota of one core",
           "[integration][limits]") {
-  const unsigned machine = std::thread::hardware_concurrency();
-  if (machine < 2) RINGLOADER_SKIP("one core here: nothing to tell apart");
+  std::string why;
+  const uint32_t usable = base::UsableCores("self", &why);  // the daemon inherits them
   DaemonFixtureOptions options;
   options.decode_threads = 0;
   const auto threads_of = [](DaemonFixture& daemon) {
@@ -272,56 +325,40 @@ TEST_CASE("decode_threads = 0 counts the cores the daemon may use: all of them a
     CHECK(Lines(*c.Open(Options("synth", 1))).size() == 120);  // and it decodes with them
     return threads;
   };
-  SECTION("alone") {
+  SECTION("as this test") {
     DaemonFixture daemon(options);
-    CHECK(threads_of(daemon) == machine);
-    CHECK_THAT(daemon.Log(), Catch::Contains(absl::StrCat("decode_threads = 0: ", machine,
+    CHECK(threads_of(daemon) == usable);
+    CHECK_THAT(daemon.Log(), Catch::Contains(absl::StrCat("decode_threads = 0: ", usable,
                                                           " decode threads, as this process may "
-                                                          "use ", machine, " cores here")));
+                                                          "use ", why)));
     CHECK(daemon.Stop() == 0);
   }
-  SECTION("taskset -c 0") {
+  if (usable < 2) RINGLOADER_SKIP("one usable core here: nothing to tell apart");
+  SECTION("taskset to one core") {
     if (::access("/usr/bin/taskset", X_OK) != 0) RINGLOADER_SKIP("no /usr/bin/taskset");
-    options.command_prefix = {"/usr/bin/taskset", "-c", "0"};
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;  // one this test may run on
+    options.command_prefix = {"/usr/bin/taskset", "-c", std::to_string(first)};
     DaemonFixture daemon(options);
     CHECK(threads_of(daemon) == 1);
-    CHECK_THAT(daemon.Log(), Catch::Contains(absl::StrCat("1 decode threads, as this process may "
-                                                          "use 1 of ", machine,
-                                                          " cores in its CPU affinity")));
+    CHECK_THAT(daemon.Log(), Catch::Contains("1 decode threads, as this process may use 1 of ") &&
+                                 Catch::Contains(" cores in its CPU affinity"));
     CHECK(daemon.Stop() == 0);
   }
   SECTION("a cgroup (v1) with a CPU quota of one core") {
-    // A child of this process's own cpu cgroup, as a container's or a unit's.
-    const std::string self = ReadFile("/proc/self/cgroup");
-    size_t at = self.find(":cpu,cpuacct:");
-    size_t skip = 13;
-    if (at == std::string::npos) {
-      at = self.find(":cpu:");
-      skip = 5;
-    }
-    if (at == std::string::npos) RINGLOADER_SKIP("no cgroup v1 cpu hierarchy here");
-    std::string root = "/sys/fs/cgroup/cpu,cpuacct";
-    if (!std::filesystem::exists(root)) root = "/sys/fs/cgroup/cpu";
-    std::string own = self.substr(at + skip, self.find('\n', at) - at - skip);
-    if (own == "/") own.clear();
-    const std::string dir = root + own + "/rl-test-cpu-" + std::to_string(::getpid());
-    std::error_code ec;
-    if (!std::filesystem::create_directory(dir, ec) || ec) {
-      RINGLOADER_SKIP("cannot make a cpu cgroup (not root?): " + dir);
-    }
-    WriteFile(dir + "/cpu.cfs_period_us", "100000");
-    WriteFile(dir + "/cpu.cfs_quota_us", "100000");
-    options.command_prefix = {"/bin/sh", "-c", "echo $$ > \"$0\"/cgroup.procs && exec \"$@\"",
-                              dir};
-    {
-      DaemonFixture daemon(options);
-      CHECK(threads_of(daemon) == 1);
-      CHECK_THAT(daemon.Log(),
-                 Catch::Contains("1 decode threads, as this process may use a CPU quota of 1.00 "
-                                 "cores (" + dir + "/cpu.cfs_quota_us)"));
-      CHECK(daemon.Stop() == 0);
-    }
-    ::rmdir(dir.c_str());
+    const CpuCgroup cgroup(1.0);
+    if (!cgroup.ok()) RINGLOADER_SKIP("no cgroup v1 cpu hierarchy to make a child in (not root?)");
+    options.command_prefix = cgroup.Prefix();
+    DaemonFixture daemon(options);
+    CHECK(threads_of(daemon) == 1);
+    CHECK_THAT(daemon.Log(), Catch::Contains("1 decode threads, as this process may use a CPU "
+                                             "quota of 1.00 cores (") &&
+                                 Catch::Contains(cgroup.path().substr(cgroup.path().rfind('/')) +
+                                                 "/cpu.cfs_quota_us)"));
+    CHECK(daemon.Stop() == 0);
   }
 }
 

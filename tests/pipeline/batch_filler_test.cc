@@ -1054,12 +1054,15 @@ TEST_CASE("AnswerView: bytes read by offset across the pieces an answer came in"
 }
 
 TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are left to the round, "
-          "and a call kMostRoundsAhead batches passed by is dropped",
+          "and a call passed by kLeaseAheadRounds batches is dropped (kDecodeAheadRounds if "
+          "decoded here)",
           "[pipeline][feeder]") {
   class Held final : public RemoteCall {
    public:
-    explicit Held(std::vector<uint64_t> indices) : indices_(std::move(indices)) {}
+    explicit Held(std::vector<uint64_t> indices, bool here = false)
+        : indices_(std::move(indices)), here_(here) {}
     const std::vector<uint64_t>& indices() const override { return indices_; }
+    bool DecodedHere() const override { return here_; }
     std::optional<absl::Status> Wait(std::chrono::milliseconds) override {
       return absl::OkStatus();
     }
@@ -1071,6 +1074,7 @@ TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are le
 
    private:
     std::vector<uint64_t> indices_;
+    bool here_;
   };
   AheadCalls ahead;
   const std::vector<uint64_t> first{10, 11, 12, 13};
@@ -1091,13 +1095,21 @@ TEST_CASE("AheadCalls: samples held ahead are not asked again, a few more are le
   // A batch's later rounds (refilling failed samples' slots) age nothing.
   for (int i = 0; i < 3; ++i) CHECK(ahead.Claim(1, std::vector<uint64_t>{40}, false).empty());
   CHECK(ahead.size() == 1);
-  // Held while a round it may be for can still come: up to kMostRoundsAhead batches on (the
-  // claim of round {9, 11} began one).
-  for (int i = 2; i < kMostRoundsAhead; ++i) {
+  // A feeder's call is held while a round it was leased for can still come: kLeaseAheadRounds
+  // batches (the claim of round {9, 11} began one). One decoded here, started as far as
+  // kDecodeAheadRounds ahead, that many.
+  ahead.Add(1, std::make_unique<Held>(std::vector<uint64_t>{50, 51}, /*here=*/true));
+  for (int i = 1; i < kLeaseAheadRounds - 1; ++i) {
     CHECK(ahead.Claim(2, std::vector<uint64_t>{20}, true).empty());  // another epoch's 20
+  }
+  CHECK(ahead.size() == 2);
+  CHECK(ahead.Claim(2, std::vector<uint64_t>{20}, true).empty());
+  CHECK(ahead.size() == 1);  // the feeder's, passed by kLeaseAheadRounds batches: dropped
+  for (int i = 2; i < kDecodeAheadRounds; ++i) {  // (the claim just above aged it once)
+    CHECK(ahead.Claim(1, std::vector<uint64_t>{40}, true).empty());
     CHECK(ahead.size() == 1);
   }
-  CHECK(ahead.Claim(2, std::vector<uint64_t>{20}, true).empty());
+  CHECK(ahead.Claim(1, std::vector<uint64_t>{40}, true).empty());
   CHECK(ahead.size() == 0);  // passed by that often: the rounds moved past it
 }
 

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "shm/base/cgroup.h"
+
 namespace ringloader::pipeline {
 namespace {
 
@@ -35,10 +37,11 @@ TEST_CASE("WorkerPool: ParallelFor runs every index exactly once on a pool threa
   }
 }
 
-TEST_CASE("WorkerPool: zero threads means one per core, and n = 0 returns at once", "[pipeline]") {
+TEST_CASE("WorkerPool: zero threads means one per core this process may use, and n = 0 returns "
+          "at once",
+          "[pipeline]") {
   WorkerPool pool(0);
-  const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
-  CHECK(pool.size() == cores);
+  CHECK(pool.size() == base::UsableCores());  // (under taskset or a CPU quota, fewer than here)
   bool ran = false;
   pool.ParallelFor(0, [&](uint64_t, uint32_t) { ran = true; });
   CHECK_FALSE(ran);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "tests/support/test_support.h"
 
@@ -190,6 +191,28 @@ TEST_CASE("CpuQuota: cgroup v1 (the cpu,cpuacct hierarchy), a container's quota,
   CHECK(q->path == mnt + "/kubepods/pod1/cpu.cfs_quota_us");
   CHECK_FALSE(CpuQuotaFrom("8:cpu,cpuacct:/\n", mountinfo).has_value());
   CHECK_FALSE(CpuQuotaFrom("4:memory:/kubepods/pod1\n", mountinfo).has_value());  // no cpu line
+}
+
+TEST_CASE("UsableCores: the machine's, fewer by the CPU affinity, fewer again by a CPU quota "
+          "(rounded up), at least one, and says which",
+          "[base][cgroup]") {
+  std::string why;
+  CHECK(UsableCoresFrom(64, std::nullopt, std::nullopt, &why) == 64);
+  CHECK(why == "64 cores here");
+  CHECK(UsableCoresFrom(64, 64, std::nullopt, &why) == 64);
+  CHECK(UsableCoresFrom(64, 1, std::nullopt, &why) == 1);
+  CHECK(why == "1 of 64 cores in its CPU affinity");
+  const CpuQuota one_and_a_half{1.5, "/sys/fs/cgroup/x/cpu.max"};
+  CHECK(UsableCoresFrom(64, 8, one_and_a_half, &why) == 2);
+  CHECK(why == "a CPU quota of 1.50 cores (/sys/fs/cgroup/x/cpu.max)");
+  CHECK(UsableCoresFrom(64, 1, one_and_a_half, &why) == 1);  // the affinity is tighter
+  CHECK(why == "1 of 64 cores in its CPU affinity");
+  CHECK(UsableCoresFrom(4, std::nullopt, CpuQuota{0.1, "q"}) == 1);
+  CHECK(UsableCoresFrom(4, std::nullopt, CpuQuota{1e300, "q"}) == 4);  // no overflow
+  CHECK(UsableCoresFrom(0, 0, std::nullopt) == 1);
+  // This process: within the machine's cores.
+  CHECK(UsableCores() >= 1);
+  CHECK(UsableCores() <= std::max(1u, std::thread::hardware_concurrency()));
 }
 
 TEST_CASE("MemoryCgroup: this machine's own cgroup resolves to a directory with its files",
