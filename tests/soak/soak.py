@@ -24,13 +24,19 @@ At the end, checked:
 A one-page report goes to stdout (and --report). Exit 0 when every check passed, 1 otherwise;
 the same --seed draws the same faults at the same moments.
 
+With --feeders N the daemon draws decoded samples from N feeders as well (ringloaderd with
+server.feeder_listen over the same dataset path, dialled with mutual TLS), and the feeder fault
+SIGKILLs one (restarted 3-8 s later) or SIGSTOPs it for 10-20 s, past its lease. The trainers'
+bytes are still checked against the undisturbed run, which has no feeders; the feeders must have
+decoded part of the run, and their RSS and threads stay flat too.
+
 With --tls the daemon listens on TCP 127.0.0.1 with mutual TLS (a CA and certificates made with
 the openssl command; every trainer connects with RINGLOADER_TLS_*), and each hup fault rotates
 its certificate first: at the end, the certificate served must be the last one issued and no
 client may have been refused.
 
-  tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape,stall]
-                     [--nofile 1024] [--tls] [--keep]
+  tests/soak/soak.py [--minutes M] [--seed S] [--faults kill,oom,hup,trainer,scrape,stall,feeder]
+                     [--nofile 1024] [--tls] [--feeders N] [--keep]
 """
 
 from __future__ import annotations
@@ -60,8 +66,9 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = 768
 CLASSES = 8
 WARMUP_FRACTION = 0.25
-ALL_FAULTS = ("kill", "oom", "hup", "trainer", "scrape", "stall")
+ALL_FAULTS = ("kill", "oom", "hup", "trainer", "scrape", "stall", "feeder")
 DEFAULT_FAULTS = ALL_FAULTS
+FEEDER_LEASE_S = 5  # server.feeder_lease_ms's default: a feeder stopped longer is given up
 STALL_SECONDS = 45.0  # shortened to end at least AFTER_STALL_SECONDS before the run does
 AFTER_STALL_SECONDS = 20.0
 
@@ -181,11 +188,13 @@ class Daemon:
     """ringloaderd --supervise with the soak's config, in the cgroup when there is one."""
 
     def __init__(self, work: Path, data: Path, cgroup: Optional[MemoryCgroup], metrics_port: int,
-                 name: str, nofile: int = 0, tls: Optional["Pki"] = None):
+                 name: str, nofile: int = 0, tls: Optional["Pki"] = None,
+                 listen_tls: bool = False, feeders: Optional[List[str]] = None):
         self.work = work / name
         self.work.mkdir()
-        self.tls = tls
-        self.endpoint = (f"127.0.0.1:{free_port()}" if tls else
+        self.tls = tls  # [tls]: for a TCP listen when listen_tls, and for dialling feeders
+        self.feeders = feeders or []
+        self.endpoint = (f"127.0.0.1:{free_port()}" if listen_tls else
                          f"unix:{self.work}/ringloader.sock")
         self.config = self.work / "ringloaderd.toml"
         self.log_path = self.work / "ringloaderd.log"
@@ -235,6 +244,7 @@ class Daemon:
                 f'key = "{self.tls.dir}/daemon.key"',
                 'allowed_clients = ["DNS:trainer"]',
                 ""]),
+            *[f'[[feeders]]\naddress = "{address}"\n' for address in self.feeders],
             "[[datasets]]",
             'name = "imagenet"',
             'format = "imagefolder"',
@@ -273,6 +283,108 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+class Feeder:
+    """A ringloaderd decoding for the soak's daemon: server.feeder_listen on 127.0.0.1 with
+    mutual TLS (it takes the daemon's certificate only), over the same dataset path. The feeder
+    fault SIGKILLs it (start() brings it back on the same address) or SIGSTOPs it (cont())."""
+
+    def __init__(self, work: Path, name: str, data: Path, pki: "Pki"):
+        self.name = name
+        self.work = work / name
+        self.work.mkdir()
+        self.address = f"127.0.0.1:{free_port()}"
+        self.endpoint = f"unix:{self.work}/ringloader.sock"
+        self.config = self.work / "ringloaderd.toml"
+        self.log_path = self.work / "ringloaderd.log"
+        self.config.write_text("\n".join([
+            "[server]",
+            f'listen = "{self.endpoint}"',
+            f'feeder_listen = "{self.address}"',
+            f'state_dir = "{self.work}/state"',
+            'memory_limit = "1GiB"',
+            "decode_threads = 1",
+            "",
+            "[tls]",
+            f'ca = "{pki.dir}/ca.pem"',
+            f'cert = "{pki.dir}/feeder.pem"',
+            f'key = "{pki.dir}/feeder.key"',
+            'allowed_clients = ["IP:127.0.0.1"]',  # the daemon's certificate
+            "",
+            "[[datasets]]",
+            'name = "imagenet"',
+            'format = "imagefolder"',
+            f'path = "{data}"',
+            ""]))
+        self.process: Optional[subprocess.Popen] = None
+        self.down = False     # SIGKILLed by the fault, not started again yet
+        self.stopped = False  # SIGSTOPped by the fault, not continued yet
+        self.start(wait=True)
+
+    def start(self, wait: bool = False) -> None:
+        """Started again by the fault, it is not waited for: it indexes the dataset first, which
+        takes as long as the mount does (a stalled one, all of the stall)."""
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen([rl.find_binary("ringloaderd"), "--config",
+                                             str(self.config)], stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.down = False
+        deadline = time.monotonic() + 60
+        while wait:
+            try:
+                if rl.health(self.endpoint, 1.0) == "SERVING":
+                    break
+            except rl.Error:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"feeder {self.name} did not start: {self.log()[-2000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.down = True
+
+    def stop(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def exited_by_itself(self) -> bool:
+        return not self.down and self.process.poll() is not None
+
+    def resources(self) -> Optional[Tuple[float, int]]:
+        """(RSS MiB, threads) of its process (self.process.pid), or None while it is down."""
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+            rss = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmRSS:"))
+            threads = next(int(l.split()[1]) for l in status.splitlines()
+                           if l.startswith("Threads:"))
+            return rss / 1024, threads
+        except (FileNotFoundError, ProcessLookupError, StopIteration):
+            return None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def finish(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        if self.stopped:
+            self.cont()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 HOG = """
@@ -456,6 +568,8 @@ def main() -> int:
                    help="the daemon's open-file limit, as a container's (0: the host's)")
     p.add_argument("--tls", action="store_true",
                    help="TCP with mutual TLS; each hup fault rotates the daemon's certificate")
+    p.add_argument("--feeders", type=int, default=0,
+                   help="feeders the daemon draws decoded samples from (mutual TLS)")
     p.add_argument("--report", help="also write the report here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     a = p.parse_args()
@@ -474,6 +588,7 @@ def main() -> int:
     delayfs_proc = None
     cgroup = None
     daemon = None
+    feeders: List[Feeder] = []
     try:
         log(f"seed {a.seed}, {a.minutes} min, faults {','.join(faults)}, work {work}")
         local = work / "data"
@@ -505,11 +620,17 @@ def main() -> int:
                 log(f"oom fault skipped: {cgroup.why_not}")
                 faults.remove("oom")
                 cgroup = None
+        if "feeder" in faults and not a.feeders:
+            faults.remove("feeder")  # (no feeders to fault)
         metrics_port = free_port()
-        pki = Pki(work / "tls") if a.tls else None
-        if pki:
+        pki = Pki(work / "tls") if a.tls or a.feeders else None
+        if a.tls:
             os.environ.update(pki.client_env())  # the trainers, health checks and stats
-        daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile, pki)
+        if a.feeders:
+            pki.issue("feeder", "IP:127.0.0.1")
+            feeders = [Feeder(work, f"feeder{i}", data, pki) for i in range(a.feeders)]
+        daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile, pki,
+                        listen_tls=a.tls, feeders=[f.address for f in feeders])
         endpoint = daemon.endpoint
         epochs_cap = 1_000_000  # the clock ends the run, not the epochs
         for t in TRAINERS:
@@ -535,6 +656,13 @@ def main() -> int:
         seen_pids: set = set()
         next_sample = 0.0
         events: List[str] = []
+        # (when, what): a killed feeder's restart, a stopped one's SIGCONT.
+        pending: List[Tuple[float, str, Feeder]] = []
+        # Samples the feeders decoded, as each incarnation of the daemon counts them (its latest
+        # stats); and the feeders' (t, RSS MiB, threads, pid) over time.
+        fed_by_incarnation: Dict[int, int] = {}
+        feeder_resources: Dict[str, List[Tuple[float, float, int, int]]] = {
+            f.name: [] for f in feeders}
         oom_before = cgroup.oom_kills() if cgroup else 0
         stall_until: Optional[float] = None  # the mount answers nothing until then
         # Samples each trainer had taken when the mount last answered again: each must take
@@ -565,6 +693,17 @@ def main() -> int:
                 s = sample_resources(daemon, t0, seen_pids, data)
                 if s:
                     resources.append(s)
+                if feeders:
+                    try:
+                        st = rl.daemon_stats(endpoint, 10)
+                        fed_by_incarnation[int(st["pid"])] = sum(
+                            int(f.get("samples", 0)) for f in st.get("feeders", []))
+                    except rl.Error:
+                        pass  # (restarting)
+                    for f in feeders:
+                        r = f.resources()
+                        if r and not f.stopped:
+                            feeder_resources[f.name].append((now, r[0], r[1], f.process.pid))
                 next_sample = now + 5
             for t in TRAINERS:
                 if t.process.poll() is not None:
@@ -572,6 +711,15 @@ def main() -> int:
                                     f"{now:.0f} s (see {work}/{t.name}.log)")
                     start_trainer(t, work, endpoint, epochs_cap)
                     t.restarts += 1
+            for f in feeders:
+                if f.exited_by_itself():
+                    failures.append(f"feeder {f.name} exited with {f.process.returncode} at "
+                                    f"{now:.0f} s (see {f.log_path})")
+                    f.start()
+            for item in [p for p in pending if p[0] <= now]:
+                pending.remove(item)
+                _, what, f = item
+                (f.start if what == "start" else f.cont)()
             if stall_until is not None and now >= stall_until:
                 answer_mount()
             if schedule and schedule[0][0] <= now:
@@ -609,6 +757,21 @@ def main() -> int:
                         delayfs_proc.send_signal(signal.SIGUSR1)  # every request waits
                         stall_until = now + length
                         events[-1] += f" (the whole mount answers nothing for {length:.0f} s)"
+                elif kind == "feeder":
+                    f = rng.choice(feeders)
+                    if f.down or f.stopped:
+                        events[-1] += f" {f.name} (already down)"
+                    elif rng.random() < 0.5:
+                        f.kill()
+                        back = rng.uniform(3, 8)
+                        pending.append((now + back, "start", f))
+                        events[-1] += f" {f.name} SIGKILLed, started again {back:.0f} s later"
+                    else:
+                        f.stop()
+                        back = rng.uniform(10, 20)
+                        pending.append((now + back, "cont", f))
+                        events[-1] += (f" {f.name} SIGSTOPped for {back:.0f} s (its lease is "
+                                       f"{FEEDER_LEASE_S} s)")
                 elif kind == "scrape":
                     try:
                         urllib.request.urlopen(f"http://{daemon.metrics}/metrics", timeout=10).read()
@@ -619,6 +782,8 @@ def main() -> int:
             time.sleep(0.05)
 
         answer_mount()  # (a stall is made to end before the run does)
+        for _, what, f in pending:  # feeders down or stopped at the end come back
+            (f.start if what == "start" else f.cont)()
         for t in TRAINERS:
             if t.name in taken_at_answer and taken(t) <= taken_at_answer[t.name]:
                 failures.append(f"{t.name} took no sample after the mount answered again")
@@ -627,8 +792,10 @@ def main() -> int:
             t.process.kill()
             t.process.wait()
         final = rl.daemon_stats(endpoint, 30)
+        fed_by_incarnation[int(final["pid"])] = sum(
+            int(f.get("samples", 0)) for f in final.get("feeders", []))
         tls_line = "tls: off"
-        if pki:
+        if a.tls:
             # The last rotation may be a second old: gRPC's watcher reads the files each second.
             deadline = time.monotonic() + 10
             while pki.served_serial(endpoint) != pki.serial and time.monotonic() < deadline:
@@ -645,6 +812,10 @@ def main() -> int:
                 failures.append(f"{refused} client calls refused: "
                                 f"{final['tls'].get('last_refusal')}")
         oom_kills = (cgroup.oom_kills() - oom_before) if cgroup else 0
+        feeder_states = ", ".join(f"{f.get('address')} {f.get('state')}"
+                                  for f in final.get("feeders", []))
+        for f in feeders:
+            f.finish()
         log("run over; checking")
 
         # ---- checks ----
@@ -739,6 +910,44 @@ def main() -> int:
         else:
             failures.append("too few resource samples after warm-up to judge flatness")
 
+        # The feeders: they took part, and stayed flat as the daemon must.
+        fed = sum(fed_by_incarnation.values())
+        feeder_lines: List[str] = []
+        if feeders:
+            if fed == 0:
+                failures.append("the feeders decoded no sample: the run did not exercise them")
+            for f in feeders:
+                rows = feeder_resources[f.name]
+                late_rows = [r for r in rows if r[0] >= warmup]
+                if rows:
+                    feeder_lines.append(
+                        f"  {f.name}: RSS MiB {rows[0][1]:.0f} at {rows[0][0]:.0f} s, "
+                        f"{max(r[1] for r in rows):.0f} at most, {rows[-1][1]:.0f} at the end; "
+                        f"threads {rows[0][2]} to {max(r[2] for r in rows)}")
+                # Each process on its own (a killed one starts again from nothing) that lived a
+                # minute after warm-up: the second half of its samples against the first, looser
+                # than the daemon's (how much a feeder holds follows how much the daemon leases
+                # it, which a stall or a restart of the daemon moves). And every sample within
+                # what its config bounds: memory_limit (1 GiB) and 256 MiB of code and threads.
+                for pid in sorted({r[3] for r in late_rows}):
+                    mine = [r for r in late_rows if r[3] == pid]
+                    if len(mine) < 12:
+                        continue
+                    half = len(mine) // 2
+                    for what, k, factor, slack in (("RSS MiB", 1, 1.5, 64),
+                                                   ("threads", 2, 1.25, 8)):
+                        early = max(r[k] for r in mine[:half])
+                        late = max(r[k] for r in mine[half:])
+                        allowed = early * factor + slack
+                        if late > allowed:
+                            failures.append(f"feeder {f.name} (pid {pid}) {what} grew after "
+                                            f"warm-up: {early:.0f} in the first half, {late:.0f} "
+                                            f"in the second (allowed {allowed:.0f})")
+                peak = max((r[1] for r in rows), default=0)
+                if peak > 1024 + 256:
+                    failures.append(f"feeder {f.name} RSS reached {peak:.0f} MiB, past its "
+                                    f"memory_limit of 1 GiB and 256 MiB more")
+
         struck = final.get("quarantined", [])
         if struck:
             failures.append(f"{len(struck)} good samples quarantined: {struck[:3]}")
@@ -783,6 +992,9 @@ def main() -> int:
             f"incarnation): {final.get('batches_served', 0)}, opens abandoned: "
             f"{final.get('opens_abandoned', 0)}",
             tls_line,
+            *([f"feeders: {len(feeders)}, which decoded {fed} samples (as each incarnation of "
+               f"the daemon counted them); at the end: {feeder_states}", *feeder_lines]
+              if feeders else ["feeders: none"]),
             f"storage stalls said in the log: {stalls_said} (of {done.get('stall', 0)} stall "
             f"faults; one met by a kill before its deadline passed is not said)",
             "faults in order:", *[f"  {e}" for e in events[:30]],
@@ -790,7 +1002,8 @@ def main() -> int:
             "verdict: " + ("PASSED" if not failures else f"FAILED ({len(failures)})"),
             *[f"  - {f}" for f in failures],
             f"reproduce: scripts/soak --minutes {a.minutes:g} --seed {a.seed} --faults "
-            f"{','.join(faults)}" + (" --tls" if a.tls else ""),
+            f"{','.join(faults)}" + (" --tls" if a.tls else "") +
+            (f" --feeders {a.feeders}" if a.feeders else ""),
         ]
     except Exception as e:  # the harness itself broke: a failure, said as such
         failures.append(f"the soak could not run: {type(e).__name__}: {e}")
@@ -804,6 +1017,8 @@ def main() -> int:
                 t.process.wait()
         if daemon:
             daemon.stop()
+        for f in feeders:
+            f.finish()
         if cgroup:
             cgroup.remove()
         if delayfs_proc:
