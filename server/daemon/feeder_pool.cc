@@ -206,9 +206,9 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
     l->set_max_file_bytes(limits.max_file_bytes);
     l->set_warnings_are_errors(limits.warnings_are_errors);
     l->set_max_scans(limits.max_scans);
-    pool_.CountStream(this->dataset_name, +1);
+    pool_.AddStream(this->dataset_name, this);
   }
-  ~StreamView() override { pool_.CountStream(dataset_name, -1); }
+  ~StreamView() override { pool_.RemoveStream(dataset_name, this); }
   uint64_t Share(uint64_t k) override {
     return pool_.ShareFor(dataset_name, k, -kLeadGain * lead_error_);
   }
@@ -227,7 +227,7 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
         static_cast<double>(ahead_.HeldHere()) - static_cast<double>(behind) + could_have;
     // Bounded: one answer late by a whole lease must not throw the share to its floor.
     lead_error_ = std::clamp(lead / static_cast<double>(k), -1.25, 2.0) - kTargetLead;
-    pool_.Steer(dataset_name, lead_error_);
+    pool_.Steer(dataset_name, this, lead_error_);
   }
   void Ahead(uint64_t epoch, std::span<const uint64_t> indices) override {
     const std::vector<uint64_t> fresh = ahead_.Fresh(epoch, indices, kLeastExtraAhead);
@@ -474,25 +474,42 @@ uint64_t FeederPool::ShareFor(const std::string& dataset, uint64_t k, double adj
   return static_cast<uint64_t>(std::llround(static_cast<double>(k) * fraction));
 }
 
-void FeederPool::Steer(const std::string& dataset, double lead_error) {
+void FeederPool::Steer(const std::string& dataset, const void* stream, double lead_error) {
   // A round is quickest when both sides end together, and rates cannot say where that is: each
   // side's measure includes the other's load on this host (receiving an answer takes the cores
   // the local decodes use) and a feeder's other hosts. The lead can: it grows while the feeders
   // are given too much, and shrinks while this host is.
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = steering_.find(dataset);
-  if (it == steering_.end() || it->second.fraction < 0) return;
-  // Each of the dataset's streams steers it once a round: N streams at kLeadIntegral each
-  // would move it N times as fast, and overshoot where one stream settles.
-  const double streams = std::max(1, it->second.streams);
-  double& fraction = it->second.fraction;
-  fraction =
-      std::clamp(fraction - kLeadIntegral * lead_error / streams, kLeastLeased, kMostLeased);
+  if (it == steering_.end()) return;
+  Steering& steering = it->second;
+  const uint64_t now = ++steering.steers;
+  steering.streams[stream] = now;
+  if (steering.fraction < 0) return;
+  // Each of the dataset's streams steers it once a round: N streams at kLeadIntegral each would
+  // move it N times as fast, and overshoot where one stream settles. N counts those steering:
+  // each of N streams at one pace steers once in any N steers, so one not seen in twice that
+  // many (a validation stream opened and idle, a paused trainer) is not steering, and would
+  // only slow the others' step.
+  const uint64_t window = 2 * steering.streams.size();
+  int steering_streams = 0;
+  for (const auto& [other, last] : steering.streams) {
+    if (now - last < window) ++steering_streams;
+  }
+  steering.fraction =
+      std::clamp(steering.fraction - kLeadIntegral * lead_error / std::max(1, steering_streams),
+                 kLeastLeased, kMostLeased);
 }
 
-void FeederPool::CountStream(const std::string& dataset, int delta) {
+void FeederPool::AddStream(const std::string& dataset, const void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  steering_[dataset].streams += delta;
+  Steering& steering = steering_[dataset];
+  steering.streams[stream] = steering.steers;
+}
+
+void FeederPool::RemoveStream(const std::string& dataset, const void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  steering_[dataset].streams.erase(stream);
 }
 
 std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(

@@ -9,8 +9,8 @@
 // measured rate) unless server.local_decode = false. Each call runs on a thread of its own,
 // keeping the slices its answer came in under a reservation of memory_limit (at once or not at
 // all), and is checked (size, checksum) before the filler copies anything out of it. A feeder
-// that fails a call, or does not answer within server.feeder_lease_ms, is given no more for a pause that doubles with each failure in a row
-// (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
+// that fails a call, or does not answer within server.feeder_lease_ms, is given no more for a
+// pause that doubles with each failure in a row (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
 // or rules are not this host's) is given none of that dataset's samples for 10 minutes, and says
 // why in stats. A name with several addresses is each of them, resolved again every 30 s; an
 // address gone from it for 5 minutes is forgotten.
@@ -80,11 +80,15 @@ class FeederPool {
                                                               uint64_t epoch,
                                                               std::span<const uint64_t> indices);
   void LocalDone(uint64_t samples, std::chrono::nanoseconds elapsed);
-  // A round's lead, less the one aimed at (in rounds): moves the dataset's fraction, by the
-  // same amount per round of all its streams together, however many they are.
-  void Steer(const std::string& dataset, double lead_error);
-  // A stream of `dataset` came (+1) or went (-1).
-  void CountStream(const std::string& dataset, int delta);
+  // A round's lead, less the one aimed at (in rounds), from `stream`'s round: moves the
+  // dataset's fraction, by the same amount per round of all its steering streams together,
+  // however many they are. Those that do not steer (an idle validation stream, a paused
+  // trainer) do not count: a stream counts while it steered (or came) within the dataset's last
+  // 2 x (its streams) steers.
+  void Steer(const std::string& dataset, const void* stream, double lead_error);
+  // `stream` of `dataset` came, or went.
+  void AddStream(const std::string& dataset, const void* stream);
+  void RemoveStream(const std::string& dataset, const void* stream);
   static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
       const TlsConfig& tls);
   // A feeder's channel, and service Feeder's method on it (called raw: feed_frames.h).
@@ -123,8 +127,9 @@ class FeederPool {
   // leads; set from the rates at its first round, and again when the feeders available change.
   struct Steering {
     double fraction = -1;
-    int available = -1;  // feeders available when `fraction` was set from the rates
-    int streams = 0;     // the dataset's streams now (each steers once a round)
+    int available = -1;   // feeders available when `fraction` was set from the rates
+    uint64_t steers = 0;  // rounds that steered it, of all its streams
+    std::map<const void*, uint64_t> streams;  // each stream: `steers` when it last steered, or came
   };
   std::map<std::string, Steering> steering_ ABSL_GUARDED_BY(mu_);
   struct Running {

@@ -134,6 +134,33 @@ TEST_CASE("FeederPool: a dataset's streams together steer its fraction as fast a
   CHECK(rig.view->Share(1000) == 535);  // 0.51 + 0.025
 }
 
+TEST_CASE("FeederPool: a stream of the dataset that does not steer (idle, paused) stops counting "
+          "once twice the streams' steers passed without it, and the one reading steers at the "
+          "full step",
+          "[feeder]") {
+  Rig rig(/*local_decode=*/true);
+  rig.view->LocalDone(1000, std::chrono::seconds(1));
+  v1::StreamSpec spec;
+  spec.set_batch_size(64);
+  spec.set_image_size(224);
+  const std::unique_ptr<pipeline::RemoteDecode> idle =
+      rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{});
+  CHECK(rig.view->Share(1000) == 500);
+  // Each round a quarter of a round behind (lead error -1/2: the fraction gains 1% of 1/2 a
+  // round, and the stream's share 2.5% more). Two streams: the idle one counts for the first
+  // three (it came within the last four steers), then not: 0.5 + 3 x 0.0025 + 7 x 0.005.
+  const auto near = [](uint64_t share, uint64_t expected) {  // (of 10,000: rounding aside)
+    return share + 1 >= expected && share <= expected + 1;
+  };
+  for (int i = 0; i < 10; ++i) rig.view->RoundEnded(64, 16, milliseconds(0));
+  CHECK(near(rig.view->Share(10'000), 5'675));  // counted all along, 0.525 + 0.025: 5,500
+  CHECK(near(idle->Share(10'000), 5'425));      // (its own lead error is none yet)
+  // It reads again: both steer, each at half the step.
+  idle->RoundEnded(64, 16, milliseconds(0));
+  rig.view->RoundEnded(64, 16, milliseconds(0));
+  CHECK(near(rig.view->Share(10'000), 5'725));  // 0.5425 + 2 x 0.0025 + 0.025
+}
+
 TEST_CASE("FeederPool: a call past its lease reads as answered (the filler stops decoding ahead "
           "for it), and Wait gives it up at once",
           "[feeder]") {
