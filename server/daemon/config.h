@@ -107,7 +107,7 @@ struct ServerConfig {
   std::string state_dir = "/var/lib/ringloader";
   std::string log_level = "info";
   LogFormat log_format = LogFormat::kPlain;
-  uint32_t decode_threads = 0;  // 0 = the cores this process may use (pipeline::UsableCores)
+  uint32_t decode_threads = 0;  // 0 = the cores this process may use (base::UsableCores)
   // Reads (file opens and their bytes) in flight ahead of the decodes, shared by all streams,
   // and each stream's reads outstanding: hides a slow filesystem's latency (a network mount's ms
   // per open). Needed: images/s x latency per file; 256 hides 50 ms at ~3,300 images/s (2 cores,

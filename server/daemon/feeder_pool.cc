@@ -484,17 +484,20 @@ void FeederPool::Steer(const std::string& dataset, const void* stream, double le
   if (it == steering_.end()) return;
   Steering& steering = it->second;
   const uint64_t now = ++steering.steers;
-  steering.streams[stream] = now;
+  Steering::Pace& pace = steering.streams[stream];
+  pace.gap = now - pace.last;
+  pace.last = now;
   if (steering.fraction < 0) return;
   // Each of the dataset's streams steers it once a round: N streams at kLeadIntegral each would
-  // move it N times as fast, and overshoot where one stream settles. N counts those steering:
-  // each of N streams at one pace steers once in any N steers, so one not seen in twice that
-  // many (a validation stream opened and idle, a paused trainer) is not steering, and would
-  // only slow the others' step.
-  const uint64_t window = 2 * steering.streams.size();
+  // move it N times as fast, and overshoot where one stream settles. N counts those steering: a
+  // stream steers once in each of its own gaps (N steers, at one pace), so one not seen in twice
+  // that many (a validation stream opened and idle, a paused trainer) is not steering, and would
+  // only slow the others' step. A slower stream's gap is longer: it still counts between its
+  // rounds.
+  const uint64_t streams = steering.streams.size();
   int steering_streams = 0;
-  for (const auto& [other, last] : steering.streams) {
-    if (now - last < window) ++steering_streams;
+  for (const auto& [other, its] : steering.streams) {
+    if (now - its.last < 2 * std::max(its.gap, streams)) ++steering_streams;
   }
   steering.fraction =
       std::clamp(steering.fraction - kLeadIntegral * lead_error / std::max(1, steering_streams),
@@ -504,7 +507,7 @@ void FeederPool::Steer(const std::string& dataset, const void* stream, double le
 void FeederPool::AddStream(const std::string& dataset, const void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   Steering& steering = steering_[dataset];
-  steering.streams[stream] = steering.steers;
+  steering.streams[stream] = Steering::Pace{steering.steers, 0};
 }
 
 void FeederPool::RemoveStream(const std::string& dataset, const void* stream) {

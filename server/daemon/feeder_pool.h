@@ -6,14 +6,14 @@
 // Each stream leases part of each round of its batches (pipeline::RemoteDecode) through a
 // FeederPool::ForStream view. The pool splits the samples between the feeders that are up, in
 // proportion to how fast each has delivered, and against this host's own decode threads (their
-// measured rate) unless server.local_decode = false. Each call runs on a thread of its own,
-// keeping the slices its answer came in under a reservation of memory_limit (at once or not at
-// all), and is checked (size, checksum) before the filler copies anything out of it. A feeder
-// that fails a call, or does not answer within server.feeder_lease_ms, is given no more for a
-// pause that doubles with each failure in a row (1 s to 30 s); one that refuses a dataset (a different fingerprint or decode limits: its files
-// or rules are not this host's) is given none of that dataset's samples for 10 minutes, and says
-// why in stats. A name with several addresses is each of them, resolved again every 30 s; an
-// address gone from it for 5 minutes is forgotten.
+// measured rate) unless server.local_decode = false. Each call runs on a thread of its own, keeping
+// the slices its answer came in under a reservation of memory_limit (at once or not at all), and is
+// checked (size, checksum) before the filler copies anything out of it. A feeder that fails a call,
+// or does not answer within server.feeder_lease_ms, is given no more for a pause that doubles with
+// each failure in a row (1 s to 30 s); one that refuses a dataset (a different fingerprint or
+// decode limits: its files or rules are not this host's) is given none of that dataset's samples
+// for 10 minutes, and says why in stats. A name with several addresses is each of them, resolved
+// again every 30 s; an address gone from it for 5 minutes is forgotten.
 
 #include <atomic>
 #include <chrono>
@@ -83,8 +83,8 @@ class FeederPool {
   // A round's lead, less the one aimed at (in rounds), from `stream`'s round: moves the
   // dataset's fraction, by the same amount per round of all its steering streams together,
   // however many they are. Those that do not steer (an idle validation stream, a paused
-  // trainer) do not count: a stream counts while it steered (or came) within the dataset's last
-  // 2 x (its streams) steers.
+  // trainer) do not count: a stream counts while it steered (or came) within twice its own pace
+  // (the dataset's steers between its last two), or the streams' count if that is more.
   void Steer(const std::string& dataset, const void* stream, double lead_error);
   // `stream` of `dataset` came, or went.
   void AddStream(const std::string& dataset, const void* stream);
@@ -129,7 +129,11 @@ class FeederPool {
     double fraction = -1;
     int available = -1;   // feeders available when `fraction` was set from the rates
     uint64_t steers = 0;  // rounds that steered it, of all its streams
-    std::map<const void*, uint64_t> streams;  // each stream: `steers` when it last steered, or came
+    struct Pace {
+      uint64_t last = 0;  // `steers` when the stream last steered, or came
+      uint64_t gap = 0;   // `steers` between its last two (0: not known yet)
+    };
+    std::map<const void*, Pace> streams;
   };
   std::map<std::string, Steering> steering_ ABSL_GUARDED_BY(mu_);
   struct Running {

@@ -161,6 +161,34 @@ TEST_CASE("FeederPool: a stream of the dataset that does not steer (idle, paused
   CHECK(near(rig.view->Share(10'000), 5'725));  // 0.5425 + 2 x 0.0025 + 0.025
 }
 
+TEST_CASE("FeederPool: a stream steering at a quarter of another's pace still counts between its "
+          "rounds",
+          "[feeder]") {
+  // Batches of 256 beside batches of 64: four rounds of one to each of the other's. Counted by
+  // the streams' number alone (twice two steers), the slow one dropped out before each of its
+  // rounds, and the fast one's fourth steer moved the fraction at the full step.
+  Rig rig(/*local_decode=*/true);
+  rig.view->LocalDone(1000, std::chrono::seconds(1));
+  v1::StreamSpec spec;
+  spec.set_batch_size(256);
+  spec.set_image_size(224);
+  const std::unique_ptr<pipeline::RemoteDecode> slow =
+      rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{});
+  const auto cycle = [&] {  // each round a quarter of a round behind: lead error -1/2
+    slow->RoundEnded(256, 64, milliseconds(0));
+    for (int i = 0; i < 4; ++i) rig.view->RoundEnded(64, 16, milliseconds(0));
+  };
+  cycle();  // (the slow stream's pace is known from its second round on)
+  const int64_t before = static_cast<int64_t>(rig.view->Share(10'000));
+  cycle();
+  cycle();
+  // Ten steers, each by half of 1% of 1/2: 0.025 of the fraction (0.03 when the slow stream
+  // dropped out of the count before each of its rounds).
+  const int64_t moved = static_cast<int64_t>(rig.view->Share(10'000)) - before;
+  CHECK(moved >= 248);
+  CHECK(moved <= 252);
+}
+
 TEST_CASE("FeederPool: a call past its lease reads as answered (the filler stops decoding ahead "
           "for it), and Wait gives it up at once",
           "[feeder]") {

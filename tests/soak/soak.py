@@ -28,7 +28,8 @@ With --feeders N the daemon draws decoded samples from N feeders as well (ringlo
 server.feeder_listen over the same dataset path, dialled with mutual TLS), and the feeder fault
 SIGKILLs one (restarted 3-8 s later) or SIGSTOPs it for 10-20 s, past its lease. The trainers'
 bytes are still checked against the undisturbed run, which has no feeders; the feeders must have
-decoded part of the run, and their RSS and threads stay flat too.
+decoded part of the run, and their RSS and threads stay flat too. The daemon dials them with
+its own certificate, which each hup fault rotates first, as with --tls.
 
 With --tls the daemon listens on TCP 127.0.0.1 with mutual TLS (a CA and certificates made with
 the openssl command; every trainer connects with RINGLOADER_TLS_*), and each hup fault rotates
@@ -287,8 +288,9 @@ class Daemon:
 
 class Feeder:
     """A ringloaderd decoding for the soak's daemon: server.feeder_listen on 127.0.0.1 with
-    mutual TLS (it takes the daemon's certificate only), over the same dataset path. The feeder
-    fault SIGKILLs it (start() brings it back on the same address) or SIGSTOPs it (cont())."""
+    mutual TLS (it takes certificates for IP:127.0.0.1: the daemon's, issued by the soak's CA),
+    over the same dataset path. The feeder fault SIGKILLs it (start() brings it back on the same
+    address) or SIGSTOPs it (cont())."""
 
     def __init__(self, work: Path, name: str, data: Path, pki: "Pki"):
         self.name = name
@@ -310,7 +312,7 @@ class Feeder:
             f'ca = "{pki.dir}/ca.pem"',
             f'cert = "{pki.dir}/feeder.pem"',
             f'key = "{pki.dir}/feeder.key"',
-            'allowed_clients = ["IP:127.0.0.1"]',  # the daemon's certificate
+            'allowed_clients = ["IP:127.0.0.1"]',  # the daemon's certificate names it
             "",
             "[[datasets]]",
             'name = "imagenet"',
@@ -338,6 +340,8 @@ class Feeder:
             except rl.Error:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()  # (not left running when it would not serve in time)
+                self.process.wait()
                 raise RuntimeError(f"feeder {self.name} did not start: {self.log()[-2000:]}")
             time.sleep(0.1)
 
@@ -628,7 +632,8 @@ def main() -> int:
             os.environ.update(pki.client_env())  # the trainers, health checks and stats
         if a.feeders:
             pki.issue("feeder", "IP:127.0.0.1")
-            feeders = [Feeder(work, f"feeder{i}", data, pki) for i in range(a.feeders)]
+            for i in range(a.feeders):  # each in the list as it starts: finished whatever fails
+                feeders.append(Feeder(work, f"feeder{i}", data, pki))
         daemon = Daemon(work, data, cgroup, metrics_port, "daemon", a.nofile, pki,
                         listen_tls=a.tls, feeders=[f.address for f in feeders])
         endpoint = daemon.endpoint
@@ -715,7 +720,8 @@ def main() -> int:
                 if f.exited_by_itself():
                     failures.append(f"feeder {f.name} exited with {f.process.returncode} at "
                                     f"{now:.0f} s (see {f.log_path})")
-                    f.start()
+                    f.down = True  # started again shortly, as after a kill
+                    pending.append((now + 5, "start", f))
             for item in [p for p in pending if p[0] <= now]:
                 pending.remove(item)
                 _, what, f = item
@@ -782,8 +788,9 @@ def main() -> int:
             time.sleep(0.05)
 
         answer_mount()  # (a stall is made to end before the run does)
-        for _, what, f in pending:  # feeders down or stopped at the end come back
-            (f.start if what == "start" else f.cont)()
+        for _, what, f in pending:  # feeders stopped at the end go on (those down stay down)
+            if what == "cont":
+                f.cont()
         for t in TRAINERS:
             if t.name in taken_at_answer and taken(t) <= taken_at_answer[t.name]:
                 failures.append(f"{t.name} took no sample after the mount answered again")
@@ -888,7 +895,8 @@ def main() -> int:
             for what, key, factor, slack in (
                     ("RSS MiB", "rss_mib", 1.25, 32),
                     ("open files (not the dataset's)", "fds", 1.25, 16),
-                    ("threads", "threads", 1.10, 8),
+                    # (each call to a feeder runs on a thread of its own: 4 per feeder at most)
+                    ("threads", "threads", 1.10, 8 + 4 * len(feeders)),
                     ("rings in /dev/shm", "rings", 1.0, 2)):
                 early = max(getattr(s, key) for s in first)
                 late = max(getattr(s, key) for s in second)
@@ -918,19 +926,21 @@ def main() -> int:
                 failures.append("the feeders decoded no sample: the run did not exercise them")
             for f in feeders:
                 rows = feeder_resources[f.name]
-                late_rows = [r for r in rows if r[0] >= warmup]
                 if rows:
                     feeder_lines.append(
                         f"  {f.name}: RSS MiB {rows[0][1]:.0f} at {rows[0][0]:.0f} s, "
                         f"{max(r[1] for r in rows):.0f} at most, {rows[-1][1]:.0f} at the end; "
                         f"threads {rows[0][2]} to {max(r[2] for r in rows)}")
-                # Each process on its own (a killed one starts again from nothing) that lived a
-                # minute after warm-up: the second half of its samples against the first, looser
-                # than the daemon's (how much a feeder holds follows how much the daemon leases
-                # it, which a stall or a restart of the daemon moves). And every sample within
-                # what its config bounds: memory_limit (1 GiB) and 256 MiB of code and threads.
-                for pid in sorted({r[3] for r in late_rows}):
-                    mine = [r for r in late_rows if r[3] == pid]
+                # Each process on its own (a killed one starts again from nothing), from a
+                # minute after it was first seen (it indexes, and is idle through a stall or the
+                # daemon's backoff) and after warm-up, when it lived a minute more: the second
+                # half of those samples against the first, looser than the daemon's (how much a
+                # feeder holds follows how much the daemon leases it, which a stall or a restart
+                # of the daemon moves). And every sample within what its config bounds:
+                # memory_limit (1 GiB) and 256 MiB of code and threads.
+                for pid in sorted({r[3] for r in rows}):
+                    born = min(r[0] for r in rows if r[3] == pid)
+                    mine = [r for r in rows if r[3] == pid and r[0] >= max(warmup, born + 60)]
                     if len(mine) < 12:
                         continue
                     half = len(mine) // 2
@@ -993,7 +1003,9 @@ def main() -> int:
             f"{final.get('opens_abandoned', 0)}",
             tls_line,
             *([f"feeders: {len(feeders)}, which decoded {fed} samples (as each incarnation of "
-               f"the daemon counted them); at the end: {feeder_states}", *feeder_lines]
+               f"the daemon counted them); at the end: {feeder_states}", *feeder_lines,
+               *([] if done.get("feeder") else
+                 ["  (this seed's schedule here made no feeder fault: try another --seed)"])]
               if feeders else ["feeders: none"]),
             f"storage stalls said in the log: {stalls_said} (of {done.get('stall', 0)} stall "
             f"faults; one met by a kill before its deadline passed is not said)",
