@@ -43,10 +43,14 @@ struct Rig {
     auto started = FeederPool::Start(config, budget);
     REQUIRE(started.ok());
     pool = *std::move(started);
+    view = Stream();
+  }
+  // Another stream of the dataset, of batches of `batch_size` at 224 px.
+  std::unique_ptr<pipeline::RemoteDecode> Stream(uint32_t batch_size = 64) {
     v1::StreamSpec stream;
-    stream.set_batch_size(64);
+    stream.set_batch_size(batch_size);
     stream.set_image_size(224);
-    view = pool->ForStream("test", *dataset, stream, image::DecodeLimits{});
+    return pool->ForStream("test", *dataset, stream, image::DecodeLimits{});
   }
   testing::TempDir dir;
   std::unique_ptr<pipeline::Dataset> dataset;
@@ -95,10 +99,7 @@ TEST_CASE("FeederPool: a shared round's lease follows the host's lead: more when
   view.RoundEnded(64, 0, milliseconds(32));
   CHECK(view.Share(64) == 30);  // 0.50 - 0.025
   // Another stream of the dataset shares its fraction, not this stream's latest lead.
-  v1::StreamSpec other;
-  other.set_batch_size(64);
-  other.set_image_size(224);
-  auto second = rig.pool->ForStream("test", *rig.dataset, other, image::DecodeLimits{});
+  auto second = rig.Stream();
   CHECK(second->Share(64) == 32);
   for (int i = 0; i < 200; ++i) view.RoundEnded(64, 64, milliseconds(0));
   CHECK(view.Share(64) == 63);  // at most 98%: this host's threads keep a part
@@ -114,12 +115,7 @@ TEST_CASE("FeederPool: a dataset's streams together steer its fraction as fast a
   Rig rig(/*local_decode=*/true);
   rig.view->LocalDone(1000, std::chrono::seconds(1));
   std::vector<std::unique_ptr<pipeline::RemoteDecode>> streams;
-  for (int i = 0; i < 3; ++i) {
-    v1::StreamSpec spec;
-    spec.set_batch_size(64);
-    spec.set_image_size(224);
-    streams.push_back(rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{}));
-  }
+  for (int i = 0; i < 3; ++i) streams.push_back(rig.Stream());
   CHECK(rig.view->Share(1000) == 500);
   // Each of the four streams ends a round a quarter of a round behind (lead error -1/2): the
   // fraction gains 1% of 1/2 for the rounds of all four, not four times that (0.52); each
@@ -140,11 +136,7 @@ TEST_CASE("FeederPool: a stream of the dataset that does not steer (idle, paused
           "[feeder]") {
   Rig rig(/*local_decode=*/true);
   rig.view->LocalDone(1000, std::chrono::seconds(1));
-  v1::StreamSpec spec;
-  spec.set_batch_size(64);
-  spec.set_image_size(224);
-  const std::unique_ptr<pipeline::RemoteDecode> idle =
-      rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{});
+  const std::unique_ptr<pipeline::RemoteDecode> idle = rig.Stream();
   CHECK(rig.view->Share(1000) == 500);
   // Each round a quarter of a round behind (lead error -1/2: the fraction gains 1% of 1/2 a
   // round, and the stream's share 2.5% more). Two streams: the idle one counts for the first
@@ -169,11 +161,7 @@ TEST_CASE("FeederPool: a stream steering at a quarter of another's pace still co
   // rounds, and the fast one's fourth steer moved the fraction at the full step.
   Rig rig(/*local_decode=*/true);
   rig.view->LocalDone(1000, std::chrono::seconds(1));
-  v1::StreamSpec spec;
-  spec.set_batch_size(256);
-  spec.set_image_size(224);
-  const std::unique_ptr<pipeline::RemoteDecode> slow =
-      rig.pool->ForStream("test", *rig.dataset, spec, image::DecodeLimits{});
+  const std::unique_ptr<pipeline::RemoteDecode> slow = rig.Stream(/*batch_size=*/256);
   const auto cycle = [&] {  // each round a quarter of a round behind: lead error -1/2
     slow->RoundEnded(256, 64, milliseconds(0));
     for (int i = 0; i < 4; ++i) rig.view->RoundEnded(64, 16, milliseconds(0));
