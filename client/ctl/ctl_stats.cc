@@ -88,10 +88,11 @@ void PrintTable(const v1::GetStatsResponse& s, const std::string& endpoint, std:
   }
   for (const v1::FeederStatus& f : s.feeders()) {
     out << absl::StrFormat("%-20s %s (%s): %s; %d samples, %d leases, %d failed, %.1f ms round "
-                           "trip, %.0f samples/s%s%s%s\n",
+                           "trip, %.0f samples/s%s%s%s%s\n",
                            "feeder", f.address(), f.configured(), f.state(), f.samples(),
                            f.calls(), f.lease_failures(), f.round_trip_ms(),
                            f.samples_per_second(),
+                           f.transport().empty() ? "" : " over " + f.transport(),
                            f.has_cert_days_left()
                                ? absl::StrFormat("; certificate %s, %.0f days left",
                                                  f.cert_subject(), f.cert_days_left())

@@ -256,6 +256,7 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
   r.String("metrics_listen", &s->metrics_listen);
   r.Bool("insecure_tcp", &s->insecure_tcp);
   r.String("feeder_listen", &s->feeder_listen);
+  r.String("feeder_data_listen", &s->feeder_data_listen);
   r.Bool("local_decode", &s->local_decode);
   r.Integer("feeder_lease_ms", &s->feeder_lease_ms, 100, 600'000);
   r.RejectUnknown();
@@ -297,6 +298,24 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
     if (!f.ok()) {
       return r.Fail("feeder_listen", std::string(f.message()),
                     absl::StrCat("\"", s->feeder_listen, "\""));
+    }
+  }
+  if (!s->feeder_data_listen.empty()) {
+    const std::string& d = s->feeder_data_listen;
+    absl::Status f = absl::StartsWith(d, "unix:")
+                         ? absl::InvalidArgumentError("must be HOST:PORT (other hosts dial it)")
+                         : ValidateListen(d);
+    if (f.ok() && s->feeder_listen.empty()) {
+      f = absl::InvalidArgumentError(
+          "needs server.feeder_listen (hosts learn of the data port from its answers)");
+    }
+    if (f.ok() && (d == s->listen || d == s->health_listen || d == s->metrics_listen ||
+                   d == s->feeder_listen)) {
+      f = absl::InvalidArgumentError(
+          "must differ from listen, health_listen, metrics_listen and feeder_listen");
+    }
+    if (!f.ok()) {
+      return r.Fail("feeder_data_listen", std::string(f.message()), absl::StrCat("\"", d, "\""));
     }
   }
   if (!s->admin_listen.empty() &&
@@ -600,6 +619,7 @@ std::vector<std::string> ChangedServerKeys(const ServerConfig& a, const ServerCo
   check(a.metrics_listen == b.metrics_listen, "metrics_listen");
   check(a.insecure_tcp == b.insecure_tcp, "insecure_tcp");
   check(a.feeder_listen == b.feeder_listen, "feeder_listen");
+  check(a.feeder_data_listen == b.feeder_data_listen, "feeder_data_listen");
   check(a.local_decode == b.local_decode, "local_decode");
   check(a.feeder_lease_ms == b.feeder_lease_ms, "feeder_lease_ms");
   return keys;
@@ -726,6 +746,12 @@ bool IsTcpListen(std::string_view listen) {
 
 absl::Status CheckTcpSecurity(const DaemonConfig& config) {
   const ServerConfig& s = config.server;
+  if (!s.feeder_data_listen.empty() && !config.tls.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": server.feeder_data_listen: \"", s.feeder_data_listen,
+        "\" needs [tls]: the data plane is mutual TLS only (server.insecure_tcp does not "
+        "cover it). Add [tls] ca, cert and key, or leave feeder_data_listen out"));
+  }
   if (config.tls.enabled() || s.insecure_tcp) return absl::OkStatus();
   if (!config.feeders.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -162,6 +162,11 @@ struct ServerConfig {
   // ask for (service Feeder). TCP; mutual TLS under [tls], else only with insecure_tcp. Empty =
   // not a feeder.
   std::string feeder_listen;
+  // "HOST:PORT" of this feeder's data plane (feed_socket.h): the same calls as feeder_listen's,
+  // over a TLS socket of ringloader's own, which costs both ends about half as much CPU per
+  // sample as gRPC. Hosts learn the port from an answer on feeder_listen and dial it at the
+  // address they reached. Needs feeder_listen and [tls]. Empty = gRPC only.
+  std::string feeder_data_listen;
   // With [[feeders]]: whether this host's decode threads take part (false keeps its cores for its
   // trainers: all decoding goes to feeders, and to the local threads only when none answers).
   bool local_decode = true;

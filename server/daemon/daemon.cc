@@ -41,6 +41,7 @@
 #include "server/daemon/host_notify.h"
 #include "server/daemon/progress_watch.h"
 #include "server/daemon/feeder_pool.h"
+#include "server/daemon/feed_socket_server.h"
 #include "server/daemon/feeder_service.h"
 #include "server/daemon/tls_server.h"
 #include "server/daemon/watchdog.h"
@@ -184,6 +185,7 @@ struct DaemonState {
   std::unique_ptr<grpc::Server> health_server;  // server.health_listen: probe_health only
   std::unique_ptr<FeederService> feeder_service;
   std::unique_ptr<grpc::Server> feeder_server;  // server.feeder_listen: Feeder only
+  std::unique_ptr<FeedSocketServer> feed_sockets;  // server.feeder_data_listen
   std::unique_ptr<AdminService> admin_service;
   std::unique_ptr<grpc::Server> admin_server;  // server.admin_listen: AdminService only
   std::string admin_socket_path;
@@ -834,6 +836,19 @@ absl::Status StartUp(DaemonState& d) {
     }
     SPDLOG_INFO("feeding other hosts on {} ({})", server.feeder_listen,
                 d.tls ? "mutual TLS" : "plaintext: server.insecure_tcp");
+    if (!server.feeder_data_listen.empty() && d.tls) {
+      absl::StatusOr<std::unique_ptr<FeedSocketServer>> sockets =
+          FeedSocketServer::Start(server.feeder_data_listen, *d.tls, *d.feeder_service);
+      if (!sockets.ok()) {
+        return absl::Status(sockets.status().code(),
+                            absl::StrCat(d.config.source, ": server.feeder_data_listen: ",
+                                         sockets.status().message()));
+      }
+      d.feed_sockets = *std::move(sockets);
+      d.feeder_service->SetDataPort(d.feed_sockets->port());
+      SPDLOG_INFO("feeding other hosts' data plane on {} (mutual TLS)",
+                  server.feeder_data_listen);
+    }
   }
   if (d.server && !server.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -894,6 +909,7 @@ void ShutDown(DaemonState& d) {
   // Streams first: producers stop, segments are unlinked, and the clients' Attach calls end, so
   // the server's grace period below does not wait for them.
   if (d.streams) d.streams->Shutdown();
+  d.feed_sockets.reset();  // its connections end; a fill in progress stops
   if (d.feeder_server) {  // a feed whose samples the pool abandoned above answers UNAVAILABLE
     d.feeder_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     d.feeder_server->Wait();

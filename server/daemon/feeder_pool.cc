@@ -17,6 +17,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/daemon/feed_frames.h"
+#include "server/daemon/feed_socket.h"
 #include "server/daemon/feeder_service.h"
 #include "server/daemon/stream_manager.h"
 #include "server/pipeline/batch_filler.h"
@@ -53,6 +54,21 @@ constexpr double kMostLeased = 0.98;
 // are left to the round itself.
 constexpr size_t kLeastExtraAhead = 4;
 
+// The data plane (feed_socket.h): a connection idle this long is not reused (the feeder closes
+// its own after kFeedIdleTimeout); one that cannot be dialled is not tried again for this long,
+// its calls going over gRPC meanwhile; a dial has at most this long (within the lease).
+constexpr std::chrono::seconds kReuseIdleFor{60};
+constexpr std::chrono::seconds kDataPlanePause{30};
+constexpr std::chrono::seconds kDialWithin{5};
+
+// What a feeder's answer header must say of a call of `n` samples in `expected` bytes.
+absl::Status CheckHeader(const v1::FeedHeader& header, size_t n, uint64_t expected) {
+  if (header.payload_bytes() == expected && header.count() <= n) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "its answer holds ", header.count(), " samples in ", header.payload_bytes(), " bytes; ", n,
+      " samples take ", expected, " (another transform or version?)"));
+}
+
 // A moving average that starts at its first sample.
 void Average(double& average, double sample) {
   average = average == 0 ? sample : 0.7 * average + 0.3 * sample;
@@ -60,9 +76,17 @@ void Average(double& average, double sample) {
 
 }  // namespace
 
+// A data plane connection, idle in its feeder's pool or in a call's hands.
+struct FeederPool::PooledSocket {
+  std::unique_ptr<FeedConnection> connection;
+  uint64_t generation = 0;  // the host's certificate it was dialled with (tls_generation_)
+  std::optional<base::CertificateFacts> cert;  // the feeder's, as its handshake showed it
+};
+
 struct FeederPool::Feeder {
   std::string configured;  // the [[feeders]] address
   std::string address;     // IP:PORT
+  std::string ip;          // of `address`, for its data port
   std::string target;      // the gRPC target for it
   std::string tls_name;    // the name its certificate is checked for (the configured host)
   // Replaced whole when the host's certificate is re-read (SIGHUP); a call keeps its own.
@@ -86,6 +110,23 @@ struct FeederPool::Feeder {
   double seconds_per_sample = 0;  // moving average; rate = its inverse
   uint64_t samples = 0, calls = 0, lease_failures = 0;
   std::string last_error;
+  // Its server.feeder_data_listen port, as its latest gRPC answer told it (0 = none), and
+  // until when it is not dialled (a dial failed); its idle connections there.
+  uint32_t data_port = 0;
+  Clock::time_point data_paused_until{};
+  std::vector<std::unique_ptr<PooledSocket>> idle;
+  std::string transport;  // how its latest answer came
+};
+
+// What a call's transport brought back.
+struct FeederPool::Received {
+  absl::Status result;
+  grpc::StatusCode code = grpc::StatusCode::OK;  // the feeder's own status, when it gave one
+  uint32_t count = 0;
+  std::vector<grpc::Slice> pieces;  // gRPC: the payload's slices
+  std::unique_ptr<uint8_t[]> buffer;  // the data plane: the payload, whole
+  std::optional<base::CertificateFacts> cert;
+  std::optional<uint32_t> data_port;  // as a gRPC answer told it
 };
 
 // Shared by a call's thread and the filler's Call.
@@ -112,7 +153,16 @@ struct FeederPool::CallState {
   // The answer's payload as it came: gRPC's slices, read in place (the call's thread's until
   // `done`). `held` counts them.
   std::vector<grpc::Slice> pieces;
+  std::unique_ptr<uint8_t[]> buffer;  // or, over the data plane, the payload whole
+  // The data plane connection the call's thread is using (under `mu`), shut down to cancel it.
+  FeedConnection* socket = nullptr;
   std::atomic<bool> finished{false};  // the thread is about to return (joined without waiting)
+
+  // Under `mu`: the call ends as soon as its thread sees it (gRPC's call, or the socket's).
+  void CancelLocked() {
+    context.TryCancel();
+    if (socket != nullptr) socket->Shutdown();
+  }
 };
 
 class FeederPool::Call final : public pipeline::RemoteCall {
@@ -124,11 +174,12 @@ class FeederPool::Call final : public pipeline::RemoteCall {
     if (!state_->done) {
       state_->abandoned = true;
       state_->given_up = true;
-      state_->context.TryCancel();
+      state_->CancelLocked();
     }
     // The answer's memory goes back now, not when the thread is next reaped (a thread still
     // receiving frees what it holds as it ends).
     std::vector<grpc::Slice>().swap(state_->pieces);
+    state_->buffer.reset();
     state_->held = Reservation();
   }
   const std::vector<uint64_t>& indices() const override { return state_->indices; }
@@ -142,7 +193,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
       if (Clock::now() < state_->deadline) return std::nullopt;
       state_->abandoned = true;
       state_->given_up = true;
-      state_->context.TryCancel();
+      state_->CancelLocked();
     }
     const std::string why = absl::StrCat("no answer within server.feeder_lease_ms (",
                                          pool_.lease_.count(), " ms)");
@@ -156,6 +207,7 @@ class FeederPool::Call final : public pipeline::RemoteCall {
   }
   uint32_t count() const override { return state_->count; }
   pipeline::AnswerView payload() const override {
+    if (state_->buffer) return pipeline::AnswerView({state_->buffer.get(), state_->expected_bytes});
     std::vector<std::span<const uint8_t>> pieces;
     pieces.reserve(state_->pieces.size());
     for (const grpc::Slice& piece : state_->pieces) {
@@ -259,13 +311,12 @@ class FeederPool::StreamView final : public pipeline::RemoteDecode {
 
 absl::StatusOr<std::unique_ptr<FeederPool>> FeederPool::Start(const DaemonConfig& config,
                                                               MemoryBudget& budget) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(config.tls);
+  absl::StatusOr<Dialling> credentials = Credentials(config.tls);
   if (!credentials.ok()) return credentials.status();
   return std::unique_ptr<FeederPool>(new FeederPool(config, budget, *std::move(credentials)));
 }
 
-FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
-                       std::shared_ptr<grpc::ChannelCredentials> credentials)
+FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget, Dialling credentials)
     : configured_(config.feeders),
       local_decode_(config.server.local_decode),
       lease_(config.server.feeder_lease_ms),
@@ -274,7 +325,8 @@ FeederPool::FeederPool(const DaemonConfig& config, MemoryBudget& budget,
                          : std::chrono::milliseconds(kResolveEvery)),
       budget_(budget),
       tls_(config.tls.enabled()),
-      credentials_(std::move(credentials)) {
+      credentials_(std::move(credentials.grpc)),
+      feed_tls_(std::move(credentials.data)) {
   Resolve(/*numeric_only=*/true);
   resolver_ = std::thread([this] { ResolveLoop(); });
 }
@@ -287,7 +339,10 @@ FeederPool::~FeederPool() {
     threads.swap(threads_);
   }
   stop_cv_.notify_all();
-  for (Running& r : threads) r.state->context.TryCancel();
+  for (Running& r : threads) {
+    std::lock_guard<std::mutex> lock(r.state->mu);
+    r.state->CancelLocked();
+  }
   for (Running& r : threads) r.thread.join();
   resolver_.join();
 }
@@ -318,9 +373,8 @@ std::shared_ptr<FeederPool::FeedChannel> FeederPool::MakeStub(const Feeder& feed
   return stub;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> FeederPool::Credentials(
-    const TlsConfig& tls) {
-  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+absl::StatusOr<FeederPool::Dialling> FeederPool::Credentials(const TlsConfig& tls) {
+  if (!tls.enabled()) return Dialling{grpc::InsecureChannelCredentials(), nullptr};
   absl::StatusOr<base::TlsIdentity> identity =
       base::LoadTlsIdentity(base::TlsPaths{tls.ca, tls.cert, tls.key}, std::time(nullptr));
   if (!identity.ok()) {
@@ -331,18 +385,28 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> FeederPool::Credential
   ssl.pem_root_certs = identity->ca_pem;
   ssl.pem_private_key = identity->key_pem;
   ssl.pem_cert_chain = identity->cert_pem;
-  return grpc::SslCredentials(ssl);
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> data = MakeFeedTlsContext(*identity, /*server=*/false);
+  if (!data.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[[feeders]] dial with [tls]'s certificate: ", data.status().message()));
+  }
+  return Dialling{grpc::SslCredentials(ssl), *std::move(data)};
 }
 
 absl::Status FeederPool::ReloadTls(const TlsConfig& tls) {
   if (!tls_ || !tls.enabled()) return absl::OkStatus();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(tls);
+  absl::StatusOr<Dialling> credentials = Credentials(tls);
   if (!credentials.ok()) return credentials.status();
   std::lock_guard<std::mutex> lock(mu_);
-  credentials_ = *std::move(credentials);
-  // New channels: the next calls handshake with the new certificate; calls in flight keep
-  // theirs to the end.
-  for (const auto& feeder : feeders_) feeder->stub = MakeStub(*feeder);
+  credentials_ = std::move(credentials->grpc);
+  feed_tls_ = std::move(credentials->data);
+  ++tls_generation_;
+  // New channels and data plane connections: the next calls handshake with the new
+  // certificate; calls in flight keep theirs to the end.
+  for (const auto& feeder : feeders_) {
+    feeder->stub = MakeStub(*feeder);
+    feeder->idle.clear();
+  }
   return absl::OkStatus();
 }
 
@@ -417,6 +481,8 @@ void FeederPool::Resolve(bool numeric_only) {
       feeder->configured = f.address;
       feeder->address = address;
       feeder->target = targets[address];
+      std::string ip, ignored_port;
+      if (SplitHostPort(address, &ip, &ignored_port)) feeder->ip = ip;
       feeder->tls_name = host;
       feeder->stub = MakeStub(*feeder);
       SPDLOG_INFO("feeder {}: drawing decoded samples from {}", f.address, address);
@@ -582,17 +648,123 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
   return calls;
 }
 
-void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
-  pthread_setname_np(pthread_self(), "rl-feeder-call");
-  state->context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
+std::unique_ptr<FeederPool::PooledSocket> FeederPool::DataSocket(Feeder& feeder,
+                                                                 const CallState& state) {
+  std::shared_ptr<SSL_CTX> context;
+  uint32_t port = 0;
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    if (feeder.data_port == 0 || !feed_tls_ || feeder.ip.empty() ||
+        now < feeder.data_paused_until) {
+      return nullptr;
+    }
+    while (!feeder.idle.empty()) {
+      std::unique_ptr<PooledSocket> idle = std::move(feeder.idle.back());
+      feeder.idle.pop_back();
+      // Closed by the feeder (idle, restarted), or idle long enough that it may be: not used.
+      if (now - idle->connection->last_used < kReuseIdleFor && !idle->connection->PeerSpoke()) {
+        return idle;
+      }
+    }
+    context = feed_tls_;
+    port = feeder.data_port;
+    generation = tls_generation_;
+  }
+  const auto deadline = std::min(state.deadline, Clock::now() + kDialWithin);
+  absl::StatusOr<std::unique_ptr<FeedConnection>> dialled =
+      FeedConnection::Dial(feeder.ip, std::to_string(port), feeder.tls_name, context.get(),
+                           deadline);
+  if (!dialled.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    feeder.data_paused_until = Clock::now() + kDataPlanePause;
+    SPDLOG_WARN("feeder {}: its data port {} cannot be used ({}): its answers come over gRPC, and "
+                "the port is dialled again in {} s",
+                feeder.address, port, std::string(dialled.status().message()),
+                kDataPlanePause.count());
+    return nullptr;
+  }
+  auto socket = std::make_unique<PooledSocket>();
+  socket->connection = *std::move(dialled);
+  socket->generation = generation;
+  absl::StatusOr<base::CertificateFacts> facts =
+      base::DescribeCertificate(socket->connection->PeerCertificatePem());
+  if (facts.ok()) socket->cert = *std::move(facts);
+  return socket;
+}
+
+FeederPool::Received FeederPool::ReceiveSocket(CallState& state, PooledSocket& socket) {
+  Received got;
+  FeedConnection& c = *socket.connection;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.abandoned) {
+      got.result = absl::CancelledError("given up before it was sent");
+      return got;
+    }
+    state.socket = &c;
+  }
+  const size_t n = state.indices.size();
+  const auto deadline = state.deadline + std::chrono::seconds(1);  // as gRPC's (RunCall)
+  got.result = [&]() -> absl::Status {
+    if (absl::Status s = c.WriteFrame(kFeedFrameRequest, state.request, deadline); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<FeedConnection::Frame> frame = c.ReadFrame(deadline);
+    if (!frame.ok()) return frame.status();
+    if (frame->type == kFeedFrameError) {
+      v1::FeedError error;
+      if (!error.ParseFromString(frame->bytes) || error.code() <= 0 || error.code() > 16) {
+        return absl::DataLossError("its answer held an error frame that is not one");
+      }
+      got.code = static_cast<grpc::StatusCode>(error.code());
+      return absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
+    }
+    v1::FeedHeader header;
+    if (frame->type != kFeedFrameHeader || !header.ParseFromString(frame->bytes)) {
+      return absl::DataLossError("its answer did not start with a header");
+    }
+    if (absl::Status s = CheckHeader(header, n, state.expected_bytes); !s.ok()) return s;
+    const bool xxh3 = header.has_payload_xxh3();  // as asked; a feeder older than it: XXH64
+    PayloadHash hash(xxh3 ? PayloadHash::Kind::kXxh3 : PayloadHash::Kind::kXxh64);
+    got.buffer = std::make_unique_for_overwrite<uint8_t[]>(state.expected_bytes);
+    // Decrypted straight into the buffer, hashed record by record while in cache.
+    absl::Status read = c.Read({got.buffer.get(), state.expected_bytes}, deadline,
+                               [&](std::span<const uint8_t> piece) {
+                                 if (state.given_up) {  // its memory is given back: stop
+                                   return absl::CancelledError("given up while its answer came");
+                                 }
+                                 hash.Update(piece);
+                                 return absl::OkStatus();
+                               });
+    if (!read.ok()) return read;
+    if (hash.Digest() != (xxh3 ? header.payload_xxh3() : header.payload_xxh64())) {
+      return absl::DataLossError(absl::StrCat("its answer's ", xxh3 ? "XXH3" : "XXH64",
+                                              " is not the one its header gave"));
+    }
+    got.count = header.count();
+    return absl::OkStatus();
+  }();
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.socket = nullptr;
+  }
+  if (!got.result.ok()) got.buffer.reset();
+  got.cert = socket.cert;
+  return got;
+}
+
+FeederPool::Received FeederPool::ReceiveGrpc(CallState& state) {
+  Received got;
+  state.context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
   // Raw (feed_frames.h): the payload frames' slices are kept as they came, not copied.
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          state->stub->channel.get(), *state->stub->method, &state->context, state->request));
-  const size_t n = state->indices.size();
+          state.stub->channel.get(), *state.stub->method, &state.context, state.request));
+  const size_t n = state.indices.size();
   absl::Status result;
-  uint32_t count = 0;
-  std::vector<grpc::Slice> pieces;  // the answer's payload, the thread's until it is done
+  std::vector<grpc::Slice>& pieces = got.pieces;  // the answer's payload
   size_t received = 0;
   grpc::ByteBuffer frame;
   uint64_t checksum = 0;
@@ -601,26 +773,23 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     absl::StatusOr<ReadFrame> first = ParseFrame(frame, 0, nullptr, nullptr);
     if (!first.ok() || !first->header) {
       result = absl::DataLossError("its answer did not start with a header");
-    } else if (first->header->payload_bytes() != state->expected_bytes ||
-               first->header->count() > n) {
-      result = absl::DataLossError(absl::StrCat(
-          "its answer holds ", first->header->count(), " samples in ",
-          first->header->payload_bytes(), " bytes; ", n, " samples take ", state->expected_bytes,
-          " (another transform or version?)"));
+    } else if (absl::Status s = CheckHeader(*first->header, n, state.expected_bytes); !s.ok()) {
+      result = s;
     } else {
-      count = first->header->count();
+      got.count = first->header->count();
+      got.data_port = first->header->data_port();
       // XXH3 as asked; a feeder older than it sends XXH64.
       const bool xxh3 = first->header->has_payload_xxh3();
       checksum = xxh3 ? first->header->payload_xxh3() : first->header->payload_xxh64();
       hash.emplace(xxh3 ? PayloadHash::Kind::kXxh3 : PayloadHash::Kind::kXxh64);
       while (result.ok() && reader->Read(&frame)) {
-        if (state->given_up) {  // its memory is given back: receive no more into it
+        if (state.given_up) {  // its memory is given back: receive no more into it
           result = absl::CancelledError("given up while its answer came");
           std::vector<grpc::Slice>().swap(pieces);
           break;
         }
         absl::StatusOr<ReadFrame> part =
-            ParseFrame(frame, state->expected_bytes - received, &*hash, &pieces);
+            ParseFrame(frame, state.expected_bytes - received, &*hash, &pieces);
         if (!part.ok()) {
           result = part.status();
         } else if (part->header) {
@@ -631,17 +800,16 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
       }
     }
   }
-  if (!result.ok()) state->context.TryCancel();
+  if (!result.ok()) state.context.TryCancel();
   const grpc::Status finished = reader->Finish();
-  grpc::StatusCode code = grpc::StatusCode::OK;
   if (result.ok() && !finished.ok()) {
-    code = finished.error_code();
+    got.code = finished.error_code();
     result = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
                           finished.error_message());
   }
-  if (result.ok() && received != state->expected_bytes) {
+  if (result.ok() && received != state.expected_bytes) {
     result = absl::DataLossError(
-        absl::StrCat("its answer ended after ", received, " of ", state->expected_bytes,
+        absl::StrCat("its answer ended after ", received, " of ", state.expected_bytes,
                      " bytes"));
   }
   if (result.ok() && hash && hash->Digest() != checksum) {
@@ -650,24 +818,44 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
         " is not the one its header gave"));
   }
   // The feeder's certificate, for its days left in stats (the handshake checked it already).
-  std::optional<base::CertificateFacts> cert;
   if (result.ok() && tls_) {
-    const std::shared_ptr<const grpc::AuthContext> auth = state->context.auth_context();
+    const std::shared_ptr<const grpc::AuthContext> auth = state.context.auth_context();
     const std::vector<grpc::string_ref> pems =
         auth ? auth->FindPropertyValues("x509_pem_cert") : std::vector<grpc::string_ref>();
     if (!pems.empty()) {
       absl::StatusOr<base::CertificateFacts> facts =
           base::DescribeCertificate(std::string_view(pems[0].data(), pems[0].size()));
-      if (facts.ok()) cert = *std::move(facts);
+      if (facts.ok()) got.cert = *std::move(facts);
     }
   }
+  if (!result.ok()) std::vector<grpc::Slice>().swap(pieces);
+  got.result = std::move(result);
+  return got;
+}
+
+void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
+  pthread_setname_np(pthread_self(), "rl-feeder-call");
+  std::unique_ptr<PooledSocket> socket = DataSocket(*feeder, *state);
+  Received got = socket ? ReceiveSocket(*state, *socket) : ReceiveGrpc(*state);
+  const absl::Status result = got.result;
+  const grpc::StatusCode code = got.code;
+  const uint32_t count = got.count;
   const auto ended = Clock::now();
   Clock::duration busy;
   {
     std::lock_guard<std::mutex> lock(mu_);
     busy = ended - std::max(state->started, feeder->busy_mark);
     feeder->busy_mark = std::max(feeder->busy_mark, ended);
-    if (cert) feeder->cert = std::move(cert);
+    if (result.ok() && got.cert) feeder->cert = std::move(got.cert);
+    if (got.data_port) feeder->data_port = *got.data_port;  // the port may come, go, or move
+    if (result.ok()) feeder->transport = socket ? "tls socket" : "grpc";
+    // A connection that carried a whole answer is kept for the next call, unless the host's
+    // certificate was re-read since it was dialled.
+    if (socket && result.ok() && socket->generation == tls_generation_ &&
+        feeder->idle.size() < static_cast<size_t>(kMaxFeedsPerHost)) {
+      socket->connection->last_used = ended;
+      feeder->idle.push_back(std::move(socket));
+    }
     // Before the filler hears it is done: its next round must find the feeder free of it (else,
     // still counted against kMaxFeedsPerHost, the feeder was not Available and a whole round fell
     // back to this host: feeder_test's "local_decode = false" saw 8 fallback samples under load).
@@ -682,7 +870,10 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     state->status = result;
     state->count = count;
     state->ended = ended;
-    if (!abandoned && result.ok()) state->pieces = std::move(pieces);
+    if (!abandoned && result.ok()) {
+      state->pieces = std::move(got.pieces);
+      state->buffer = std::move(got.buffer);
+    }
     if (abandoned) state->held = Reservation();  // nobody reads it
     state->cv.notify_all();
   }
@@ -780,6 +971,7 @@ std::vector<v1::FeederStatus> FeederPool::Status() const {
       s.set_cert_days_left(feeder->cert->DaysLeft(std::time(nullptr)));
       s.set_cert_subject(feeder->cert->subject);
     }
+    s.set_transport(feeder->transport);
     out.push_back(std::move(s));
   }
   return out;

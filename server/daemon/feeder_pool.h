@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
+#include "openssl/ssl.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "server/daemon/config.h"
 #include "server/daemon/memory_budget.h"
@@ -68,10 +69,17 @@ class FeederPool {
  private:
   struct Feeder;
   struct CallState;
+  struct PooledSocket;
+  struct Received;
   class Call;
   class StreamView;
-  FeederPool(const DaemonConfig& config, MemoryBudget& budget,
-             std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // How feeders are dialled: gRPC's credentials, and the data plane's TLS context (feed_socket.h;
+  // null without [tls]).
+  struct Dialling {
+    std::shared_ptr<grpc::ChannelCredentials> grpc;
+    std::shared_ptr<SSL_CTX> data;
+  };
+  FeederPool(const DaemonConfig& config, MemoryBudget& budget, Dialling credentials);
   // The samples of a round of `k` to lease: the dataset's fraction plus a stream's `adjust`.
   uint64_t ShareFor(const std::string& dataset, uint64_t k, double adjust);
   // The rate assumed of a feeder not measured yet: the measured ones' mean, else this host's.
@@ -89,8 +97,7 @@ class FeederPool {
   // `stream` of `dataset` came, or went.
   void AddStream(const std::string& dataset, const void* stream);
   void RemoveStream(const std::string& dataset, const void* stream);
-  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
-      const TlsConfig& tls);
+  static absl::StatusOr<Dialling> Credentials(const TlsConfig& tls);
   // A feeder's channel, and service Feeder's method on it (called raw: feed_frames.h).
   struct FeedChannel {
     std::shared_ptr<grpc::Channel> channel;
@@ -102,8 +109,14 @@ class FeederPool {
   // Each [[feeders]] address's IPs, dialled from now on; `numeric_only`: only those that need
   // no DNS (at start, which must not wait on a resolver).
   void Resolve(bool numeric_only);
-  // A call's thread: the RPC, its checks, and what it says of the feeder.
+  // A call's thread: the RPC, its checks, and what it says of the feeder. Over the feeder's
+  // data plane when it has one (feed_socket.h) and it can be dialled, else over gRPC.
   void RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state);
+  Received ReceiveGrpc(CallState& state);
+  Received ReceiveSocket(CallState& state, PooledSocket& socket);
+  // An idle connection to `feeder`'s data port, or a new one; null when it has none, or when it
+  // cannot be dialled (then paused for kDataPlanePause, said in the log).
+  std::unique_ptr<PooledSocket> DataSocket(Feeder& feeder, const CallState& state);
   void Failed(Feeder& feeder, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Available(const Feeder& feeder, const std::string& dataset,
                  std::chrono::steady_clock::time_point now) const
@@ -119,6 +132,8 @@ class FeederPool {
 
   mutable std::mutex mu_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SSL_CTX> feed_tls_ ABSL_GUARDED_BY(mu_);  // null without [tls]
+  uint64_t tls_generation_ ABSL_GUARDED_BY(mu_) = 0;      // reloads of the host's certificate
   std::condition_variable stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Feeder>> feeders_ ABSL_GUARDED_BY(mu_);  // by address

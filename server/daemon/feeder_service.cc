@@ -198,60 +198,89 @@ FeederService::~FeederService() {
   }
 }
 
-grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
-                                        const v1::FeedRequest* request,
-                                        grpc::ServerWriter<grpc::ByteBuffer>* writer) {
-  const std::string host = ClientKeyOfPeer(context->peer());
+absl::StatusOr<FeederService::FeedAnswer> FeederService::Answer(
+    const std::string& host, const v1::FeedRequest& request, const std::function<bool()>& left) {
   std::shared_ptr<std::timed_mutex> fill_turn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     HostFeeds& feeds = feeds_by_host_[host];
     if (feeds.in_progress >= kMaxFeedsPerHost) {
-      return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+      return absl::ResourceExhaustedError(absl::StrCat(
           "this feeder runs ", kMaxFeedsPerHost, " feeds for ", host.empty() ? "this host" : host,
-          " already: decode these elsewhere")));
+          " already: decode these elsewhere"));
     }
     ++feeds.in_progress;
     fill_turn = feeds.fill_turn;
   }
-  grpc::Status status = Feed(context, request, writer, *fill_turn);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--feeds_by_host_[host].in_progress == 0) feeds_by_host_.erase(host);
-  return status;
+  // The host's place, held until its answer is sent (or dropped).
+  std::shared_ptr<void> place(nullptr, [this, host](void*) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--feeds_by_host_[host].in_progress == 0) feeds_by_host_.erase(host);
+  });
+  absl::StatusOr<FeedAnswer> answer = Fill(request, left, *fill_turn);
+  if (answer.ok()) answer->place = std::move(place);
+  return answer;
 }
 
-grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                                 grpc::ServerWriter<grpc::ByteBuffer>* writer,
-                                 std::timed_mutex& fill_turn) {
-  const ServedDataset* served = datasets_.Find(request->dataset());
-  if (served == nullptr && datasets_.Indexing(request->dataset())) {
-    return ToGrpc(absl::UnavailableError(absl::StrCat(
-        "dataset \"", request->dataset(), "\" is still being indexed on this feeder")));
+void FeederService::Sent(const FeedAnswer& answer) {
+  feeds_.fetch_add(1, std::memory_order_relaxed);
+  samples_fed_.fetch_add(answer.header.count(), std::memory_order_relaxed);
+}
+
+grpc::Status FeederService::FeedSamples(grpc::ServerContext* context,
+                                        const v1::FeedRequest* request,
+                                        grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+  absl::StatusOr<FeedAnswer> answer = Answer(ClientKeyOfPeer(context->peer()), *request,
+                                             [context] { return context->IsCancelled(); });
+  if (!answer.ok()) return ToGrpc(answer.status());
+  const CutOff cut_off(context, kFeedWriteTimeout);
+  if (!writer->Write(HeaderFrame(answer->header))) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  }
+  const std::span<const uint8_t> payload = answer->payload();
+  for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {
+    const std::span<const uint8_t> chunk(payload.data() + offset,
+                                         std::min(kFeedFrameBytes, payload.size() - offset));
+    if (!writer->Write(PayloadFrame(chunk, answer->buffer))) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+    }
+  }
+  Sent(*answer);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<FeederService::FeedAnswer> FeederService::Fill(const v1::FeedRequest& request,
+                                                              const std::function<bool()>& left,
+                                                              std::timed_mutex& fill_turn) {
+  const ServedDataset* served = datasets_.Find(request.dataset());
+  if (served == nullptr && datasets_.Indexing(request.dataset())) {
+    return absl::UnavailableError(absl::StrCat(
+        "dataset \"", request.dataset(), "\" is still being indexed on this feeder"));
   }
   if (served == nullptr) {
     std::vector<std::string> names;
     for (const ServedDataset* d : datasets_.All()) names.push_back(d->config.name);
-    return ToGrpc(absl::NotFoundError(absl::StrCat(
-        "dataset \"", Echo(request->dataset()),
+    return absl::NotFoundError(absl::StrCat(
+        "dataset \"", Echo(request.dataset()),
         "\" is not served by this feeder (it serves: ",
-        names.empty() ? "none" : absl::StrJoin(names, ", "), ")")));
+        names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
   }
   const pipeline::Dataset& dataset = *served->dataset;
-  if (request->dataset_fingerprint() != dataset.fingerprint()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrFormat(
+  if (request.dataset_fingerprint() != dataset.fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
         "dataset \"%s\": this feeder's fingerprint is %016x, the host's %016x: the two machines "
         "do not see the same files (its samples would differ)",
-        served->config.name, dataset.fingerprint(), request->dataset_fingerprint())));
+        served->config.name, dataset.fingerprint(), request.dataset_fingerprint()));
   }
-  if (!request->label_source().empty() && request->label_source() != LabelSource(dataset)) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+  if (!request.label_source().empty() && request.label_source() != LabelSource(dataset)) {
+    return absl::FailedPreconditionError(absl::StrCat(
         "dataset \"", served->config.name, "\": this feeder's labels come from ",
-        LabelSource(dataset), ", the host's from ", Echo(request->label_source()),
-        ": the same samples would carry other labels")));
+        LabelSource(dataset), ", the host's from ", Echo(request.label_source()),
+        ": the same samples would carry other labels"));
   }
   const image::DecodeLimits limits = DecodeLimitsOf(served->config);
-  if (request->has_limits()) {
-    const v1::FeedLimits& theirs = request->limits();
+  if (request.has_limits()) {
+    const v1::FeedLimits& theirs = request.limits();
     const auto describe = [](uint64_t pixels, uint64_t bytes, bool warnings, uint32_t scans) {
       return absl::StrCat("max_pixels ", pixels, ", max_file_bytes ", bytes,
                           ", warnings_are_errors ", warnings ? "true" : "false", ", max_scans ",
@@ -261,39 +290,39 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
         theirs.max_file_bytes() != limits.max_file_bytes ||
         theirs.warnings_are_errors() != limits.warnings_are_errors ||
         theirs.max_scans() != limits.max_scans) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "dataset \"", served->config.name, "\": this feeder's decode limits are ",
           describe(limits.max_pixels, limits.max_file_bytes, limits.warnings_are_errors,
                    limits.max_scans),
           ", the host's ",
           describe(theirs.max_pixels(), theirs.max_file_bytes(), theirs.warnings_are_errors(),
                    theirs.max_scans()),
-          ": a sample one refuses the other would deliver")));
+          ": a sample one refuses the other would deliver"));
     }
   }
-  const int n = request->indices_size();
+  const int n = request.indices_size();
   if (n == 0 || n > kMaxFeedSamples) {
-    return ToGrpc(absl::InvalidArgumentError(
-        absl::StrCat("indices: must hold 1 to ", kMaxFeedSamples, " samples (got ", n, ")")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("indices: must hold 1 to ", kMaxFeedSamples, " samples (got ", n, ")"));
   }
-  std::vector<uint32_t> indices(request->indices().begin(), request->indices().end());
+  std::vector<uint32_t> indices(request.indices().begin(), request.indices().end());
   if (std::set<uint32_t>(indices.begin(), indices.end()).size() != indices.size()) {
-    return ToGrpc(absl::InvalidArgumentError("indices: each sample at most once"));
+    return absl::InvalidArgumentError("indices: each sample at most once");
   }
   for (uint32_t index : indices) {
     if (index >= dataset.size()) {
-      return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           "indices: ", index, " is past dataset \"", served->config.name, "\"'s ",
-          dataset.size(), " samples")));
+          dataset.size(), " samples"));
     }
   }
-  v1::StreamSpec spec = request->spec();
+  v1::StreamSpec spec = request.spec();
   spec.set_batch_size(static_cast<uint32_t>(n));
   spec.set_rank(0);
   spec.set_world_size(1);
   spec.set_ring_slots(0);
   if (absl::Status s = ValidateStreamSpec(config_, spec); !s.ok()) {
-    return ToGrpc(absl::InvalidArgumentError(absl::StrCat("spec.", s.message())));
+    return absl::InvalidArgumentError(absl::StrCat("spec.", s.message()));
   }
   const image::TransformSpec transform = ToTransform(spec);
   const pipeline::BatchLayout layout =
@@ -301,15 +330,15 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   // This host's turn first: a feed waiting behind another of its host's holds no memory.
   std::unique_lock<std::timed_mutex> turn(fill_turn, std::defer_lock);
   while (!turn.try_lock_for(std::chrono::milliseconds(50))) {
-    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+    if (left()) return absl::CancelledError("the host left");
   }
   // Given up while it waited its turn (a call held ahead that the rounds passed by): not filled.
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  if (left()) return absl::CancelledError("the host left");
   // The answer's buffer is drawn from memory_limit, at once or not at all, and feeds together
   // hold at most a quarter of it: the feeder's own trainers come first.
   absl::StatusOr<std::shared_ptr<SpareBuffers::Buffer>> answer =
       answers_->Take(layout.total_bytes, absl::StrCat("a feed of ", n, " samples"));
-  if (!answer.ok()) return ToGrpc(answer.status());
+  if (!answer.ok()) return answer.status();
   AnswerBytes& payload = (*answer)->bytes;
   // Zeroed: what a filled batch leaves unwritten (alignment) must be neither another answer's
   // bytes nor the allocator's leftovers.
@@ -317,7 +346,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
 
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = spec.seed();
-  shard_spec.epoch = request->epoch();
+  shard_spec.epoch = request.epoch();
   const pipeline::EpochShard shard(shard_spec, std::move(indices));
   pipeline::FillRequest fill;
   fill.dataset = &dataset;
@@ -327,13 +356,13 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   fill.transform = transform;
   fill.on_error = pipeline::OnError::kSkip;
   fill.seed = spec.seed();
-  fill.epoch = request->epoch();
+  fill.epoch = request.epoch();
   fill.limits = limits;
-  fill.stop = [context] { return context->IsCancelled(); };
+  fill.stop = left;
   absl::StatusOr<pipeline::FilledBatch> filled = filler_.Fill(fill, payload, observer_.get());
   turn.unlock();
-  if (!filled.ok()) return ToGrpc(filled.status());
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
+  if (!filled.ok()) return filled.status();
+  if (left()) return absl::CancelledError("the host left");
   // A failure that may pass (or a shutdown's abandoned samples) is no verdict on the sample.
   std::string passing;  // the reason of one such failure
   for (const auto& [reason, count] : filled->skipped_by_reason) {
@@ -343,9 +372,9 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     if (MayPass(e.reason, e.message)) passing = e.reason;
   }
   if (!passing.empty()) {
-    return ToGrpc(absl::UnavailableError(absl::StrCat(
+    return absl::UnavailableError(absl::StrCat(
         "a sample failed here with \"", passing,
-        "\", which may pass or differ elsewhere: decode these elsewhere")));
+        "\", which may pass or differ elsewhere: decode these elsewhere"));
   }
 
   v1::FeedHeader header;
@@ -368,7 +397,7 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
     std::memcpy(payload.data() + layout.labels_offset, &label, 8);
   }
   header.set_payload_bytes(payload.size());
-  if (request->payload_xxh3()) {
+  if (request.payload_xxh3()) {
     header.set_payload_xxh3(PayloadHash::Of(PayloadHash::Kind::kXxh3, payload));
   } else {
     header.set_payload_xxh64(PayloadHash::Of(PayloadHash::Kind::kXxh64, payload));
@@ -376,20 +405,8 @@ grpc::Status FeederService::Feed(grpc::ServerContext* context, const v1::FeedReq
   if (lie_ == "checksum" && !payload.empty()) payload[payload.size() / 2] ^= 0x5a;
   if (lie_ == "short" && !payload.empty()) payload.pop_back();
   if (lie_ == "slow") std::this_thread::sleep_for(std::chrono::seconds(3));
-  const CutOff cut_off(context, kFeedWriteTimeout);
-  if (!writer->Write(HeaderFrame(header))) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
-  }
-  for (size_t offset = 0; offset < payload.size(); offset += kFeedFrameBytes) {
-    const std::span<const uint8_t> chunk(payload.data() + offset,
-                                         std::min(kFeedFrameBytes, payload.size() - offset));
-    if (!writer->Write(PayloadFrame(chunk, *answer))) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the host left");
-    }
-  }
-  feeds_.fetch_add(1, std::memory_order_relaxed);
-  samples_fed_.fetch_add(filled->count, std::memory_order_relaxed);
-  return grpc::Status::OK;
+  header.set_data_port(data_port_.load());
+  return FeedAnswer{std::move(header), *std::move(answer), nullptr};
 }
 
 }  // namespace ringloader::server

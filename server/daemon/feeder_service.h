@@ -21,11 +21,13 @@
 //     quarantine, shutdown) fails the whole call UNAVAILABLE rather than reading as a bad file.
 
 #include <atomic>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "proto/ringloader.grpc.pb.h"
@@ -73,6 +75,26 @@ class FeederService final : public grpc::Service {
   grpc::Status FeedSamples(grpc::ServerContext* context, const v1::FeedRequest* request,
                            grpc::ServerWriter<grpc::ByteBuffer>* writer);
 
+  // A call's answer, filled: its header, and its payload's buffer. Dropping it gives back the
+  // buffer (unless a gRPC slice still holds it) and the host's place among its kMaxFeedsPerHost.
+  struct FeedAnswer {
+    v1::FeedHeader header;
+    std::shared_ptr<SpareBuffers::Buffer> buffer;
+    std::shared_ptr<void> place;
+    std::span<const uint8_t> payload() const {
+      return {buffer->bytes.data(), buffer->bytes.size()};
+    }
+  };
+  // Any transport's call (the data plane's, feed_socket.h): fills `request` for `host` (its
+  // ClientKeyOfPeer). `left` says the host has gone (the fill stops). The error is the call's
+  // status, as FeedSamples returns it.
+  absl::StatusOr<FeedAnswer> Answer(const std::string& host, const v1::FeedRequest& request,
+                                    const std::function<bool()>& left);
+  // `answer` was sent whole: counted in feeds() and samples_fed().
+  void Sent(const FeedAnswer& answer);
+  // The port of server.feeder_data_listen, told in every answer's header (0 = none).
+  void SetDataPort(uint16_t port) { data_port_.store(port); }
+
   uint64_t feeds() const { return feeds_.load(); }
   uint64_t samples_fed() const { return samples_fed_.load(); }
 
@@ -82,8 +104,8 @@ class FeederService final : public grpc::Service {
   // `fill_turn`: held while filling, so that one host's feeds are filled one at a time, in the
   // order they came (its next round's lease, started ahead, waits behind the one it waits for
   // now instead of halving its speed), while each answer is sent as the next is filled.
-  grpc::Status Feed(grpc::ServerContext* context, const v1::FeedRequest* request,
-                    grpc::ServerWriter<grpc::ByteBuffer>* writer, std::timed_mutex& fill_turn);
+  absl::StatusOr<FeedAnswer> Fill(const v1::FeedRequest& request, const std::function<bool()>& left,
+                                  std::timed_mutex& fill_turn);
 
   const ServerConfig& config_;
   const DatasetRegistry& datasets_;
@@ -100,6 +122,7 @@ class FeederService final : public grpc::Service {
   std::map<std::string, HostFeeds> feeds_by_host_;  // with feeds in progress, under mu_
   std::atomic<uint64_t> feeds_{0};
   std::atomic<uint64_t> samples_fed_{0};
+  std::atomic<uint16_t> data_port_{0};
 };
 
 }  // namespace ringloader::server

@@ -70,12 +70,19 @@ class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
     const std::string leaf_pem = leaf.empty() ? "" : std::string(leaf[0].data(), leaf[0].size());
     const std::string chain_pem =
         chain.empty() ? "" : std::string(chain[0].data(), chain[0].size());
+    const absl::Status verdict = Check(leaf_pem, chain_pem);
+    if (verdict.ok()) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(verdict.message()));
+  }
+
+  // OK, or Unauthenticated saying why ("ringloaderd refused this client: ..."), logged.
+  absl::Status Check(const std::string& leaf_pem, const std::string& chain_pem) {
     const int64_t now = NowSeconds();
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = trusted_.find(leaf_pem);
       if (it != trusted_.end() && it->second.until > now && it->second.generation == generation_) {
-        return grpc::Status::OK;
+        return absl::OkStatus();
       }
     }
     // Checked outside the lock: other connections' calls do not wait for this one.
@@ -101,7 +108,7 @@ class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
           if (trusted_.size() >= kMaxTrusted) trusted_.clear();
           trusted_[leaf_pem] = Trusted{std::min(now + 60, not_after), generation};
         }
-        return grpc::Status::OK;
+        return absl::OkStatus();
       }
       refused = ++refused_;
       last_refusal_ = std::string(verdict.message());
@@ -117,8 +124,8 @@ class ClientCertificateCheck final : public grpc::AuthMetadataProcessor {
       SPDLOG_WARN("TLS: refused a client: {} ({} refused so far)", std::string(verdict.message()),
                   refused);
     }
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        absl::StrCat("ringloaderd refused this client: ", verdict.message()));
+    return absl::UnauthenticatedError(
+        absl::StrCat("ringloaderd refused this client: ", verdict.message()));
   }
 
   void Replace(base::PeerVerifier verifier) {
@@ -258,6 +265,21 @@ absl::Status TlsServer::Reload(const TlsConfig& config) {
   SPDLOG_INFO("TLS: reloaded: certificate {} ({:.0f} days left), CA {}", identity_.cert.subject,
               identity_.cert.DaysLeft(NowSeconds()), identity_.ca.subject);
   return absl::OkStatus();
+}
+
+absl::Status TlsServer::CheckClient(const std::string& leaf_pem, const std::string& chain_pem) {
+  return check_->Check(leaf_pem, chain_pem);
+}
+
+base::TlsIdentity TlsServer::Identity(uint64_t* generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation != nullptr) *generation = generation_;
+  return identity_;
+}
+
+uint64_t TlsServer::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
 }
 
 v1::TlsStatus TlsServer::Status() const {

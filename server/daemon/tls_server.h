@@ -51,6 +51,13 @@ class TlsServer {
   // For GetStats (days left counted from now).
   v1::TlsStatus Status() const;
 
+  // The feed data plane's (feed_socket.h), which does its own TLS: the client check every call
+  // gets (OK, or Unauthenticated saying why, logged and counted as for gRPC), and the identity
+  // as last (re)loaded, with its generation (it changes with each reload taken).
+  absl::Status CheckClient(const std::string& leaf_pem, const std::string& chain_pem);
+  base::TlsIdentity Identity(uint64_t* generation) const;
+  uint64_t generation() const;
+
  private:
   TlsServer(std::string stage_dir, std::shared_ptr<ClientCertificateCheck> check);
   absl::Status Stage(const base::TlsIdentity& identity);

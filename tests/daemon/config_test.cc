@@ -262,6 +262,25 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
   ExpectError(Config("feeder_listen = \"0.0.0.0:7001\"\nmetrics_listen = \"0.0.0.0:7001\"") + tls,
               "t.toml: server.feeder_listen: must differ from listen, health_listen and "
               "metrics_listen (got \"0.0.0.0:7001\")");
+  // Its data plane: TLS only, beside a feeder_listen, on a port of its own.
+  const std::string fed_here = "feeder_listen = \"0.0.0.0:7001\"\n";
+  absl::StatusOr<DaemonConfig> data =
+      Parse(Config(fed_here + "feeder_data_listen = \"0.0.0.0:7002\"") + tls);
+  REQUIRE(data.ok());
+  CHECK(data->server.feeder_data_listen == "0.0.0.0:7002");
+  ExpectError(Config(fed_here + "feeder_data_listen = \"0.0.0.0:7002\"\ninsecure_tcp = true"),
+              "t.toml: server.feeder_data_listen: \"0.0.0.0:7002\" needs [tls]: the data plane "
+              "is mutual TLS only (server.insecure_tcp does not cover it). Add [tls] ca, cert "
+              "and key, or leave feeder_data_listen out");
+  ExpectError(Config("feeder_data_listen = \"0.0.0.0:7002\"") + tls,
+              "t.toml: server.feeder_data_listen: needs server.feeder_listen (hosts learn of the "
+              "data port from its answers) (got \"0.0.0.0:7002\")");
+  ExpectError(Config(fed_here + "feeder_data_listen = \"0.0.0.0:7001\"") + tls,
+              "t.toml: server.feeder_data_listen: must differ from listen, health_listen, "
+              "metrics_listen and feeder_listen (got \"0.0.0.0:7001\")");
+  ExpectError(Config(fed_here + "feeder_data_listen = \"unix:/run/d.sock\"") + tls,
+              "t.toml: server.feeder_data_listen: must be HOST:PORT (other hosts dial it) (got "
+              "\"unix:/run/d.sock\")");
 
   // [[feeders]]: dialled over TLS (or insecure_tcp), each a HOST:PORT once.
   const std::string feeder = "[[feeders]]\naddress = \"feeders.ml.svc:7001\"\n";

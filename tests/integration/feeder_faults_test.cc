@@ -34,7 +34,10 @@ std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string&
                                           std::vector<std::string> command_prefix = {}) {
   DaemonFixtureOptions options;
   options.images = 4;
-  options.server_extra = "feeder_listen = \"" + address + "\"";
+  // Its data plane too (feed_socket.h): the faults below reach the answers that come there.
+  options.server_extra = "feeder_listen = \"" + address + "\"\nfeeder_data_listen = \"" +
+                         address.substr(0, address.rfind(':')) + ":" +
+                         std::to_string(FreeTcpPort()) + "\"";
   options.config_extra = DatasetTable("shared", data) +
                          pki.TlsTable(cert, "allowed_clients = [\"DNS:host-*\"]\n");
   options.command_prefix = std::move(command_prefix);

@@ -5,7 +5,10 @@
 // host whose dataset differs, a malformed request, and a host without a trusted certificate get
 // nothing, and are told why.
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <catch2/catch.hpp>
@@ -22,7 +25,9 @@
 #include "client/channel.h"
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
+#include "server/daemon/feed_socket.h"
 #include "server/pipeline/batch_filler.h"
+#include "shm/base/x509.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/support/test_pki.h"
 #include "tests/support/test_support.h"
@@ -82,12 +87,29 @@ void IssueFeederAndHost(TestPki& pki) {
   pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
 }
 
-DaemonFixtureOptions FeederOptions(const TestPki& pki, const std::string& address) {
+// Its data plane (server.feeder_data_listen) on `data_port` of the same IP; 0 = none.
+DaemonFixtureOptions FeederOptions(const TestPki& pki, const std::string& address,
+                                   int data_port = FreeTcpPort()) {
   DaemonFixtureOptions options;
   options.images = 48;
   options.server_extra = "feeder_listen = \"" + address + "\"";
+  if (data_port != 0) {
+    options.server_extra += "\nfeeder_data_listen = \"" +
+                            address.substr(0, address.rfind(':')) + ":" +
+                            std::to_string(data_port) + "\"";
+  }
   options.config_extra = pki.TlsTable("feeder", "allowed_clients = [\"DNS:host-*\"]\n");
   return options;
+}
+
+// The fingerprint of `daemon`'s dataset "synth", as a stream of it reports it.
+uint64_t FingerprintOf(DaemonFixture& daemon) {
+  client::Client c(daemon.endpoint());
+  client::StreamOptions o;
+  o.dataset = "synth";
+  o.batch_size = 8;
+  o.image_size = 32;
+  return c.Open(o)->dataset_fingerprint();
 }
 
 // Points `daemon`'s dataset at the files under `root` (another fixture's: the same fingerprint).
@@ -130,15 +152,7 @@ TEST_CASE("a feeder decodes what a host asks for byte for byte as the host's str
   uint64_t bad_index = 0;
   while (delivered.count(bad_index) != 0) ++bad_index;
   REQUIRE(bad_index < 49);
-  uint64_t fingerprint = 0;
-  {
-    client::Client c(daemon.endpoint());
-    client::StreamOptions o;
-    o.dataset = "synth";
-    o.batch_size = 8;
-    o.image_size = 32;
-    fingerprint = c.Open(o)->dataset_fingerprint();
-  }
+  const uint64_t fingerprint = FingerprintOf(daemon);
 
   v1::FeedRequest request;
   request.set_dataset("synth");
@@ -359,6 +373,8 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     CHECK(stats.feeders(0).samples() == 96);
     CHECK(stats.feeders(0).lease_failures() == 0);
     CHECK(stats.feeder_fallback_samples() == 0);
+    // The first answer came over gRPC and told the data port; the rest came there.
+    CHECK(stats.feeders(0).transport() == "tls socket");
     const CommandResult text = host->Ctl({"stats"});
     CHECK_THAT(text.output, Catch::Contains("feeder") && Catch::Contains(feeder_address + " (" +
                                                                          feeder_address + "): up"));
@@ -400,6 +416,23 @@ TEST_CASE("a host with a feeder delivers exactly what it delivers alone: all lea
     CHECK(host->Stop() == 0);
     CHECK(std::chrono::steady_clock::now() - stopping < std::chrono::seconds(8));
     feeder.process().Kill(SIGCONT);
+  }
+
+  SECTION("a feeder without server.feeder_data_listen: every answer comes over gRPC") {
+    const std::string grpc_only = "127.0.0.1:" + std::to_string(FreeTcpPort());
+    DaemonFixture plain(FeederOptions(pki, grpc_only, /*data_port=*/0));
+    UseFilesOf(plain, feeder.dataset_root());
+    if (!plain.Start()) FAIL(plain.Log());
+    auto host = MakeHost(pki, {feeder.dataset_root(), grpc_only, "host", false, 1500});
+    if (!host->Start()) FAIL(host->Log());
+    INFO(host->Log());
+    const v1::GetStatsResponse before = Stats(host->endpoint());
+    CheckSame(Delivered(*host, "grpc"), alone);
+    const v1::GetStatsResponse stats = Stats(host->endpoint());
+    REQUIRE(stats.feeders_size() == 1);
+    CHECK(stats.feeders(0).samples() == 96);
+    CHECK(stats.feeders(0).transport() == "grpc");
+    CHECK(before.feeders(0).transport().empty());
   }
 
   SECTION("local_decode = true: the round is shared between this host's threads and the "
@@ -633,6 +666,227 @@ TEST_CASE("eight trainers on one host sharing a feeder, half their rounds leased
   REQUIRE(stats.feeders_size() == 1);
   CHECK(stats.feeders(0).samples() > 0);
   CHECK(stats.feeders(0).samples() < kTrainers * 2 * 256);  // this host decoded the rest
+}
+
+namespace {
+
+// A data plane client's TLS context: certificate `name` of `pki`, trusting CA `ca`.
+std::shared_ptr<SSL_CTX> DataContext(const TestPki& pki, const std::string& name,
+                                     const std::string& ca = "ca") {
+  base::TlsPaths paths{pki.Pem(ca), pki.Pem(name), pki.Key(name)};
+  paths.check_chain = false;  // the feeder is to judge it
+  absl::StatusOr<base::TlsIdentity> identity = base::LoadTlsIdentity(paths, std::time(nullptr));
+  REQUIRE(identity.ok());
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> context =
+      server::MakeFeedTlsContext(*identity, /*server=*/false);
+  REQUIRE(context.ok());
+  return *context;
+}
+
+server::FeedDeadline InSeconds(int s) {
+  return std::chrono::steady_clock::now() + std::chrono::seconds(s);
+}
+
+// One call on `c`: the header (or the error), and the payload.
+struct DataAnswer {
+  uint32_t type = 0;
+  v1::FeedHeader header;
+  v1::FeedError error;
+  std::string payload;
+};
+DataAnswer DataCall(server::FeedConnection& c, const v1::FeedRequest& request) {
+  DataAnswer answer;
+  REQUIRE(c.WriteFrame(server::kFeedFrameRequest, request, InSeconds(30)).ok());
+  absl::StatusOr<server::FeedConnection::Frame> frame = c.ReadFrame(InSeconds(30));
+  INFO(frame.status().ToString());
+  REQUIRE(frame.ok());
+  answer.type = frame->type;
+  if (frame->type == server::kFeedFrameError) {
+    REQUIRE(answer.error.ParseFromString(frame->bytes));
+    return answer;
+  }
+  REQUIRE(frame->type == server::kFeedFrameHeader);
+  REQUIRE(answer.header.ParseFromString(frame->bytes));
+  answer.payload.resize(answer.header.payload_bytes());
+  REQUIRE(c.Read({reinterpret_cast<uint8_t*>(answer.payload.data()), answer.payload.size()},
+                 InSeconds(30))
+              .ok());
+  return answer;
+}
+
+}  // namespace
+
+TEST_CASE("the data plane (server.feeder_data_listen) answers what the gRPC port answers, byte "
+          "for byte, and refuses a stranger, an expired or disallowed certificate, a plaintext "
+          "client and a malformed frame, saying why on both sides",
+          "[feeder][tls]") {
+  signal(SIGPIPE, SIG_IGN);  // writes to a connection the feeder closed fail, as in the daemon
+  TestPki pki;
+  IssueFeederAndHost(pki);
+  pki.MakeCa("other", "Other CA");
+  pki.Issue("stranger", "other", "host-2", "DNS:host-2", 30);
+  pki.Issue("mallory", "ca", "mallory", "DNS:mallory", 30);
+  pki.Issue("expired", "ca", "host-3", "DNS:host-3", -1);
+  const std::string feeder_address = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  const int data_port = FreeTcpPort();
+  const std::string data = std::to_string(data_port);
+  DaemonFixture daemon(FeederOptions(pki, feeder_address, data_port));
+  if (!daemon.Start()) FAIL(daemon.Log());
+  INFO(daemon.Log());
+  CHECK_THAT(daemon.Log(), Catch::Contains("feeding other hosts' data plane on 127.0.0.1:" +
+                                           data + " (mutual TLS)"));
+  const uint64_t fingerprint = FingerprintOf(daemon);
+  v1::FeedRequest request;
+  request.set_dataset("synth");
+  request.set_dataset_fingerprint(fingerprint);
+  request.mutable_spec()->set_image_size(32);
+  request.mutable_spec()->set_seed(5);
+  request.set_epoch(1);
+  request.set_payload_xxh3(true);
+  for (uint32_t i : {3u, 17u, 0u, 41u, 9u}) request.add_indices(i);
+
+  // Over gRPC: the answer tells the data port.
+  SetTlsEnv(pki.ClientEnv("ca", "host"));
+  const Fed fed = Feed(feeder_address, request);
+  REQUIRE(fed.status.ok());
+  CHECK(fed.header.data_port() == static_cast<uint32_t>(data_port));
+
+  SECTION("a trusted host gets the gRPC answer's bytes, call after call on one connection") {
+    absl::StatusOr<std::unique_ptr<server::FeedConnection>> c = server::FeedConnection::Dial(
+        "127.0.0.1", data, "127.0.0.1", DataContext(pki, "host").get(), InSeconds(10));
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    for (int call = 0; call < 3; ++call) {
+      const DataAnswer answer = DataCall(**c, request);
+      REQUIRE(answer.type == server::kFeedFrameHeader);
+      CHECK(answer.header.count() == 5);
+      CHECK(answer.header.data_port() == static_cast<uint32_t>(data_port));
+      CHECK(answer.header.payload_xxh3() == fed.header.payload_xxh3());
+      CHECK(answer.payload == fed.payload);
+    }
+    // The feeder's refusals come as the call's status: another fingerprint.
+    v1::FeedRequest other = request;
+    other.set_dataset_fingerprint(fingerprint + 1);
+    const DataAnswer refused = DataCall(**c, other);
+    REQUIRE(refused.type == server::kFeedFrameError);
+    CHECK(refused.error.code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+    CHECK_THAT(refused.error.message(), Catch::Contains("do not see the same files"));
+    // ... and the connection serves on.
+    CHECK(DataCall(**c, request).payload == fed.payload);
+  }
+
+  SECTION("a client certificate the feeder does not trust gets an error saying why, and nothing "
+          "else") {
+    const std::map<std::string, std::string> why = {
+        {"stranger", "is not signed by the configured CA"},
+        {"mallory", "has no allowed name"},
+        {"expired", "has expired"}};
+    for (const auto& [name, reason] : why) {
+      INFO(name);
+      absl::StatusOr<std::unique_ptr<server::FeedConnection>> c = server::FeedConnection::Dial(
+          "127.0.0.1", data, "127.0.0.1", DataContext(pki, name).get(), InSeconds(10));
+      REQUIRE(c.ok());  // the handshake asks for a certificate; the check comes after it
+      (void)(*c)->WriteFrame(server::kFeedFrameRequest, request, InSeconds(10));
+      absl::StatusOr<server::FeedConnection::Frame> frame = (*c)->ReadFrame(InSeconds(10));
+      REQUIRE(frame.ok());
+      REQUIRE(frame->type == server::kFeedFrameError);
+      v1::FeedError error;
+      REQUIRE(error.ParseFromString(frame->bytes));
+      CHECK(error.code() == static_cast<int>(grpc::StatusCode::UNAUTHENTICATED));
+      CHECK_THAT(error.message(), Catch::Contains("ringloaderd refused this client") &&
+                                      Catch::Contains(reason));
+      CHECK_FALSE((*c)->ReadFrame(InSeconds(10)).ok());  // then the connection ends
+      CHECK_THAT(daemon.Log(), Catch::Contains("TLS: refused a client") && Catch::Contains(reason));
+    }
+  }
+
+  SECTION("a plaintext client, and a client without a certificate, fail the handshake: the "
+          "feeder's log says which address and why") {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(data_port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0);
+    const std::string hello = "GET / HTTP/1.1\r\nHost: feeder\r\n\r\n";
+    REQUIRE(write(fd, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
+    std::string got;
+    char buffer[4096];
+    for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) got.append(buffer, n);
+    close(fd);
+    CHECK(got.find("RLF") == std::string::npos);  // no frame: at most a TLS alert
+    REQUIRE(WaitFor([&] { return daemon.Log().find("the TLS handshake with ipv4:127.0.0.1") !=
+                                 std::string::npos; }, std::chrono::seconds(10)));
+    CHECK_THAT(daemon.Log(), Catch::Contains("feeder data port " + data + ": the TLS handshake"));
+
+    // A TLS client without a certificate: the handshake fails on both ends.
+    std::shared_ptr<SSL_CTX> anonymous(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+    SSL_CTX_set_verify(anonymous.get(), SSL_VERIFY_NONE, nullptr);
+    const std::string alpn = std::string(1, static_cast<char>(std::strlen(server::kFeedAlpn))) +
+                             server::kFeedAlpn;
+    SSL_CTX_set_alpn_protos(anonymous.get(), reinterpret_cast<const unsigned char*>(alpn.data()),
+                            static_cast<unsigned int>(alpn.size()));
+    absl::StatusOr<std::unique_ptr<server::FeedConnection>> c = server::FeedConnection::Dial(
+        "127.0.0.1", data, "127.0.0.1", anonymous.get(), InSeconds(10));
+    if (c.ok()) {  // TLS 1.3: the client learns of the refusal at its first read
+      (void)(*c)->WriteFrame(server::kFeedFrameRequest, request, InSeconds(10));
+      absl::StatusOr<server::FeedConnection::Frame> frame = (*c)->ReadFrame(InSeconds(10));
+      REQUIRE_FALSE(frame.ok());
+      CHECK_THAT(std::string(frame.status().message()), Catch::Contains("certificate"));
+    } else {
+      CHECK_THAT(std::string(c.status().message()), Catch::Contains("certificate"));
+    }
+    REQUIRE(WaitFor([&] {
+      return daemon.Log().find("peer did not return a certificate") != std::string::npos;
+    }, std::chrono::seconds(10)));
+  }
+
+  SECTION("the host checks the feeder's certificate: its name, and its CA") {
+    absl::StatusOr<std::unique_ptr<server::FeedConnection>> wrong_name =
+        server::FeedConnection::Dial("127.0.0.1", data, "10.1.2.3", DataContext(pki, "host").get(),
+                                     InSeconds(10));
+    REQUIRE_FALSE(wrong_name.ok());
+    CHECK_THAT(std::string(wrong_name.status().message()),
+               Catch::Contains("the feeder's certificate for 10.1.2.3: IP address mismatch"));
+    absl::StatusOr<std::unique_ptr<server::FeedConnection>> wrong_ca =
+        server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1",
+                                     DataContext(pki, "stranger", "other").get(), InSeconds(10));
+    REQUIRE_FALSE(wrong_ca.ok());
+    // ("self-signed certificate in certificate chain": it sends its CA along)
+    CHECK_THAT(std::string(wrong_ca.status().message()),
+               Catch::Contains("the TLS handshake: the feeder's certificate for 127.0.0.1: "));
+  }
+
+  SECTION("a frame that is not a request, or longer than 1 MiB, ends the connection") {
+    const auto host = DataContext(pki, "host");
+    {
+      auto c = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                            InSeconds(10));
+      REQUIRE(c.ok());
+      REQUIRE((*c)->WriteFrame(0x12345678, request, InSeconds(10)).ok());
+      absl::StatusOr<server::FeedConnection::Frame> frame = (*c)->ReadFrame(InSeconds(10));
+      REQUIRE(frame.ok());
+      REQUIRE(frame->type == server::kFeedFrameError);
+      v1::FeedError error;
+      REQUIRE(error.ParseFromString(frame->bytes));
+      CHECK(error.code() == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      CHECK(error.message() == "not a FeedRequest frame");
+      CHECK_FALSE((*c)->ReadFrame(InSeconds(10)).ok());
+    }
+    {
+      auto c = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                            InSeconds(10));
+      REQUIRE(c.ok());
+      const uint8_t huge[8] = {0x52, 0x4c, 0x46, 0x51, 0, 0, 0x20, 0};  // a request of 2 MiB
+      REQUIRE((*c)->Write(huge, InSeconds(10)).ok());
+      CHECK_FALSE((*c)->ReadFrame(InSeconds(10)).ok());  // closed without reading 2 MiB
+    }
+    // The feeder serves on.
+    auto c = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                          InSeconds(10));
+    REQUIRE(c.ok());
+    CHECK(DataCall(**c, request).payload == fed.payload);
+  }
 }
 
 }  // namespace ringloader::testing

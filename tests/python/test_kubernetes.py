@@ -118,17 +118,19 @@ def test_feeder_manifests_agree_with_their_config(tmp_path: Path) -> None:
     assert_daemon_accepts(toml_text, tmp_path)
 
     feeder_port = int(config["server"]["feeder_listen"].rsplit(":", 1)[1])
+    data_port = int(config["server"]["feeder_data_listen"].rsplit(":", 1)[1])
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == f"ringloader:{rl.__version__}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["feeder"] == feeder_port
+    assert ports["feeder-data"] == data_port  # hosts dial the pod's IP there
     assert ports["health"] == int(config["server"]["health_listen"].rsplit(":", 1)[1])
     assert ports["metrics"] == int(config["server"]["metrics_listen"].rsplit(":", 1)[1])
     # Headless, selecting the Deployment's pods, on the feeder port: its name is each feeder.
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    assert [p["targetPort"] for p in service["spec"]["ports"]] == [feeder_port]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [feeder_port, data_port]
     # [tls]'s files are where the Secret is mounted; the config's dataset path is mounted.
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounted = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}

@@ -304,6 +304,7 @@ class Feeder:
             "[server]",
             f'listen = "{self.endpoint}"',
             f'feeder_listen = "{self.address}"',
+            f'feeder_data_listen = "127.0.0.1:{free_port()}"',  # most answers come there
             f'state_dir = "{self.work}/state"',
             'memory_limit = "1GiB"',
             "decode_threads = 1",

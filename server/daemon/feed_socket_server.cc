@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/daemon/feed_socket_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "server/daemon/config.h"
+#include "server/daemon/stream_manager.h"
+#include "spdlog/spdlog.h"
+
+namespace ringloader::server {
+namespace {
+
+FeedDeadline In(std::chrono::steady_clock::duration d) {
+  return std::chrono::steady_clock::now() + d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FeedSocketServer>> FeedSocketServer::Start(const std::string& listen,
+                                                                          TlsServer& tls,
+                                                                          FeederService& service) {
+  std::string host, port;
+  if (!SplitHostPort(listen, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", listen, "\" is not HOST:PORT"));
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  const bool bound = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+                     bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
+  const int bind_errno = errno;
+  freeaddrinfo(found);
+  if (!bound) {
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, ": ", std::strerror(bind_errno)));
+  }
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  const uint16_t bound_port =
+      ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+  return std::unique_ptr<FeedSocketServer>(new FeedSocketServer(fd, bound_port, tls, service));
+}
+
+FeedSocketServer::FeedSocketServer(int listen_fd, uint16_t port, TlsServer& tls,
+                                   FeederService& service)
+    : listen_fd_(listen_fd),
+      port_(port),
+      tls_(tls),
+      service_(service),
+      wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+FeedSocketServer::~FeedSocketServer() {
+  stopping_ = true;
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof(one)) < 0) {
+    // An eventfd's write fails only past its counter's limit: the loop is woken already.
+  }
+  acceptor_.join();
+  std::list<Connection> connections;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Shut down, not closed: the threads close their own descriptors.
+    for (Connection& c : connections_) {
+      if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
+    }
+  }
+  // The threads take mu_ to finish: joined outside it.
+  for (Connection& c : connections_) c.thread.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+void FeedSocketServer::AcceptLoop() {
+  pthread_setname_np(pthread_self(), "rl-feed-accept");
+  pollfd waits[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  while (!stopping_) {
+    if (poll(waits, 2, -1) < 0 && errno != EINTR) break;
+    if (stopping_) break;
+    if ((waits[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        Warn(absl::StrCat("cannot accept a connection: ", std::strerror(errno)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // not a busy loop
+      }
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ReapFinished();
+    if (live_ >= kMaxFeedConnections) {
+      ::close(fd);
+      ++refused_;
+      Warn(absl::StrCat("a connection refused: ", kMaxFeedConnections,
+                        " are open already (server.feeder_data_listen)"));
+      continue;
+    }
+    Connection& c = connections_.emplace_back();
+    c.fd = fd;
+    try {
+      c.thread = std::thread([this, &c] { Serve(&c); });
+      ++live_;
+    } catch (const std::system_error& e) {
+      connections_.pop_back();
+      ::close(fd);
+      Warn(absl::StrCat("cannot start a connection's thread: ", e.what()));
+    }
+  }
+}
+
+void FeedSocketServer::ReapFinished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->finished) {
+      it->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SSL_CTX>> FeedSocketServer::Context() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (context_ && tls_.generation() == context_generation_) return context_;
+  uint64_t generation = 0;
+  const base::TlsIdentity identity = tls_.Identity(&generation);
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> context = MakeFeedTlsContext(identity, true);
+  if (!context.ok()) return context.status();
+  context_ = *context;
+  context_generation_ = generation;
+  return context_;
+}
+
+void FeedSocketServer::Warn(const std::string& what) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  bool log = false;
+  {
+    std::lock_guard<std::mutex> lock(warn_mu_);
+    if (now != warn_second_) {
+      warn_second_ = now;
+      warned_this_second_ = 0;
+    }
+    log = warned_this_second_++ < 10;
+  }
+  if (log) SPDLOG_WARN("feeder data port {}: {}", port_, what);
+}
+
+void FeedSocketServer::Serve(Connection* connection) {
+  pthread_setname_np(pthread_self(), "rl-feed-socket");
+  const int fd = connection->fd;
+  const auto finish = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    connection->fd = -1;
+    connection->finished = true;
+    --live_;
+  };
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> context = Context();
+  // The connection works on a duplicate: `fd`, which Shutdown at the end reaches, stays open
+  // (and its number taken) until it is unregistered.
+  absl::StatusOr<std::unique_ptr<FeedConnection>> accepted =
+      context.ok() ? FeedConnection::Accept(dup(fd), context->get(), In(kFeedHandshakeTimeout))
+                   : absl::StatusOr<std::unique_ptr<FeedConnection>>(context.status());
+  if (!accepted.ok()) {
+    ++refused_;
+    if (!stopping_) Warn(std::string(accepted.status().message()));
+  } else {
+    FeedConnection& c = **accepted;
+    const absl::Status trusted = tls_.CheckClient(c.PeerCertificatePem(), c.PeerChainPem());
+    if (!trusted.ok()) {
+      ++refused_;  // logged by the check
+      v1::FeedError refusal;
+      refusal.set_code(static_cast<int>(trusted.code()));
+      refusal.set_message(std::string(trusted.message()));
+      (void)c.WriteFrame(kFeedFrameError, refusal, In(std::chrono::seconds(5)));
+    }
+    while (trusted.ok() && !stopping_) {
+      absl::StatusOr<FeedConnection::Frame> frame = c.ReadFrame(In(kFeedIdleTimeout));
+      if (!frame.ok()) break;  // closed, idle too long, or shut down
+      v1::FeedRequest request;
+      if (frame->type != kFeedFrameRequest || !request.ParseFromString(frame->bytes)) {
+        Warn(absl::StrCat(c.peer(), " sent a frame that is not a FeedRequest: connection ended"));
+        v1::FeedError error;
+        error.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+        error.set_message("not a FeedRequest frame");
+        (void)c.WriteFrame(kFeedFrameError, error, In(std::chrono::seconds(5)));
+        break;
+      }
+      absl::StatusOr<FeederService::FeedAnswer> answer =
+          service_.Answer(ClientKeyOfPeer(c.peer()), request,
+                          [this, &c] { return stopping_.load() || c.PeerSpoke(); });
+      const FeedDeadline deadline = In(kFeedWriteTimeout);
+      if (!answer.ok()) {
+        v1::FeedError error;
+        error.set_code(static_cast<int>(answer.status().code()));
+        error.set_message(std::string(answer.status().message()));
+        if (!c.WriteFrame(kFeedFrameError, error, deadline).ok()) break;
+        continue;
+      }
+      absl::Status sent = c.WriteFrame(kFeedFrameHeader, answer->header, deadline);
+      if (sent.ok()) sent = c.Write(answer->payload(), deadline);
+      if (!sent.ok()) {
+        if (!stopping_) Warn(absl::StrCat(c.peer(), ": an answer cut off: ", sent.message()));
+        break;
+      }
+      service_.Sent(*answer);
+    }
+  }
+  accepted = absl::CancelledError("");  // the connection closed (its duplicate descriptor)
+  finish();
+  ::close(fd);
+}
+
+}  // namespace ringloader::server
