@@ -314,6 +314,15 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
       f = absl::InvalidArgumentError(
           "must differ from listen, health_listen, metrics_listen and feeder_listen");
     }
+    std::string data_host, feeder_host, ignored;
+    if (f.ok() && SplitHostPort(d, &data_host, &ignored) &&
+        SplitHostPort(s->feeder_listen, &feeder_host, &ignored) && data_host != feeder_host &&
+        data_host != "0.0.0.0" && data_host != "::") {
+      f = absl::InvalidArgumentError(absl::StrCat(
+          "must listen where feeder_listen does (on ", feeder_host,
+          ", or on every address): hosts dial the data port at the address they reached "
+          "feeder_listen at"));
+    }
     if (!f.ok()) {
       return r.Fail("feeder_data_listen", std::string(f.message()), absl::StrCat("\"", d, "\""));
     }

@@ -50,8 +50,9 @@ std::string PemOf(X509* cert) {
   return pem;
 }
 
-// "ipv4:1.2.3.4:5" or "ipv6:[::1]:5", as gRPC names a peer (ClientKeyOfPeer reads it).
-std::string PeerOf(int fd) {
+}  // namespace
+
+std::string FeedPeerName(int fd) {
   sockaddr_storage address{};
   socklen_t length = sizeof(address);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "";
@@ -63,11 +64,17 @@ std::string PeerOf(int fd) {
   }
   if (address.ss_family == AF_INET6) {
     const auto* a = reinterpret_cast<const sockaddr_in6*>(&address);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {  // on a "[::]" listen: named as gRPC names it
+      inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], ip, sizeof(ip));
+      return absl::StrCat("ipv4:", ip, ":", ntohs(a->sin6_port));
+    }
     inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
     return absl::StrCat("ipv6:[", ip, "]:", ntohs(a->sin6_port));
   }
   return "";
 }
+
+namespace {
 
 int MillisecondsTo(FeedDeadline deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -275,7 +282,7 @@ absl::StatusOr<std::unique_ptr<FeedConnection>> FeedConnection::Accept(int fd, S
     return absl::InternalError("SSL_new: " + TakeSslError(""));
   }
   SSL_set_fd(ssl, fd);
-  std::unique_ptr<FeedConnection> connection(new FeedConnection(fd, ssl, PeerOf(fd)));
+  std::unique_ptr<FeedConnection> connection(new FeedConnection(fd, ssl, FeedPeerName(fd)));
   while (true) {
     ERR_clear_error();
     const int ret = SSL_accept(ssl);
@@ -291,7 +298,7 @@ absl::StatusOr<std::unique_ptr<FeedConnection>> FeedConnection::Accept(int fd, S
 }
 
 FeedConnection::~FeedConnection() {
-  if (!shut_ && !broken_) {
+  if (!shut_ && !broken_ && SSL_is_init_finished(ssl_)) {
     ERR_clear_error();
     SSL_shutdown(ssl_);  // close_notify, not waited for (non-blocking)
   }
@@ -302,13 +309,33 @@ FeedConnection::~FeedConnection() {
 
 absl::Status FeedConnection::Await(int error, FeedDeadline deadline, const char* doing) {
   pollfd p{fd_, static_cast<short>(error == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
-  while (true) {
-    if (shut_) return absl::CancelledError(absl::StrCat(doing, ": given up"));
+  while (!shut_) {
     const int ready = poll(&p, 1, MillisecondsTo(deadline));
     if (ready > 0) return absl::OkStatus();  // ready, or an error SSL then reads
     if (ready < 0 && errno == EINTR) continue;
+    broken_ = true;  // a record may be half written: no close_notify after it
     if (ready < 0) return absl::UnavailableError(absl::StrCat(doing, ": ", std::strerror(errno)));
     return absl::DeadlineExceededError(absl::StrCat(doing, ": timed out"));
+  }
+  broken_ = true;
+  return absl::CancelledError(absl::StrCat(doing, ": given up"));
+}
+
+void FeedConnection::Close(FeedDeadline deadline) {
+  // close_notify, then the write side shut: a peer whose request is still unread here must get
+  // the last frame, not a reset that loses it (what close() with unread bytes would send).
+  if (!shut_ && !broken_ && SSL_is_init_finished(ssl_)) {
+    ERR_clear_error();
+    SSL_shutdown(ssl_);
+    ERR_clear_error();
+  }
+  broken_ = true;  // said already
+  ::shutdown(fd_, SHUT_WR);
+  char discard[4096];
+  pollfd p{fd_, POLLIN, 0};
+  while (!shut_ && poll(&p, 1, MillisecondsTo(deadline)) > 0) {
+    const ssize_t n = ::recv(fd_, discard, sizeof(discard), 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;  // the peer closed too
   }
 }
 
@@ -387,15 +414,16 @@ absl::Status FeedConnection::WriteFrame(uint32_t type, const google::protobuf::M
   return Write({reinterpret_cast<const uint8_t*>(frame.data()), frame.size()}, deadline);
 }
 
-absl::StatusOr<FeedConnection::Frame> FeedConnection::ReadFrame(FeedDeadline deadline) {
+absl::StatusOr<FeedConnection::Frame> FeedConnection::ReadFrame(FeedDeadline deadline,
+                                                                uint32_t most) {
   uint8_t head[8];
   if (absl::Status s = Read(head, deadline); !s.ok()) return s;
   Frame frame;
   frame.type = GetU32(head);
   const uint32_t length = GetU32(head + 4);
-  if (length > kMaxFrameBytes) {
-    return absl::DataLossError(
-        absl::StrCat("a frame of ", length, " bytes (at most ", kMaxFrameBytes, ")"));
+  if (length > most) {
+    broken_ = true;  // the rest of it is not read: the connection is out of step
+    return absl::DataLossError(absl::StrCat("a frame of ", length, " bytes (at most ", most, ")"));
   }
   frame.bytes.resize(length);
   if (absl::Status s = Read({reinterpret_cast<uint8_t*>(frame.bytes.data()), length}, deadline);
@@ -406,7 +434,7 @@ absl::StatusOr<FeedConnection::Frame> FeedConnection::ReadFrame(FeedDeadline dea
 }
 
 bool FeedConnection::PeerSpoke() const {
-  if (shut_ || SSL_pending(ssl_) > 0) return true;
+  if (shut_ || broken_ || SSL_has_pending(ssl_) == 1) return true;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   return poll(&p, 1, 0) != 0;
 }

@@ -40,6 +40,8 @@ inline constexpr uint32_t kFeedFrameRequest = 0x51464c52;  // "RLFQ"
 inline constexpr uint32_t kFeedFrameHeader = 0x48464c52;   // "RLFH"
 inline constexpr uint32_t kFeedFrameError = 0x45464c52;    // "RLFE"
 inline constexpr uint32_t kMaxFrameBytes = 1 << 20;
+// A request frame: a FeedRequest of 256 indices and a spec is a few KiB.
+inline constexpr uint32_t kMaxRequestBytes = 64 << 10;
 inline constexpr char kFeedAlpn[] = "ringloader-feed/1";
 
 using FeedDeadline = std::chrono::steady_clock::time_point;
@@ -49,6 +51,10 @@ using FeedDeadline = std::chrono::steady_clock::time_point;
 // client's to TlsServer::CheckClient.
 absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeFeedTlsContext(const base::TlsIdentity& identity,
                                                             bool server);
+
+// The peer of socket `fd` as gRPC names one ("ipv4:1.2.3.4:5", "ipv6:[::1]:5"; a v4-mapped
+// address as ipv4), for ClientKeyOfPeer; "" when it has none.
+std::string FeedPeerName(int fd);
 
 // One TLS connection of the data plane, used by one thread at a time (Shutdown excepted).
 class FeedConnection {
@@ -70,22 +76,28 @@ class FeedConnection {
   absl::Status WriteFrame(uint32_t type, const google::protobuf::MessageLite& message,
                           FeedDeadline deadline);
   absl::Status Write(std::span<const uint8_t> bytes, FeedDeadline deadline);
-  // The next frame's type and bytes; DataLoss for one longer than kMaxFrameBytes.
+  // The next frame's type and bytes; DataLoss for one longer than `most` (the connection is
+  // then done: the rest is not read).
   struct Frame {
     uint32_t type = 0;
     std::string bytes;
   };
-  absl::StatusOr<Frame> ReadFrame(FeedDeadline deadline);
+  absl::StatusOr<Frame> ReadFrame(FeedDeadline deadline, uint32_t most = kMaxFrameBytes);
   // Exactly `into.size()` bytes; `each` sees them piece by piece as they are decrypted (while
   // in cache), and may stop the read by returning an error.
   absl::Status Read(std::span<uint8_t> into, FeedDeadline deadline,
                     const std::function<absl::Status(std::span<const uint8_t>)>& each = {});
 
-  // Whether the peer has closed, or sent what nobody asked for (poll, no wait): a connection
-  // idle in a pool is not reused then, and a feeder stops filling a call its host left.
+  // Whether the peer has closed or sent what nobody asked for (poll, no wait), or the
+  // connection failed: one idle in a pool is not reused then, and a feeder stops filling a call
+  // its host left.
   bool PeerSpoke() const;
   // From any thread: wakes a read or write in progress, which fails; the connection is done.
   void Shutdown();
+  // The feeder's end after a last frame: close_notify and the write side shut, then what the
+  // peer still sends is read and dropped until it closes (or `deadline`), so that the frame
+  // reaches it rather than a reset. The connection is done.
+  void Close(FeedDeadline deadline);
 
   // The peer's certificate (and the chain it sent after it) as PEM, for checks and stats.
   std::string PeerCertificatePem() const;

@@ -60,18 +60,24 @@ absl::StatusOr<std::unique_ptr<FeedSocketServer>> FeedSocketServer::Start(const 
   const uint16_t bound_port =
       ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
-  return std::unique_ptr<FeedSocketServer>(new FeedSocketServer(fd, bound_port, tls, service));
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  std::unique_ptr<FeedSocketServer> server(
+      new FeedSocketServer(fd, wake, bound_port, tls, service));
+  // The context now: [tls]'s files that do not make one fail the start, not every handshake.
+  if (absl::StatusOr<std::shared_ptr<SSL_CTX>> context = server->Context(); !context.ok()) {
+    return context.status();
+  }
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
 }
 
-FeedSocketServer::FeedSocketServer(int listen_fd, uint16_t port, TlsServer& tls,
+FeedSocketServer::FeedSocketServer(int listen_fd, int wake_fd, uint16_t port, TlsServer& tls,
                                    FeederService& service)
-    : listen_fd_(listen_fd),
-      port_(port),
-      tls_(tls),
-      service_(service),
-      wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-  acceptor_ = std::thread([this] { AcceptLoop(); });
-}
+    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), tls_(tls), service_(service) {}
 
 FeedSocketServer::~FeedSocketServer() {
   stopping_ = true;
@@ -79,7 +85,7 @@ FeedSocketServer::~FeedSocketServer() {
   if (write(wake_fd_, &one, sizeof(one)) < 0) {
     // An eventfd's write fails only past its counter's limit: the loop is woken already.
   }
-  acceptor_.join();
+  if (acceptor_.joinable()) acceptor_.join();
   std::list<Connection> connections;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -109,20 +115,29 @@ void FeedSocketServer::AcceptLoop() {
       }
       continue;
     }
+    const std::string host = ClientKeyOfPeer(FeedPeerName(fd));
     std::lock_guard<std::mutex> lock(mu_);
     ReapFinished();
-    if (live_ >= kMaxFeedConnections) {
+    // Per host address first: a host needs at most one connection per call in flight and one
+    // idle per call, and one address cannot take the port from the others.
+    const int from_host = per_host_.count(host) > 0 ? per_host_[host] : 0;
+    if (live_ >= kMaxFeedConnections || from_host >= kMaxFeedConnectionsPerHost) {
       ::close(fd);
       ++refused_;
-      Warn(absl::StrCat("a connection refused: ", kMaxFeedConnections,
-                        " are open already (server.feeder_data_listen)"));
+      Warn(from_host >= kMaxFeedConnectionsPerHost
+               ? absl::StrCat("a connection from ", host, " refused: it has ", from_host,
+                              " open already")
+               : absl::StrCat("a connection from ", host, " refused: ", kMaxFeedConnections,
+                              " are open already"));
       continue;
     }
     Connection& c = connections_.emplace_back();
     c.fd = fd;
+    c.host = host;
     try {
       c.thread = std::thread([this, &c] { Serve(&c); });
       ++live_;
+      ++per_host_[host];
     } catch (const std::system_error& e) {
       connections_.pop_back();
       ::close(fd);
@@ -143,12 +158,17 @@ void FeedSocketServer::ReapFinished() {
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> FeedSocketServer::Context() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (context_ && tls_.generation() == context_generation_) return context_;
+  const uint64_t current = tls_.generation();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (context_ && current == context_generation_) return context_;
+  }
+  // Built outside the lock (the accept loop takes it): the files a SIGHUP took.
   uint64_t generation = 0;
   const base::TlsIdentity identity = tls_.Identity(&generation);
   absl::StatusOr<std::shared_ptr<SSL_CTX>> context = MakeFeedTlsContext(identity, true);
   if (!context.ok()) return context.status();
+  std::lock_guard<std::mutex> lock(mu_);
   context_ = *context;
   context_generation_ = generation;
   return context_;
@@ -173,66 +193,84 @@ void FeedSocketServer::Warn(const std::string& what) {
 void FeedSocketServer::Serve(Connection* connection) {
   pthread_setname_np(pthread_self(), "rl-feed-socket");
   const int fd = connection->fd;
-  const auto finish = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    connection->fd = -1;
-    connection->finished = true;
-    --live_;
-  };
   absl::StatusOr<std::shared_ptr<SSL_CTX>> context = Context();
   // The connection works on a duplicate: `fd`, which Shutdown at the end reaches, stays open
   // (and its number taken) until it is unregistered.
+  const int own = context.ok() ? dup(fd) : -1;
   absl::StatusOr<std::unique_ptr<FeedConnection>> accepted =
-      context.ok() ? FeedConnection::Accept(dup(fd), context->get(), In(kFeedHandshakeTimeout))
-                   : absl::StatusOr<std::unique_ptr<FeedConnection>>(context.status());
+      !context.ok() ? absl::StatusOr<std::unique_ptr<FeedConnection>>(context.status())
+      : own < 0     ? absl::UnavailableError(absl::StrCat("a connection from ", connection->host,
+                                                          ": dup: ", std::strerror(errno)))
+                    : FeedConnection::Accept(own, context->get(), In(kFeedHandshakeTimeout));
   if (!accepted.ok()) {
     ++refused_;
     if (!stopping_) Warn(std::string(accepted.status().message()));
   } else {
-    FeedConnection& c = **accepted;
-    const absl::Status trusted = tls_.CheckClient(c.PeerCertificatePem(), c.PeerChainPem());
-    if (!trusted.ok()) {
-      ++refused_;  // logged by the check
-      v1::FeedError refusal;
-      refusal.set_code(static_cast<int>(trusted.code()));
-      refusal.set_message(std::string(trusted.message()));
-      (void)c.WriteFrame(kFeedFrameError, refusal, In(std::chrono::seconds(5)));
-    }
-    while (trusted.ok() && !stopping_) {
-      absl::StatusOr<FeedConnection::Frame> frame = c.ReadFrame(In(kFeedIdleTimeout));
-      if (!frame.ok()) break;  // closed, idle too long, or shut down
-      v1::FeedRequest request;
-      if (frame->type != kFeedFrameRequest || !request.ParseFromString(frame->bytes)) {
-        Warn(absl::StrCat(c.peer(), " sent a frame that is not a FeedRequest: connection ended"));
-        v1::FeedError error;
-        error.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
-        error.set_message("not a FeedRequest frame");
-        (void)c.WriteFrame(kFeedFrameError, error, In(std::chrono::seconds(5)));
-        break;
-      }
-      absl::StatusOr<FeederService::FeedAnswer> answer =
-          service_.Answer(ClientKeyOfPeer(c.peer()), request,
-                          [this, &c] { return stopping_.load() || c.PeerSpoke(); });
-      const FeedDeadline deadline = In(kFeedWriteTimeout);
-      if (!answer.ok()) {
-        v1::FeedError error;
-        error.set_code(static_cast<int>(answer.status().code()));
-        error.set_message(std::string(answer.status().message()));
-        if (!c.WriteFrame(kFeedFrameError, error, deadline).ok()) break;
-        continue;
-      }
-      absl::Status sent = c.WriteFrame(kFeedFrameHeader, answer->header, deadline);
-      if (sent.ok()) sent = c.Write(answer->payload(), deadline);
-      if (!sent.ok()) {
-        if (!stopping_) Warn(absl::StrCat(c.peer(), ": an answer cut off: ", sent.message()));
-        break;
-      }
-      service_.Sent(*answer);
-    }
+    Converse(**accepted);
   }
   accepted = absl::CancelledError("");  // the connection closed (its duplicate descriptor)
-  finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connection->fd = -1;
+    connection->finished = true;
+    --live_;
+    if (--per_host_[connection->host] == 0) per_host_.erase(connection->host);
+  }
   ::close(fd);
+}
+
+void FeedSocketServer::Converse(FeedConnection& c) {
+  const auto refuse = [&c](const absl::Status& why) {
+    v1::FeedError error;
+    error.set_code(static_cast<int>(why.code()));
+    error.set_message(std::string(why.message()));
+    if (c.WriteFrame(kFeedFrameError, error, In(std::chrono::seconds(2))).ok()) {
+      c.Close(In(std::chrono::seconds(1)));
+    }
+  };
+  // Checked before every call, as on the gRPC port: a certificate that expires, or a CA or
+  // allow-list a SIGHUP changed, holds for a connection open since (the check caches trust).
+  const std::string leaf = c.PeerCertificatePem();
+  const std::string chain = c.PeerChainPem();
+  const auto trusted = [&] {
+    absl::Status verdict = tls_.CheckClient(leaf, chain);
+    if (!verdict.ok()) {
+      ++refused_;  // logged by the check
+      refuse(verdict);
+    }
+    return verdict.ok();
+  };
+  if (!trusted()) return;  // at once: no request of its is read
+  while (!stopping_) {
+    absl::StatusOr<FeedConnection::Frame> frame =
+        c.ReadFrame(In(kFeedIdleTimeout), kMaxRequestBytes);
+    if (!frame.ok()) return;  // closed, idle too long, shut down, or a frame too long
+    v1::FeedRequest request;
+    if (frame->type != kFeedFrameRequest || !request.ParseFromString(frame->bytes)) {
+      Warn(absl::StrCat(c.peer(), " sent a frame that is not a FeedRequest: connection ended"));
+      refuse(absl::InvalidArgumentError("not a FeedRequest frame"));
+      return;
+    }
+    if (!trusted()) return;  // again for each call: trust may have changed since the last
+    absl::StatusOr<FeederService::FeedAnswer> answer =
+        service_.Answer(ClientKeyOfPeer(c.peer()), request,
+                        [this, &c] { return stopping_.load() || c.PeerSpoke(); });
+    const FeedDeadline deadline = In(kFeedWriteTimeout);
+    if (!answer.ok()) {
+      v1::FeedError error;
+      error.set_code(static_cast<int>(answer.status().code()));
+      error.set_message(std::string(answer.status().message()));
+      if (!c.WriteFrame(kFeedFrameError, error, deadline).ok()) return;
+      continue;
+    }
+    absl::Status sent = c.WriteFrame(kFeedFrameHeader, answer->header, deadline);
+    if (sent.ok()) sent = c.Write(answer->payload(), deadline);
+    if (!sent.ok()) {
+      if (!stopping_) Warn(absl::StrCat(c.peer(), ": an answer cut off: ", sent.message()));
+      return;
+    }
+    service_.Sent(*answer);
+  }
 }
 
 }  // namespace ringloader::server

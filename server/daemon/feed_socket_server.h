@@ -9,15 +9,19 @@
 //     with the new set); a client certificate the daemon does not trust is told why (a kError
 //     frame, UNAUTHENTICATED) and the connection closed; a plaintext client, a gRPC client
 //     (ALPN) or one without a certificate fails the handshake, logged with its address;
-//   - at most kMaxFeedConnections at once (more are closed at once, logged); a handshake has
-//     kFeedHandshakeTimeout, a connection idle kFeedIdleTimeout is closed, and an answer its host
-//     does not take within kFeedWriteTimeout is cut off with its connection;
-//   - a frame longer than kMaxFrameBytes, or not a request, ends the connection.
+//   - the client certificate is checked again before every call (a certificate that expired,
+//     or a CA or allow-list a SIGHUP changed, holds for connections open since);
+//   - at most kMaxFeedConnections at once, kMaxFeedConnectionsPerHost from one address (more are
+//     closed at once, logged); a handshake has kFeedHandshakeTimeout, a connection idle
+//     kFeedIdleTimeout is closed, and an answer its host does not take within kFeedWriteTimeout
+//     is cut off with its connection;
+//   - a request frame longer than kMaxRequestBytes, or not a request, ends the connection.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,9 +34,11 @@
 
 namespace ringloader::server {
 
-inline constexpr int kMaxFeedConnections = 64;
-inline constexpr std::chrono::seconds kFeedHandshakeTimeout{10};
-inline constexpr std::chrono::seconds kFeedIdleTimeout{300};
+inline constexpr int kMaxFeedConnections = 256;
+inline constexpr int kMaxFeedConnectionsPerHost = 2 * kMaxFeedsPerHost;
+inline constexpr std::chrono::seconds kFeedHandshakeTimeout{3};
+// Hosts reuse a connection idle under a minute (feeder_pool.cc): closed a little later.
+inline constexpr std::chrono::seconds kFeedIdleTimeout{90};
 
 class FeedSocketServer {
  public:
@@ -50,29 +56,34 @@ class FeedSocketServer {
  private:
   struct Connection {
     std::thread thread;
-    int fd = -1;  // for Shutdown at the end; -1 once the thread closed it
+    int fd = -1;       // for Shutdown at the end; -1 once the thread closed it
+    std::string host;  // its address, as ClientKeyOfPeer names it
     bool finished = false;
   };
-  FeedSocketServer(int listen_fd, uint16_t port, TlsServer& tls, FeederService& service);
+  FeedSocketServer(int listen_fd, int wake_fd, uint16_t port, TlsServer& tls,
+                   FeederService& service);
   void AcceptLoop();
   void Serve(Connection* connection);
+  // A connection's calls, one after another, until it ends.
+  void Converse(FeedConnection& connection);
   // The context for new handshakes: [tls]'s current files (rebuilt after a reload).
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Context();
   void Warn(const std::string& what);  // at most 10 lines a second
   void ReapFinished();                 // under mu_
 
   const int listen_fd_;
+  const int wake_fd_;  // an eventfd: the accept loop's stop
   const uint16_t port_;
   TlsServer& tls_;
   FeederService& service_;
-  int wake_fd_ = -1;  // an eventfd: the accept loop's stop
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> refused_{0};
   std::mutex mu_;
-  std::list<Connection> connections_;  // under mu_
-  int live_ = 0;                       // under mu_: connections not finished
-  std::shared_ptr<SSL_CTX> context_;   // under mu_
-  uint64_t context_generation_ = 0;    // under mu_
+  std::list<Connection> connections_;    // under mu_
+  int live_ = 0;                         // under mu_: connections not finished
+  std::map<std::string, int> per_host_;  // under mu_: of them, by host address
+  std::shared_ptr<SSL_CTX> context_;     // under mu_
+  uint64_t context_generation_ = 0;      // under mu_
   std::mutex warn_mu_;
   int64_t warn_second_ = 0;     // under warn_mu_
   int warned_this_second_ = 0;  // under warn_mu_

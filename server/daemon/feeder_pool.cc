@@ -59,7 +59,7 @@ constexpr size_t kLeastExtraAhead = 4;
 // its calls going over gRPC meanwhile; a dial has at most this long (within the lease).
 constexpr std::chrono::seconds kReuseIdleFor{60};
 constexpr std::chrono::seconds kDataPlanePause{30};
-constexpr std::chrono::seconds kDialWithin{5};
+constexpr std::chrono::seconds kDialWithin{2};
 
 // What a feeder's answer header must say of a call of `n` samples in `expected` bytes.
 absl::Status CheckHeader(const v1::FeedHeader& header, size_t n, uint64_t expected) {
@@ -81,6 +81,7 @@ struct FeederPool::PooledSocket {
   std::unique_ptr<FeedConnection> connection;
   uint64_t generation = 0;  // the host's certificate it was dialled with (tls_generation_)
   std::optional<base::CertificateFacts> cert;  // the feeder's, as its handshake showed it
+  bool reused = false;  // taken from the idle ones (the feeder may have closed it meanwhile)
 };
 
 struct FeederPool::Feeder {
@@ -127,6 +128,8 @@ struct FeederPool::Received {
   std::unique_ptr<uint8_t[]> buffer;  // the data plane: the payload, whole
   std::optional<base::CertificateFacts> cert;
   std::optional<uint32_t> data_port;  // as a gRPC answer told it
+  bool replied = false;  // the data plane: a frame came back
+  bool in_step = false;  // the data plane: the answer was read to its end (the connection serves on)
 };
 
 // Shared by a call's thread and the filler's Call.
@@ -649,7 +652,8 @@ std::vector<std::unique_ptr<pipeline::RemoteCall>> FeederPool::StartFor(
 }
 
 std::unique_ptr<FeederPool::PooledSocket> FeederPool::DataSocket(Feeder& feeder,
-                                                                 const CallState& state) {
+                                                                 const CallState& state,
+                                                                 bool fresh) {
   std::shared_ptr<SSL_CTX> context;
   uint32_t port = 0;
   uint64_t generation = 0;
@@ -660,13 +664,17 @@ std::unique_ptr<FeederPool::PooledSocket> FeederPool::DataSocket(Feeder& feeder,
         now < feeder.data_paused_until) {
       return nullptr;
     }
-    while (!feeder.idle.empty()) {
+    // Those the feeder closed (idle, restarted), or idle long enough that it may have, go;
+    // the one used last is taken.
+    std::erase_if(feeder.idle, [&](const std::unique_ptr<PooledSocket>& idle) {
+      return now - idle->connection->last_used >= kReuseIdleFor ||
+             idle->connection->PeerSpoke();
+    });
+    if (!fresh && !feeder.idle.empty()) {
       std::unique_ptr<PooledSocket> idle = std::move(feeder.idle.back());
       feeder.idle.pop_back();
-      // Closed by the feeder (idle, restarted), or idle long enough that it may be: not used.
-      if (now - idle->connection->last_used < kReuseIdleFor && !idle->connection->PeerSpoke()) {
-        return idle;
-      }
+      idle->reused = true;
+      return idle;
     }
     context = feed_tls_;
     port = feeder.data_port;
@@ -713,11 +721,13 @@ FeederPool::Received FeederPool::ReceiveSocket(CallState& state, PooledSocket& s
     }
     absl::StatusOr<FeedConnection::Frame> frame = c.ReadFrame(deadline);
     if (!frame.ok()) return frame.status();
+    got.replied = true;
     if (frame->type == kFeedFrameError) {
       v1::FeedError error;
       if (!error.ParseFromString(frame->bytes) || error.code() <= 0 || error.code() > 16) {
         return absl::DataLossError("its answer held an error frame that is not one");
       }
+      got.in_step = true;
       got.code = static_cast<grpc::StatusCode>(error.code());
       return absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
     }
@@ -744,6 +754,7 @@ FeederPool::Received FeederPool::ReceiveSocket(CallState& state, PooledSocket& s
                                               " is not the one its header gave"));
     }
     got.count = header.count();
+    got.in_step = true;
     return absl::OkStatus();
   }();
   {
@@ -757,7 +768,13 @@ FeederPool::Received FeederPool::ReceiveSocket(CallState& state, PooledSocket& s
 
 FeederPool::Received FeederPool::ReceiveGrpc(CallState& state) {
   Received got;
-  state.context.set_deadline(std::chrono::system_clock::now() + lease_ + std::chrono::seconds(1));
+  if (state.given_up) {  // while a data port was dialled
+    got.result = absl::CancelledError("given up before it was sent");
+    return got;
+  }
+  // The lease's end, and a second for the answer's last bytes to come.
+  state.context.set_deadline(std::chrono::system_clock::now() + (state.deadline - Clock::now()) +
+                             std::chrono::seconds(1));
   // Raw (feed_frames.h): the payload frames' slices are kept as they came, not copied.
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
@@ -835,8 +852,14 @@ FeederPool::Received FeederPool::ReceiveGrpc(CallState& state) {
 
 void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state) {
   pthread_setname_np(pthread_self(), "rl-feeder-call");
-  std::unique_ptr<PooledSocket> socket = DataSocket(*feeder, *state);
+  std::unique_ptr<PooledSocket> socket = DataSocket(*feeder, *state, /*fresh=*/false);
   Received got = socket ? ReceiveSocket(*state, *socket) : ReceiveGrpc(*state);
+  if (socket && socket->reused && !got.replied && !got.result.ok() && !state->given_up) {
+    // An idle connection the feeder closed as it was taken (its idle timeout, a restart): the
+    // call was not answered, so once more on a new one.
+    socket = DataSocket(*feeder, *state, /*fresh=*/true);
+    got = socket ? ReceiveSocket(*state, *socket) : ReceiveGrpc(*state);
+  }
   const absl::Status result = got.result;
   const grpc::StatusCode code = got.code;
   const uint32_t count = got.count;
@@ -849,9 +872,9 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
     if (result.ok() && got.cert) feeder->cert = std::move(got.cert);
     if (got.data_port) feeder->data_port = *got.data_port;  // the port may come, go, or move
     if (result.ok()) feeder->transport = socket ? "tls socket" : "grpc";
-    // A connection that carried a whole answer is kept for the next call, unless the host's
-    // certificate was re-read since it was dialled.
-    if (socket && result.ok() && socket->generation == tls_generation_ &&
+    // A connection that carried a whole answer, or a refusal, is kept for the next call, unless
+    // the host's certificate was re-read since it was dialled.
+    if (socket && (result.ok() || got.in_step) && socket->generation == tls_generation_ &&
         feeder->idle.size() < static_cast<size_t>(kMaxFeedsPerHost)) {
       socket->connection->last_used = ended;
       feeder->idle.push_back(std::move(socket));

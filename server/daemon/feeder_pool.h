@@ -114,9 +114,9 @@ class FeederPool {
   void RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallState> state);
   Received ReceiveGrpc(CallState& state);
   Received ReceiveSocket(CallState& state, PooledSocket& socket);
-  // An idle connection to `feeder`'s data port, or a new one; null when it has none, or when it
-  // cannot be dialled (then paused for kDataPlanePause, said in the log).
-  std::unique_ptr<PooledSocket> DataSocket(Feeder& feeder, const CallState& state);
+  // An idle connection to `feeder`'s data port (unless `fresh`), or a new one; null when it has
+  // none, or when it cannot be dialled (then paused for kDataPlanePause, said in the log).
+  std::unique_ptr<PooledSocket> DataSocket(Feeder& feeder, const CallState& state, bool fresh);
   void Failed(Feeder& feeder, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Available(const Feeder& feeder, const std::string& dataset,
                  std::chrono::steady_clock::time_point now) const

@@ -278,6 +278,13 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
   ExpectError(Config(fed_here + "feeder_data_listen = \"0.0.0.0:7001\"") + tls,
               "t.toml: server.feeder_data_listen: must differ from listen, health_listen, "
               "metrics_listen and feeder_listen (got \"0.0.0.0:7001\")");
+  CHECK(Parse(Config("feeder_listen = \"10.0.0.5:7001\"\nfeeder_data_listen = \"[::]:7002\"") +
+              tls)
+            .ok());
+  ExpectError(Config(fed_here + "feeder_data_listen = \"127.0.0.1:7002\"") + tls,
+              "t.toml: server.feeder_data_listen: must listen where feeder_listen does (on "
+              "0.0.0.0, or on every address): hosts dial the data port at the address they "
+              "reached feeder_listen at (got \"127.0.0.1:7002\")");
   ExpectError(Config(fed_here + "feeder_data_listen = \"unix:/run/d.sock\"") + tls,
               "t.toml: server.feeder_data_listen: must be HOST:PORT (other hosts dial it) (got "
               "\"unix:/run/d.sock\")");

@@ -857,6 +857,51 @@ TEST_CASE("the data plane (server.feeder_data_listen) answers what the gRPC port
                Catch::Contains("the TLS handshake: the feeder's certificate for 127.0.0.1: "));
   }
 
+  SECTION("a connection open before a SIGHUP that stops allowing its certificate is refused at "
+          "its next call") {
+    absl::StatusOr<std::unique_ptr<server::FeedConnection>> c = server::FeedConnection::Dial(
+        "127.0.0.1", data, "127.0.0.1", DataContext(pki, "host").get(), InSeconds(10));
+    REQUIRE(c.ok());
+    CHECK(DataCall(**c, request).payload == fed.payload);
+    std::string config = ReadFile(daemon.config_path());
+    const std::string allowed = "allowed_clients = [\"DNS:host-*\"]";
+    REQUIRE(config.find(allowed) != std::string::npos);
+    config.replace(config.find(allowed), allowed.size(), "allowed_clients = [\"DNS:trainer-*\"]");
+    WriteFile(daemon.config_path(), config);
+    daemon.process().Kill(SIGHUP);
+    REQUIRE(WaitFor([&] { return daemon.Log().find("TLS: reloaded") != std::string::npos; },
+                    std::chrono::seconds(10)));
+    const DataAnswer refused = DataCall(**c, request);
+    REQUIRE(refused.type == server::kFeedFrameError);
+    CHECK(refused.error.code() == static_cast<int>(grpc::StatusCode::UNAUTHENTICATED));
+    CHECK_THAT(refused.error.message(), Catch::Contains("has no allowed name"));
+  }
+
+  SECTION("one address holds at most 8 connections: the next is closed, logged, and one closed "
+          "makes room") {
+    const auto host = DataContext(pki, "host");
+    std::vector<std::unique_ptr<server::FeedConnection>> held;
+    for (int i = 0; i < 8; ++i) {
+      auto c = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                            InSeconds(10));
+      REQUIRE(c.ok());
+      held.push_back(*std::move(c));
+    }
+    CHECK_FALSE(server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                             InSeconds(10))
+                    .ok());
+    CHECK_THAT(daemon.Log(), Catch::Contains("a connection from ipv4:127.0.0.1 refused: it has 8 "
+                                             "open already"));
+    held.pop_back();  // its thread ends as the feeder reads the close
+    bool dialled = false;
+    REQUIRE(WaitFor([&] {
+      dialled = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
+                                             InSeconds(10))
+                    .ok();
+      return dialled;
+    }, std::chrono::seconds(10)));
+  }
+
   SECTION("a frame that is not a request, or longer than 1 MiB, ends the connection") {
     const auto host = DataContext(pki, "host");
     {
