@@ -232,6 +232,14 @@ class Daemon:
                                 "it, or give this Daemon another listen=")
             except Unavailable:
                 pass
+            except Error:
+                # A daemon that is exiting (a config it refuses after indexing starts) may end
+                # the check with CANCELLED: its exit, and its log's reason, are what to raise.
+                try:
+                    self._process.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    raise
+                continue
             if time.monotonic() > deadline:
                 self.stop()
                 raise Unavailable(f"ringloaderd did not serve within {timeout} s; its log:\n"

@@ -331,11 +331,15 @@ void FeedConnection::Close(FeedDeadline deadline) {
   }
   broken_ = true;  // said already
   ::shutdown(fd_, SHUT_WR);
+  // Bounded in time and bytes: a refused peer that keeps sending does not keep the thread.
   char discard[4096];
+  size_t dropped = 0;
   pollfd p{fd_, POLLIN, 0};
-  while (!shut_ && poll(&p, 1, MillisecondsTo(deadline)) > 0) {
+  while (!shut_ && dropped < (64 << 10) && std::chrono::steady_clock::now() < deadline &&
+         poll(&p, 1, MillisecondsTo(deadline)) > 0) {
     const ssize_t n = ::recv(fd_, discard, sizeof(discard), 0);
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;  // the peer closed too
+    if (n > 0) dropped += static_cast<size_t>(n);
   }
 }
 
@@ -437,6 +441,11 @@ bool FeedConnection::PeerSpoke() const {
   if (shut_ || broken_ || SSL_has_pending(ssl_) == 1) return true;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   return poll(&p, 1, 0) != 0;
+}
+
+void FeedConnection::Cork(bool on) {
+  const int value = on ? 1 : 0;
+  setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &value, sizeof(value));
 }
 
 void FeedConnection::Shutdown() {

@@ -92,6 +92,9 @@ class FeedConnection {
   // connection failed: one idle in a pool is not reused then, and a feeder stops filling a call
   // its host left.
   bool PeerSpoke() const;
+  // Holds what is written until Cork(false) or a full segment (TCP_CORK): a payload's 16 KiB
+  // TLS records leave in 64 KiB segments, a quarter of the packets for both ends to handle.
+  void Cork(bool on);
   // From any thread: wakes a read or write in progress, which fails; the connection is done.
   void Shutdown();
   // The feeder's end after a last frame: close_notify and the write side shut, then what the

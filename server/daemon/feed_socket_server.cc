@@ -169,8 +169,10 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> FeedSocketServer::Context() {
   absl::StatusOr<std::shared_ptr<SSL_CTX>> context = MakeFeedTlsContext(identity, true);
   if (!context.ok()) return context.status();
   std::lock_guard<std::mutex> lock(mu_);
-  context_ = *context;
-  context_generation_ = generation;
+  if (!context_ || generation >= context_generation_) {  // not over a newer one built meanwhile
+    context_ = *context;
+    context_generation_ = generation;
+  }
   return context_;
 }
 
@@ -263,8 +265,10 @@ void FeedSocketServer::Converse(FeedConnection& c) {
       if (!c.WriteFrame(kFeedFrameError, error, deadline).ok()) return;
       continue;
     }
+    c.Cork(true);
     absl::Status sent = c.WriteFrame(kFeedFrameHeader, answer->header, deadline);
     if (sent.ok()) sent = c.Write(answer->payload(), deadline);
+    c.Cork(false);  // the answer's last bytes leave now
     if (!sent.ok()) {
       if (!stopping_) Warn(absl::StrCat(c.peer(), ": an answer cut off: ", sent.message()));
       return;

@@ -35,7 +35,9 @@
 namespace ringloader::server {
 
 inline constexpr int kMaxFeedConnections = 256;
-inline constexpr int kMaxFeedConnectionsPerHost = 2 * kMaxFeedsPerHost;
+// A host holds at most a connection per call in flight and one idle per call (2 x
+// kMaxFeedsPerHost); several hosts may share an address (NAT, pods on the host's network).
+inline constexpr int kMaxFeedConnectionsPerHost = 8 * kMaxFeedsPerHost;
 inline constexpr std::chrono::seconds kFeedHandshakeTimeout{3};
 // Hosts reuse a connection idle under a minute (feeder_pool.cc): closed a little later.
 inline constexpr std::chrono::seconds kFeedIdleTimeout{90};

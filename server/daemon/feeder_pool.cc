@@ -129,7 +129,7 @@ struct FeederPool::Received {
   std::optional<base::CertificateFacts> cert;
   std::optional<uint32_t> data_port;  // as a gRPC answer told it
   bool replied = false;  // the data plane: a frame came back
-  bool in_step = false;  // the data plane: the answer was read to its end (the connection serves on)
+  bool in_step = false;  // the data plane: the answer was read whole (the connection serves on)
 };
 
 // Shared by a call's thread and the filler's Call.
@@ -684,6 +684,8 @@ std::unique_ptr<FeederPool::PooledSocket> FeederPool::DataSocket(Feeder& feeder,
   absl::StatusOr<std::unique_ptr<FeedConnection>> dialled =
       FeedConnection::Dial(feeder.ip, std::to_string(port), feeder.tls_name, context.get(),
                            deadline);
+  // Out of the lease's time, not the port's fault: no pause.
+  if (!dialled.ok() && Clock::now() >= state.deadline) return nullptr;
   if (!dialled.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     feeder.data_paused_until = Clock::now() + kDataPlanePause;
@@ -854,7 +856,9 @@ void FeederPool::RunCall(std::shared_ptr<Feeder> feeder, std::shared_ptr<CallSta
   pthread_setname_np(pthread_self(), "rl-feeder-call");
   std::unique_ptr<PooledSocket> socket = DataSocket(*feeder, *state, /*fresh=*/false);
   Received got = socket ? ReceiveSocket(*state, *socket) : ReceiveGrpc(*state);
-  if (socket && socket->reused && !got.replied && !got.result.ok() && !state->given_up) {
+  if (socket && socket->reused && !got.replied &&
+      got.result.code() == absl::StatusCode::kUnavailable && !state->given_up &&
+      Clock::now() + kDialWithin < state->deadline) {
     // An idle connection the feeder closed as it was taken (its idle timeout, a restart): the
     // call was not answered, so once more on a new one.
     socket = DataSocket(*feeder, *state, /*fresh=*/true);

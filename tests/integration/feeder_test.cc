@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "proto/ringloader.grpc.pb.h"
 #include "server/daemon/feed_socket.h"
+#include "server/daemon/feed_socket_server.h"
 #include "server/pipeline/batch_filler.h"
 #include "shm/base/x509.h"
 #include "tests/integration/daemon_fixture.h"
@@ -877,11 +878,11 @@ TEST_CASE("the data plane (server.feeder_data_listen) answers what the gRPC port
     CHECK_THAT(refused.error.message(), Catch::Contains("has no allowed name"));
   }
 
-  SECTION("one address holds at most 8 connections: the next is closed, logged, and one closed "
+  SECTION("one address holds at most 32 connections: the next is closed, logged, and one closed "
           "makes room") {
     const auto host = DataContext(pki, "host");
     std::vector<std::unique_ptr<server::FeedConnection>> held;
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < server::kMaxFeedConnectionsPerHost; ++i) {
       auto c = server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
                                             InSeconds(10));
       REQUIRE(c.ok());
@@ -890,7 +891,7 @@ TEST_CASE("the data plane (server.feeder_data_listen) answers what the gRPC port
     CHECK_FALSE(server::FeedConnection::Dial("127.0.0.1", data, "127.0.0.1", host.get(),
                                              InSeconds(10))
                     .ok());
-    CHECK_THAT(daemon.Log(), Catch::Contains("a connection from ipv4:127.0.0.1 refused: it has 8 "
+    CHECK_THAT(daemon.Log(), Catch::Contains("a connection from ipv4:127.0.0.1 refused: it has 32 "
                                              "open already"));
     held.pop_back();  // its thread ends as the feeder reads the close
     bool dialled = false;
