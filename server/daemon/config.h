@@ -163,8 +163,8 @@ struct ServerConfig {
   // not a feeder.
   std::string feeder_listen;
   // "HOST:PORT" of this feeder's data plane (feed_socket.h): the same calls as feeder_listen's,
-  // over a TLS socket of ringloader's own, which costs both ends about half as much CPU per
-  // sample as gRPC. Hosts learn the port from an answer on feeder_listen and dial it at the
+  // over a TLS socket of ringloader's own, which costs both ends less CPU per sample than gRPC
+  // (the host about 30% less). Hosts learn the port from an answer on feeder_listen and dial it at the
   // address they reached. Needs feeder_listen and [tls]. Empty = gRPC only.
   std::string feeder_data_listen;
   // With [[feeders]]: whether this host's decode threads take part (false keeps its cores for its
