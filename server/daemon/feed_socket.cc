@@ -16,13 +16,17 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
 namespace ringloader::server {
 namespace {
 
-constexpr size_t kReadBufferBytes = 256 << 10;
+// What one read() may bring: a host reads answers of many 16 KiB records; a feeder only
+// requests (at most 64 KiB), so its hundreds of connections hold less.
+constexpr size_t kDialReadBufferBytes = 256 << 10;
+constexpr size_t kAcceptReadBufferBytes = 32 << 10;
 
 // The first error OpenSSL queued on this thread, as its reason ("certificate verify failed"),
 // and the queue cleared; `fallback` when there is none.
@@ -91,6 +95,96 @@ uint32_t GetU32(const uint8_t* in) {
   return v;
 }
 
+// The read side of a connection's socket as OpenSSL sees it (a BIO of ours): what one read()
+// brought is kept, and OpenSSL is handed exactly what it asks for (a record's header, then its
+// body). OpenSSL's own read-ahead reads as much, but moves what is left of its buffer to the
+// buffer's start before each record (to align the payload): with 256 KiB read at once that
+// moved each answer's bytes several times over, the host's largest cost after AES (perf).
+struct SocketReader {
+  int fd;
+  size_t capacity;
+  std::unique_ptr<uint8_t[]> bytes;
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+int ReaderRead(BIO* bio, char* out, int size) {
+  auto* r = static_cast<SocketReader*>(BIO_get_data(bio));
+  BIO_clear_retry_flags(bio);
+  if (size <= 0) return 0;
+  if (r->begin == r->end) {
+    ssize_t n = 0;
+    do {
+      n = ::read(r->fd, r->bytes.get(), r->capacity);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      BIO_set_flags(bio, BIO_FLAGS_IN_EOF);
+      return 0;
+    }
+    if (n < 0) {  // errno stays for FeedConnection::Failed
+      if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_read(bio);
+      return -1;
+    }
+    r->begin = 0;
+    r->end = static_cast<size_t>(n);
+  }
+  const size_t take = std::min(static_cast<size_t>(size), r->end - r->begin);
+  std::memcpy(out, r->bytes.get() + r->begin, take);
+  r->begin += take;
+  return static_cast<int>(take);
+}
+
+long ReaderControl(BIO* bio, int command, long, void* ptr) {
+  const auto* r = static_cast<const SocketReader*>(BIO_get_data(bio));
+  switch (command) {
+    case BIO_CTRL_PENDING:
+      return static_cast<long>(r->end - r->begin);
+    case BIO_CTRL_EOF:
+      return BIO_test_flags(bio, BIO_FLAGS_IN_EOF) != 0 ? 1 : 0;
+    case BIO_CTRL_FLUSH:
+    case BIO_CTRL_PUSH:
+    case BIO_CTRL_POP:
+      return 1;
+    case BIO_C_GET_FD:
+      if (ptr != nullptr) *static_cast<int*>(ptr) = r->fd;
+      return r->fd;
+    default:
+      return 0;
+  }
+}
+
+int ReaderDestroy(BIO* bio) {
+  delete static_cast<SocketReader*>(BIO_get_data(bio));
+  BIO_set_data(bio, nullptr);
+  return 1;
+}
+
+// `ssl` reads `fd` through a SocketReader of `capacity` bytes and writes it directly (a socket
+// BIO: each SSL_write is one record's send()). False when OpenSSL could not allocate.
+bool AttachSocket(SSL* ssl, int fd, size_t capacity) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "feed socket reader");
+    if (m != nullptr) {
+      BIO_meth_set_read(m, ReaderRead);
+      BIO_meth_set_ctrl(m, ReaderControl);
+      BIO_meth_set_destroy(m, ReaderDestroy);
+    }
+    return m;
+  }();
+  if (method == nullptr) return false;
+  BIO* read = BIO_new(method);
+  BIO* write = BIO_new_socket(fd, BIO_NOCLOSE);
+  if (read == nullptr || write == nullptr) {
+    BIO_free(read);
+    BIO_free(write);
+    return false;
+  }
+  BIO_set_data(read, new SocketReader{fd, capacity, std::make_unique<uint8_t[]>(capacity)});
+  BIO_set_init(read, 1);
+  SSL_set_bio(ssl, read, write);  // owned by `ssl` from here
+  return true;
+}
+
 // Only this protocol: a gRPC client (ALPN "h2") dialling the data port by mistake is refused
 // in the handshake, not read as frames.
 int SelectAlpn(SSL*, const unsigned char** out, unsigned char* out_length,
@@ -120,10 +214,6 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeFeedTlsContext(const base::TlsIdent
   SSL_CTX* ctx = context.get();
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  // Records read from the socket as many at a time as have come, not a header and a body per
-  // read(): a sample is about ten records.
-  SSL_CTX_set_read_ahead(ctx, 1);
-  SSL_CTX_set_default_read_buffer_len(ctx, kReadBufferBytes);
   const auto fail = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", TakeSslError("unreadable")));
   };
@@ -229,7 +319,10 @@ absl::StatusOr<std::unique_ptr<FeedConnection>> FeedConnection::Dial(const std::
   ERR_clear_error();
   SSL* ssl = SSL_new(context);
   if (ssl == nullptr) return close_with(absl::InternalError("SSL_new: " + TakeSslError("")));
-  SSL_set_fd(ssl, fd);
+  if (!AttachSocket(ssl, fd, kDialReadBufferBytes)) {
+    SSL_free(ssl);
+    return close_with(absl::InternalError("cannot make the socket's BIO: " + TakeSslError("")));
+  }
   // The feeder's certificate must name the host as configured ([[feeders]] address).
   in6_addr ignored{};
   const bool is_ip = inet_pton(AF_INET, tls_name.c_str(), &ignored) == 1 ||
@@ -277,11 +370,11 @@ absl::StatusOr<std::unique_ptr<FeedConnection>> FeedConnection::Accept(int fd, S
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ERR_clear_error();
   SSL* ssl = SSL_new(context);
-  if (ssl == nullptr) {
+  if (ssl == nullptr || !AttachSocket(ssl, fd, kAcceptReadBufferBytes)) {
+    SSL_free(ssl);
     ::close(fd);
-    return absl::InternalError("SSL_new: " + TakeSslError(""));
+    return absl::InternalError("cannot start TLS: " + TakeSslError("out of memory"));
   }
-  SSL_set_fd(ssl, fd);
   std::unique_ptr<FeedConnection> connection(new FeedConnection(fd, ssl, FeedPeerName(fd)));
   while (true) {
     ERR_clear_error();
@@ -438,7 +531,9 @@ absl::StatusOr<FeedConnection::Frame> FeedConnection::ReadFrame(FeedDeadline dea
 }
 
 bool FeedConnection::PeerSpoke() const {
-  if (shut_ || broken_ || SSL_has_pending(ssl_) == 1) return true;
+  if (shut_ || broken_ || SSL_has_pending(ssl_) == 1 || BIO_ctrl_pending(SSL_get_rbio(ssl_)) > 0) {
+    return true;
+  }
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   return poll(&p, 1, 0) != 0;
 }
