@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
@@ -163,7 +164,9 @@ int ReaderDestroy(BIO* bio) {
 // BIO: each SSL_write is one record's send()). False when OpenSSL could not allocate.
 bool AttachSocket(SSL* ssl, int fd, size_t capacity) {
   static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "feed socket reader");
+    // A descriptor's type: SSL_get_fd finds the socket through it (BIO_C_GET_FD).
+    BIO_METHOD* m = BIO_meth_new(
+        BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "feed socket reader");
     if (m != nullptr) {
       BIO_meth_set_read(m, ReaderRead);
       BIO_meth_set_ctrl(m, ReaderControl);
@@ -172,14 +175,16 @@ bool AttachSocket(SSL* ssl, int fd, size_t capacity) {
     return m;
   }();
   if (method == nullptr) return false;
-  BIO* read = BIO_new(method);
-  BIO* write = BIO_new_socket(fd, BIO_NOCLOSE);
-  if (read == nullptr || write == nullptr) {
+  std::unique_ptr<uint8_t[]> bytes(new (std::nothrow) uint8_t[capacity]);
+  std::unique_ptr<SocketReader> reader(
+      bytes ? new (std::nothrow) SocketReader{fd, capacity, std::move(bytes)} : nullptr);
+  BIO* read = reader ? BIO_new(method) : nullptr;
+  BIO* write = read != nullptr ? BIO_new_socket(fd, BIO_NOCLOSE) : nullptr;
+  if (write == nullptr) {
     BIO_free(read);
-    BIO_free(write);
     return false;
   }
-  BIO_set_data(read, new SocketReader{fd, capacity, std::make_unique<uint8_t[]>(capacity)});
+  BIO_set_data(read, reader.release());
   BIO_set_init(read, 1);
   SSL_set_bio(ssl, read, write);  // owned by `ssl` from here
   return true;
@@ -213,7 +218,10 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeFeedTlsContext(const base::TlsIdent
   if (!context) return absl::InternalError("cannot make a TLS context: " + TakeSslError(""));
   SSL_CTX* ctx = context.get();
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // AUTO_RETRY (OpenSSL 3's default, said here since reads rely on it): a record that is not
+  // data is read past, so SSL_read asks for the socket only when the reader's buffer is empty.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                            SSL_MODE_AUTO_RETRY);
   const auto fail = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", TakeSslError("unreadable")));
   };
