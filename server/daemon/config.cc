@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/daemon/config.h"
 
+#include <arpa/inet.h>
 #include <grp.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <map>
+#include <optional>
 #include <set>
 #include <cstring>
 #include <fstream>
@@ -316,12 +319,13 @@ absl::Status ParseServer(const toml::table& table, const std::string& source, Se
     }
     std::string data_host, feeder_host, ignored;
     if (f.ok() && SplitHostPort(d, &data_host, &ignored) &&
-        SplitHostPort(s->feeder_listen, &feeder_host, &ignored) && data_host != feeder_host &&
-        data_host != "0.0.0.0" && data_host != "::") {
+        SplitHostPort(s->feeder_listen, &feeder_host, &ignored) &&
+        !ListensWhere(data_host, feeder_host)) {
       f = absl::InvalidArgumentError(absl::StrCat(
           "must listen where feeder_listen does (on ", feeder_host,
-          ", or on every address): hosts dial the data port at the address they reached "
-          "feeder_listen at"));
+          ", or on every address: \"[::]:PORT\", or \"0.0.0.0:PORT\" beside an IPv4 "
+          "feeder_listen): hosts dial the data port at the address they reached feeder_listen "
+          "at"));
     }
     if (!f.ok()) {
       return r.Fail("feeder_data_listen", std::string(f.message()), absl::StrCat("\"", d, "\""));
@@ -557,6 +561,39 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_view) {
     return absl::InvalidArgumentError(absl::StrCat("size too large: \"", text, "\""));
   }
   return number * it->second;
+}
+
+namespace {
+
+// An IP as 16 bytes (an IPv4 one v4-mapped), or nullopt for a name.
+std::optional<std::array<uint8_t, 16>> ParseIp(const std::string& host) {
+  std::array<uint8_t, 16> ip{};
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    ip[10] = ip[11] = 0xff;
+    std::memcpy(ip.data() + 12, &v4, 4);
+    return ip;
+  }
+  if (inet_pton(AF_INET6, host.c_str(), ip.data()) == 1) return ip;
+  return std::nullopt;
+}
+
+bool IsV4(const std::array<uint8_t, 16>& ip) {
+  return std::all_of(ip.begin(), ip.begin() + 10, [](uint8_t b) { return b == 0; }) &&
+         ip[10] == 0xff && ip[11] == 0xff;
+}
+
+}  // namespace
+
+bool ListensWhere(const std::string& data_host, const std::string& feeder_host) {
+  const std::optional<std::array<uint8_t, 16>> data = ParseIp(data_host);
+  const std::optional<std::array<uint8_t, 16>> feeder = ParseIp(feeder_host);
+  if (!data || !feeder) return data_host == feeder_host;  // a name: only itself
+  static constexpr std::array<uint8_t, 16> kAnyV6{};
+  static constexpr std::array<uint8_t, 16> kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (*data == kAnyV6) return true;            // every address, IPv4's too (dual-stack)
+  if (*data == kAnyV4) return IsV4(*feeder);  // IPv6 hosts could not reach it
+  return *data == *feeder;
 }
 
 bool SplitHostPort(const std::string& listen, std::string* host, std::string* port) {

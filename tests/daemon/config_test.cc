@@ -283,8 +283,37 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
             .ok());
   ExpectError(Config(fed_here + "feeder_data_listen = \"127.0.0.1:7002\"") + tls,
               "t.toml: server.feeder_data_listen: must listen where feeder_listen does (on "
-              "0.0.0.0, or on every address): hosts dial the data port at the address they "
-              "reached feeder_listen at (got \"127.0.0.1:7002\")");
+              "0.0.0.0, or on every address: \"[::]:PORT\", or \"0.0.0.0:PORT\" beside an IPv4 "
+              "feeder_listen): hosts dial the data port at the address they reached "
+              "feeder_listen at (got \"127.0.0.1:7002\")");
+  // Addresses, not strings: IPv4's every address does not reach an IPv6 feeder_listen's hosts.
+  ExpectError(Config("feeder_listen = \"[::]:7001\"\nfeeder_data_listen = \"0.0.0.0:7002\"") + tls,
+              "t.toml: server.feeder_data_listen: must listen where feeder_listen does (on ::, "
+              "or on every address: \"[::]:PORT\", or \"0.0.0.0:PORT\" beside an IPv4 "
+              "feeder_listen): hosts dial the data port at the address they reached "
+              "feeder_listen at (got \"0.0.0.0:7002\")");
+  CHECK(!Parse(Config("feeder_listen = \"[fd00::5]:7001\"\nfeeder_data_listen = "
+                      "\"0.0.0.0:7002\"") +
+               tls)
+             .ok());
+  CHECK(Parse(Config("feeder_listen = \"[::1]:7001\"\nfeeder_data_listen = "
+                     "\"[0:0:0:0:0:0:0:1]:7002\"") +
+              tls)
+            .ok());
+  CHECK(Parse(Config("feeder_listen = \"10.0.0.5:7001\"\nfeeder_data_listen = \"0.0.0.0:7002\"") +
+              tls)
+            .ok());
+  CHECK(!Parse(Config("feeder_listen = \"feeder-0.ml:7001\"\nfeeder_data_listen = "
+                      "\"10.0.0.5:7002\"") +
+               tls)
+             .ok());
+  CHECK(ListensWhere("::", "10.0.0.5"));
+  CHECK(ListensWhere("0.0.0.0", "10.0.0.5"));
+  CHECK(ListensWhere("10.0.0.5", "::ffff:10.0.0.5"));
+  CHECK(!ListensWhere("0.0.0.0", "::"));
+  CHECK(!ListensWhere("10.0.0.6", "10.0.0.5"));
+  CHECK(ListensWhere("feeder-0.ml", "feeder-0.ml"));
+  CHECK(!ListensWhere("feeder-0.ml", "10.0.0.5"));
   ExpectError(Config(fed_here + "feeder_data_listen = \"unix:/run/d.sock\"") + tls,
               "t.toml: server.feeder_data_listen: must be HOST:PORT (other hosts dial it) (got "
               "\"unix:/run/d.sock\")");
