@@ -123,7 +123,6 @@ void FeedSocketServer::AcceptLoop() {
     const int from_host = per_host_.count(host) > 0 ? per_host_[host] : 0;
     if (live_ >= kMaxFeedConnections || from_host >= kMaxFeedConnectionsPerHost) {
       ::close(fd);
-      ++refused_;
       Warn(from_host >= kMaxFeedConnectionsPerHost
                ? absl::StrCat("a connection from ", host, " refused: it has ", from_host,
                               " open already")
@@ -205,7 +204,6 @@ void FeedSocketServer::Serve(Connection* connection) {
                                                           ": dup: ", std::strerror(errno)))
                     : FeedConnection::Accept(own, context->get(), In(kFeedHandshakeTimeout));
   if (!accepted.ok()) {
-    ++refused_;
     if (!stopping_) Warn(std::string(accepted.status().message()));
   } else {
     Converse(**accepted);
@@ -236,10 +234,7 @@ void FeedSocketServer::Converse(FeedConnection& c) {
   const std::string chain = c.PeerChainPem();
   const auto trusted = [&] {
     absl::Status verdict = tls_.CheckClient(leaf, chain);
-    if (!verdict.ok()) {
-      ++refused_;  // logged by the check
-      refuse(verdict);
-    }
+    if (!verdict.ok()) refuse(verdict);  // logged and counted (tls.clients_refused) by the check
     return verdict.ok();
   };
   if (!trusted()) return;  // at once: no request of its is read

@@ -7,8 +7,10 @@
 // Hosts are untrusted here as on the gRPC port:
 //   - mutual TLS with [tls]'s files, re-read with them on SIGHUP (new connections handshake
 //     with the new set); a client certificate the daemon does not trust is told why (a kError
-//     frame, UNAUTHENTICATED) and the connection closed; a plaintext client, a gRPC client
-//     (ALPN) or one without a certificate fails the handshake, logged with its address;
+//     frame, UNAUTHENTICATED) and the connection closed, counted in stats' tls.clients_refused
+//     as on the gRPC port; a plaintext client, a gRPC client (ALPN), one without a certificate
+//     or with one from another CA fails the handshake, logged with its address (at most 10
+//     lines a second) and not counted, as gRPC's port does not count its failed handshakes;
 //   - the client certificate is checked again before every call (a certificate that expired,
 //     or a CA or allow-list a SIGHUP changed, holds for connections open since);
 //   - at most kMaxFeedConnections at once, kMaxFeedConnectionsPerHost from one address (more are
@@ -53,7 +55,6 @@ class FeedSocketServer {
   ~FeedSocketServer();
 
   uint16_t port() const { return port_; }
-  uint64_t refused() const { return refused_.load(); }  // handshakes failed, clients refused
 
  private:
   struct Connection {
@@ -79,7 +80,6 @@ class FeedSocketServer {
   TlsServer& tls_;
   FeederService& service_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> refused_{0};
   std::mutex mu_;
   std::list<Connection> connections_;    // under mu_
   int live_ = 0;                         // under mu_: connections not finished

@@ -799,6 +799,10 @@ TEST_CASE("the data plane (server.feeder_data_listen) answers what the gRPC port
       CHECK_FALSE((*c)->ReadFrame(InSeconds(10)).ok());  // then the connection ends
       CHECK_THAT(daemon.Log(), Catch::Contains("TLS: refused a client") && Catch::Contains(reason));
     }
+    // Counted as the gRPC port's refusals are (the map's last: "stranger").
+    const v1::GetStatsResponse stats = Stats(daemon.endpoint());
+    CHECK(stats.tls().clients_refused() == 3);
+    CHECK_THAT(stats.tls().last_refusal(), Catch::Contains("is not signed by the configured CA"));
   }
 
   SECTION("a plaintext client, and a client without a certificate, fail the handshake: the "
