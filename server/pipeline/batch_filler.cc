@@ -383,10 +383,14 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   // epoch (its shard as the read-ahead builds it). Two rounds: the other side always has the next
   // call queued when it ends one (with one, it idled from its answer until the next round began,
   // a fifth of its time, and every epoch's first round waited for a lease of its own).
+  const uint64_t round_size = request.batch_size;
+  uint64_t tail = share;
+  if (share > 0 && batch.k != round_size) {
+    tail = std::min(request.remote->Share(round_size), round_size);
+  }
+  // The rounds to come lease their tails too: the read-ahead leaves them to their feeders.
+  if (request.read_ahead != nullptr) request.read_ahead->ExpectElsewhere(round_size, tail);
   if (share > 0) {
-    const uint64_t round_size = request.batch_size;
-    const uint64_t tail =
-        batch.k == round_size ? share : std::min(request.remote->Share(round_size), round_size);
     for (const RoundAhead& next : NextRounds(batch, round_size, kLeaseAheadRounds)) {
       if (tail == 0) break;
       std::set<uint64_t> ahead_seen;

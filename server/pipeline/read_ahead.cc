@@ -256,9 +256,28 @@ void ReadAhead::Advance(const Dataset& dataset, const EpochShard& shard, uint64_
   cache_ = cache;
   cache_key_ = cache_key;
   const Key at{epoch, cursor};
+  cursor_ = at;
   DropBefore(at);  // positions the stream went past (skipped, or it reopened elsewhere)
   if (next_ < at) next_ = at;
   StartMore();
+}
+
+void ReadAhead::ExpectElsewhere(uint64_t round_size, uint64_t tail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  round_size_ = round_size;
+  elsewhere_tail_ = std::min(tail, round_size);
+}
+
+bool ReadAhead::LikelyElsewhere(Key key) const {
+  if (round_size_ == 0 || elsewhere_tail_ == 0) return false;
+  const uint64_t first = key.first == cursor_.first ? cursor_.second : 0;
+  if (key.second < first) return false;
+  // All of a round elsewhere (server.local_decode = false): nothing read. Else a margin of
+  // positions next to the local part is read anyway.
+  const uint64_t margin =
+      elsewhere_tail_ == round_size_ ? 0 : std::max<uint64_t>(2, round_size_ / 16);
+  if (elsewhere_tail_ <= margin) return false;
+  return (key.second - first) % round_size_ >= round_size_ - (elsewhere_tail_ - margin);
 }
 
 std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) {
@@ -358,7 +377,8 @@ void ReadAhead::StartMore() {
     const Key key = next_;
     const uint64_t index = shard->at(key.second);
     if (index >= dataset_->size() ||  // Fill refuses the batch itself
-        (cache_ != nullptr && images && cache_->Holds(cache_key_, index))) {
+        (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) ||
+        LikelyElsewhere(key)) {
       ++next_.second;
       continue;
     }

@@ -179,6 +179,13 @@ class ReadAhead {
   void Advance(const Dataset& dataset, const EpochShard& shard, uint64_t epoch, uint64_t cursor,
                uint64_t end_epoch, uint64_t max_file_bytes, SampleCache* cache,
                const std::string& cache_key);
+  // Of each round of `round_size` shard positions (from the latest Advance's cursor; in a later
+  // epoch, from its start), the last `tail` are likely decoded elsewhere (leased to feeders:
+  // remote_decode.h) and are not read ahead, but for a few next to the round's local part (the
+  // share moves a little from round to round). A guess: a position read after all (its call
+  // failed, or the share grew) is started at its turn (StartNow). Without it every position is
+  // read, and a host with feeders read every file of the dataset (its mount's traffic doubled).
+  void ExpectElsewhere(uint64_t round_size, uint64_t tail);
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
   std::shared_ptr<PrefetchedSample> Take(uint64_t epoch, uint64_t pos);
@@ -216,6 +223,8 @@ class ReadAhead {
   // The shard of epoch `epoch` (the stream's, or the next one built here); null past the end.
   const EpochShard* ShardOf(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ExpectElsewhere's guess for `key`.
+  bool LikelyElsewhere(Key key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the read of `index` to the lane; null when no file is left or it is shut down.
   std::shared_ptr<PrefetchedSample> Submit(uint64_t index, PrefetchedSample::Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -240,7 +249,10 @@ class ReadAhead {
   uint64_t max_file_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SampleCache* cache_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string cache_key_ ABSL_GUARDED_BY(mu_);
-  Key next_ ABSL_GUARDED_BY(mu_){0, 0};  // the next position to start
+  Key next_ ABSL_GUARDED_BY(mu_){0, 0};    // the next position to start
+  Key cursor_ ABSL_GUARDED_BY(mu_){0, 0};  // the latest Advance's: where rounds begin
+  uint64_t round_size_ ABSL_GUARDED_BY(mu_) = 0;      // ExpectElsewhere's
+  uint64_t elsewhere_tail_ ABSL_GUARDED_BY(mu_) = 0;  // ExpectElsewhere's
   std::map<Key, std::shared_ptr<PrefetchedSample>> reads_ ABSL_GUARDED_BY(mu_);
   uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
 };

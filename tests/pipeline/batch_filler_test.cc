@@ -1005,6 +1005,21 @@ TEST_CASE("BatchFiller: a round whose share grew since its calls were started ah
   CHECK(remote.accepted == remote.leased);
 }
 
+TEST_CASE("BatchFiller: the read-ahead leaves the rounds' leased tails to the feeders: the host "
+          "reads what it decodes, and the bytes are a host alone's",
+          "[pipeline][feeder][read_ahead]") {
+  // Before, a host read every file ahead, those its feeders decoded too: its mount served the
+  // dataset once to it and the feeders' share again to them.
+  LeasingRig rig(64, 16);  // a read-ahead window of 16
+  FakeRemote& remote = *rig.remote;
+  for (uint64_t cursor = 0; cursor < 64; cursor += 16) CHECK(rig.Same(cursor));
+  // Batch 0's 16 were read before any share was known; of each later batch, the local half and
+  // the 2 of its leased half next to it (the margin), not the other 6.
+  CHECK(rig.ahead.started() == 16 + 3 * 10);
+  CHECK(remote.leased == 4 * 8);
+  CHECK(remote.accepted == remote.leased);
+}
+
 TEST_CASE("BatchFiller: a batch that refills a failed sample's slot keeps the calls held for the "
           "rounds to come: each sample is leased once",
           "[pipeline][feeder]") {

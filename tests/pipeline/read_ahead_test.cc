@@ -512,5 +512,63 @@ TEST_CASE("ReadAhead: reads run on into the next epoch but not past the stream's
   second->WaitDone([] { return false; });
 }
 
+TEST_CASE("ReadAhead: the tails of rounds likely decoded elsewhere (leased to feeders) are not "
+          "read ahead, but for a margin next to the local part; a round all elsewhere reads "
+          "nothing",
+          "[pipeline][read_ahead]") {
+  Fixture f;
+  ReadPool pool(2);
+  WaitIdle idle{pool};
+  const uint64_t n = f.dataset->size();  // 12
+  const EpochShard epoch0(n, ShardSpec{});
+  const auto read = [&](ReadAhead& ahead, uint64_t epoch, uint64_t pos) {
+    std::shared_ptr<PrefetchedSample> r = ahead.Take(epoch, pos);
+    if (r != nullptr) r->WaitDone([] { return false; });
+    return r != nullptr;
+  };
+  {
+    // Rounds of 6 from cursor 0, their last 5 leased: 2 of those are read anyway (the margin),
+    // so positions 0-2 and 6-8 are read, 3-5 and 9-11 are not.
+    ReadAhead ahead(pool, 16, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.ExpectElsewhere(6, 5);
+    ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
+    CHECK(ahead.started() == 6);
+    for (uint64_t pos = 0; pos < n; ++pos) {
+      INFO(pos);
+      CHECK(read(ahead, 0, pos) == (pos % 6 < 3));
+    }
+  }
+  {
+    // Rounds counted from the cursor: from 1, positions 1-3 and 7-9 are read.
+    ReadAhead ahead(pool, 16, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.ExpectElsewhere(6, 5);
+    ahead.Advance(*f.dataset, epoch0, 0, 1, /*end_epoch=*/1, 1 << 30, nullptr, "");
+    for (uint64_t pos = 1; pos < n; ++pos) {
+      INFO(pos);
+      CHECK(read(ahead, 0, pos) == ((pos - 1) % 6 < 3));
+    }
+  }
+  {
+    // server.local_decode = false: every round elsewhere, nothing read.
+    ReadAhead ahead(pool, 16, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.ExpectElsewhere(6, 6);
+    ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
+    CHECK(ahead.started() == 0);
+  }
+  {
+    // A new guess holds from where the reads have got to: the share gone (its feeders failed),
+    // the positions not passed yet are read, the tails too.
+    ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.ExpectElsewhere(6, 5);
+    ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
+    CHECK(ahead.started() == 2);  // the window: positions 0 and 1
+    ahead.ExpectElsewhere(6, 0);
+    for (uint64_t pos = 0; pos < n; ++pos) {
+      INFO(pos);
+      CHECK(read(ahead, 0, pos));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringloader::pipeline
