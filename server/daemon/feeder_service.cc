@@ -22,6 +22,16 @@
 namespace ringloader::server {
 namespace {
 
+// Zeroes what lies outside `layout`'s tensors in `payload`: the gaps before each and the end.
+void ZeroGaps(const pipeline::BatchLayout& layout, std::span<uint8_t> payload) {
+  uint64_t at = 0;
+  for (const pipeline::TensorPlacement& t : layout.tensors) {  // in payload order
+    if (t.offset > at) std::memset(payload.data() + at, 0, t.offset - at);
+    at = std::max(at, t.offset + t.bytes);
+  }
+  if (payload.size() > at) std::memset(payload.data() + at, 0, payload.size() - at);
+}
+
 // A host's string in an error (a dataset name, a label source): escaped and cut to 256 bytes,
 // since a hostile one may be as long as a request.
 std::string Echo(const std::string& theirs) {
@@ -340,9 +350,11 @@ absl::StatusOr<FeederService::FeedAnswer> FeederService::Fill(const v1::FeedRequ
       answers_->Take(layout.total_bytes, absl::StrCat("a feed of ", n, " samples"));
   if (!answer.ok()) return answer.status();
   AnswerBytes& payload = (*answer)->bytes;
-  // Zeroed: what a filled batch leaves unwritten (alignment) must be neither another answer's
-  // bytes nor the allocator's leftovers.
-  std::fill(payload.begin(), payload.end(), uint8_t{0});
+  // What a filled batch leaves unwritten (the gaps that align its tensors) must be neither
+  // another answer's bytes (another host's, maybe) nor the allocator's leftovers. Fill writes
+  // each tensor whole (a short batch zeroes its tail), so only the gaps are zeroed: zeroing all
+  // of it cost 3% of a feeder's core (perf, feeder_bench).
+  ZeroGaps(layout, payload);
 
   pipeline::ShardSpec shard_spec;
   shard_spec.seed = spec.seed();
