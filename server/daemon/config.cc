@@ -588,11 +588,12 @@ bool IsV4(const std::array<uint8_t, 16>& ip) {
 bool ListensWhere(const std::string& data_host, const std::string& feeder_host) {
   const std::optional<std::array<uint8_t, 16>> data = ParseIp(data_host);
   const std::optional<std::array<uint8_t, 16>> feeder = ParseIp(feeder_host);
-  if (!data || !feeder) return data_host == feeder_host;  // a name: only itself
   static constexpr std::array<uint8_t, 16> kAnyV6{};
   static constexpr std::array<uint8_t, 16> kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (*data == kAnyV6) return true;            // every address, IPv4's too (dual-stack)
-  if (*data == kAnyV4) return IsV4(*feeder);  // IPv6 hosts could not reach it
+  if (data && *data == kAnyV6) return true;  // every address, IPv4's too (dual-stack)
+  // IPv6 hosts could not reach it; beside a name, which may be either, it is let be.
+  if (data && *data == kAnyV4) return !feeder || IsV4(*feeder);
+  if (!data || !feeder) return data_host == feeder_host;  // a name: only itself
   return *data == *feeder;
 }
 

@@ -195,7 +195,8 @@ absl::Status ValidateListen(std::string_view listen);
 bool SplitHostPort(const std::string& listen, std::string* host, std::string* port);
 // Whether a listen on `data_host` is reached at every address one on `feeder_host` is (hosts
 // without brackets, as SplitHostPort gives them): the same IP however written, "::" (every
-// address, IPv4's too), or "0.0.0.0" beside an IPv4 one. A name matches only itself.
+// address, IPv4's too), or "0.0.0.0" beside an IPv4 one or a name. Otherwise a name matches
+// only itself.
 bool ListensWhere(const std::string& data_host, const std::string& feeder_host);
 
 // [tls]: mutual TLS on the TCP gRPC endpoint (server.listen when it is TCP). Both sides'

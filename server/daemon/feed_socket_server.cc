@@ -45,7 +45,13 @@ absl::StatusOr<std::unique_ptr<FeedSocketServer>> FeedSocketServer::Start(const 
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
-  const bool bound = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+  const int zero = 0;
+  // An IPv6 listen takes IPv4 hosts too (as gRPC's ports do), whatever net.ipv6.bindv6only
+  // says: "[::]" is every address (config.h, ListensWhere).
+  const bool bound = fd >= 0 &&
+                     (found->ai_family != AF_INET6 ||
+                      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0) &&
+                     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
                      bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
   const int bind_errno = errno;
   freeaddrinfo(found);

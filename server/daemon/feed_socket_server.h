@@ -8,9 +8,10 @@
 //   - mutual TLS with [tls]'s files, re-read with them on SIGHUP (new connections handshake
 //     with the new set); a client certificate the daemon does not trust is told why (a kError
 //     frame, UNAUTHENTICATED) and the connection closed, counted in stats' tls.clients_refused
-//     as on the gRPC port; a plaintext client, a gRPC client (ALPN), one without a certificate
-//     or with one from another CA fails the handshake, logged with its address (at most 10
-//     lines a second) and not counted, as gRPC's port does not count its failed handshakes;
+//     as on the gRPC port (a certificate from another CA too: the handshake takes any, the
+//     check comes after it); a plaintext client, a gRPC client (ALPN) or one without a
+//     certificate fails the handshake, logged with its address (at most 10 lines a second) and
+//     not counted, as gRPC's port does not count its failed handshakes;
 //   - the client certificate is checked again before every call (a certificate that expired,
 //     or a CA or allow-list a SIGHUP changed, holds for connections open since);
 //   - at most kMaxFeedConnections at once, kMaxFeedConnectionsPerHost from one address (more are

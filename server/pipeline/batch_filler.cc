@@ -384,10 +384,9 @@ std::vector<std::unique_ptr<RemoteCall>> BatchFiller::StartRemote(Assembly& batc
   // call queued when it ends one (with one, it idled from its answer until the next round began,
   // a fifth of its time, and every epoch's first round waited for a lease of its own).
   const uint64_t round_size = request.batch_size;
+  // (A refill's or an epoch's last round is shorter: what a whole one would lease.)
   uint64_t tail = share;
-  if (share > 0 && batch.k != round_size) {
-    tail = std::min(request.remote->Share(round_size), round_size);
-  }
+  if (batch.k != round_size) tail = std::min(request.remote->Share(round_size), round_size);
   // The rounds to come lease their tails too: the read-ahead leaves them to their feeders.
   if (request.read_ahead != nullptr) request.read_ahead->ExpectElsewhere(round_size, tail);
   if (share > 0) {

@@ -280,6 +280,15 @@ bool ReadAhead::LikelyElsewhere(Key key) const {
   return (key.second - first) % round_size_ >= round_size_ - (elsewhere_tail_ - margin);
 }
 
+uint64_t ReadAhead::PastCursor(Key key) {
+  if (key.first == cursor_.first) {
+    return key.second >= cursor_.second ? key.second - cursor_.second : 0;
+  }
+  const EpochShard* shard = ShardOf(cursor_.first);
+  if (key.first != cursor_.first + 1 || shard == nullptr) return UINT64_MAX;
+  return shard->size() - std::min<uint64_t>(cursor_.second, shard->size()) + key.second;
+}
+
 std::shared_ptr<PrefetchedSample> ReadAhead::Take(uint64_t epoch, uint64_t pos) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reads_.find({epoch, pos});
@@ -376,9 +385,12 @@ void ReadAhead::StartMore() {
     }
     const Key key = next_;
     const uint64_t index = shard->at(key.second);
+    const bool elsewhere = LikelyElsewhere(key);
+    // Guessed-away positions are passed for good: not more than a window past the cursor, so
+    // that when the guess changes (the feeders failed) the reads ahead pick up from there.
+    if (elsewhere && PastCursor(key) >= window_) return;
     if (index >= dataset_->size() ||  // Fill refuses the batch itself
-        (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) ||
-        LikelyElsewhere(key)) {
+        (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) || elsewhere) {
       ++next_.second;
       continue;
     }

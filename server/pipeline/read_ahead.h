@@ -182,9 +182,10 @@ class ReadAhead {
   // Of each round of `round_size` shard positions (from the latest Advance's cursor; in a later
   // epoch, from its start), the last `tail` are likely decoded elsewhere (leased to feeders:
   // remote_decode.h) and are not read ahead, but for a few next to the round's local part (the
-  // share moves a little from round to round). A guess: a position read after all (its call
-  // failed, or the share grew) is started at its turn (StartNow). Without it every position is
-  // read, and a host with feeders read every file of the dataset (its mount's traffic doubled).
+  // share moves a little from round to round: max(2, round_size / 16)). A guess: a position
+  // read after all (its call failed) is started at its turn (StartNow); positions are passed
+  // over at most a window past the cursor, so a changed guess holds from there. Without it
+  // every position was read, and a host with feeders read every file of the dataset.
   void ExpectElsewhere(uint64_t round_size, uint64_t tail);
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,
   // and another read may start); nullptr otherwise.
@@ -225,6 +226,8 @@ class ReadAhead {
   void DropBefore(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ExpectElsewhere's guess for `key`.
   bool LikelyElsewhere(Key key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Positions from the latest Advance's cursor to `key` (into the next epoch; UINT64_MAX past).
+  uint64_t PastCursor(Key key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the read of `index` to the lane; null when no file is left or it is shut down.
   std::shared_ptr<PrefetchedSample> Submit(uint64_t index, PrefetchedSample::Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -313,6 +313,9 @@ TEST_CASE("config: a TCP listen needs [tls] or insecure_tcp, and [tls] needs its
   CHECK(!ListensWhere("0.0.0.0", "::"));
   CHECK(!ListensWhere("10.0.0.6", "10.0.0.5"));
   CHECK(ListensWhere("feeder-0.ml", "feeder-0.ml"));
+  CHECK(ListensWhere("::", "feeder-0.ml"));  // a name's hosts reach every address
+  CHECK(ListensWhere("0.0.0.0", "feeder-0.ml"));
+  CHECK(ListensWhere("::", "fe80::1%eth0"));
   CHECK(!ListensWhere("feeder-0.ml", "10.0.0.5"));
   ExpectError(Config(fed_here + "feeder_data_listen = \"unix:/run/d.sock\"") + tls,
               "t.toml: server.feeder_data_listen: must be HOST:PORT (other hosts dial it) (got "
