@@ -2,17 +2,20 @@
 // Issue 40 item 4: feeders' faults through the real binaries. A trainer reading through a host
 // that draws from feeders gets every sample exactly once, with the same bytes as a host alone,
 // while feeders come and go (by process, and by their name's addresses), the host is SIGKILLed
-// with leases out, a feeder sits in another network namespace behind a veth that is cut, and the
+// with leases out, a feeder sits in another network namespace behind a veth that is cut, the
 // link loses and delays packets (tc netem, or tests/support/netem_queue where the kernel has no
-// netem).
+// netem), and one of a feeder's two hosts is SIGSTOPped while answers are sent to it.
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
 #include <memory>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,7 +34,8 @@ constexpr uint32_t kImages = 96;
 // A feeder of dataset "shared" (the files at `data`) on `address`, certificate `cert`.
 std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string& cert,
                                           const std::string& data, const std::string& address,
-                                          std::vector<std::string> command_prefix = {}) {
+                                          std::vector<std::string> command_prefix = {},
+                                          const std::string& extra = "") {
   DaemonFixtureOptions options;
   options.images = 4;
   // Its data plane too (feed_socket.h): the faults below reach the answers that come there.
@@ -39,35 +43,40 @@ std::unique_ptr<DaemonFixture> MakeFeeder(const TestPki& pki, const std::string&
                          address.substr(0, address.rfind(':')) + ":" +
                          std::to_string(FreeTcpPort()) + "\"";
   options.config_extra = DatasetTable("shared", data) +
-                         pki.TlsTable(cert, "allowed_clients = [\"DNS:host-*\"]\n");
+                         pki.TlsTable(cert, "allowed_clients = [\"DNS:host-*\"]\n") + extra;
   options.command_prefix = std::move(command_prefix);
   return std::make_unique<DaemonFixture>(options);
 }
 
-// A host of dataset "shared" drawing from `feeders` only (local_decode = false), supervised.
+// A host of dataset "shared" drawing from `feeders` only (local_decode = false), supervised
+// unless `supervise` is false; its client certificate `cert`.
 std::unique_ptr<DaemonFixture> MakeHost(const TestPki& pki, const std::string& data,
                                         const std::vector<std::string>& feeders,
-                                        int lease_ms = 1500) {
+                                        int lease_ms = 1500, const std::string& cert = "host",
+                                        bool supervise = true,
+                                        std::vector<std::string> command_prefix = {}) {
   DaemonFixtureOptions options;
   options.images = 4;
-  options.supervise = true;
+  options.supervise = supervise;
+  options.command_prefix = std::move(command_prefix);
   options.server_extra = "local_decode = false\nfeeder_lease_ms = " + std::to_string(lease_ms);
-  options.config_extra = DatasetTable("shared", data) + pki.TlsTable("host");
+  options.config_extra = DatasetTable("shared", data) + pki.TlsTable(cert);
   for (const std::string& f : feeders) {
     options.config_extra += "[[feeders]]\naddress = \"" + f + "\"\n";
   }
   return std::make_unique<DaemonFixture>(options);
 }
 
-// What a host alone delivers: two epochs of "shared" read from a plain daemon.
-std::vector<std::string> Alone(const std::string& data) {
+// What a host alone delivers: two epochs of "shared" read from a plain daemon (or `stream`).
+std::vector<std::string> Alone(const std::string& data,
+                               const client::StreamOptions& stream = Options("shared", 2)) {
   DaemonFixtureOptions options;
   options.images = 4;
   options.config_extra = DatasetTable("shared", data);
   DaemonFixture alone(options);
   REQUIRE(alone.Start());
   client::Client c(alone.endpoint());
-  return Lines(*c.Open(Options("shared", 2)));
+  return Lines(*c.Open(stream));
 }
 
 uint64_t FeederSamples(const v1::GetStatsResponse& stats) {
@@ -111,6 +120,7 @@ class NetNs {
   // Empty when the namespace and its link are up.
   const std::string& why_not() const { return why_; }
   const std::string& inner_ip() const { return inner_ip_; }
+  const std::string& outer_ip() const { return outer_ip_; }
   std::vector<std::string> Exec() const { return {kIp, "netns", "exec", name_}; }
   void Link(bool up) {
     REQUIRE(RunCommand({kIp, "link", "set", outer_, up ? "up" : "down"}).exit_code == 0);
@@ -374,6 +384,110 @@ TEST_CASE("40.4: a feeder in another network namespace behind a veth: the same b
   CHECK(before_cut > 0);
   CHECK(stats.feeders(0).lease_failures() >= 1);
   CHECK(stats.feeder_fallback_samples() > 0);
+}
+
+// Bytes the feeder has queued and not had taken (Send-Q) on its connections from `peer_ip` to
+// its port `port`, the most on one; -1 when ss cannot say.
+int64_t QueuedTo(const std::string& peer_ip, int port) {
+  const CommandResult r = RunCommand(
+      {"/usr/bin/ss", "-tnH", "state", "established", "( sport = :" + std::to_string(port) + " )"});
+  if (r.exit_code != 0) return -1;
+  int64_t most = 0;
+  std::istringstream lines(r.output);
+  std::string line;
+  while (std::getline(lines, line)) {  // Recv-Q Send-Q Local:Port Peer:Port
+    std::istringstream fields(line);
+    int64_t recv_q = 0, send_q = 0;
+    std::string local, peer;
+    // (gRPC's port, dual-stack, names an IPv4 peer v4-mapped.)
+    if (fields >> recv_q >> send_q >> local >> peer &&
+        (peer.rfind(peer_ip + ":", 0) == 0 || peer.rfind("[::ffff:" + peer_ip + "]:", 0) == 0)) {
+      most = std::max(most, send_q);
+    }
+  }
+  return most;
+}
+
+TEST_CASE("40.4: a host SIGSTOPped while a feeder sends it answers (the feeder's writes to it "
+          "blocked): the feeder serves its other host meanwhile, and both get a host alone's "
+          "bytes",
+          "[feeder][faults][netns]") {
+  // A host that stops reading must cost the feeder only that host's calls: its fill turn, its
+  // memory share and its connections, never the other hosts' answers. Two hosts at different
+  // addresses (a feeder counts its limits per address): one in a network namespace.
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a network namespace");
+  NetNs ns;
+  if (!ns.why_not().empty()) RINGLOADER_SKIP("no network namespace here: " + ns.why_not());
+  TempDir data;
+  WriteDataset(data.Join("images"), kImages);
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder", "IP:127.0.0.1,IP:" + ns.outer_ip(), 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  pki.Issue("host2", "ca", "host-2", "DNS:host-2", 30);
+  // Answers larger than the sockets' buffers hold (batches of 48 at 224 px: 7.2 MB a round),
+  // each 3 s late (failpoint "slow": after its fill, before its first byte).
+  client::StreamOptions big = Options("shared", 2);
+  big.batch_size = kImages / 2;
+  big.image_size = 224;
+  client::StreamOptions one = big;
+  one.end_epoch = 1;
+  const std::vector<std::string> reference = Alone(data.Join("images"), big);
+  const std::vector<std::string> reference_one = Alone(data.Join("images"), one);
+  REQUIRE(reference.size() == 2 * kImages);
+
+  const std::string port = std::to_string(FreeTcpPort());
+  auto feeder = MakeFeeder(pki, "feeder", data.Join("images"), "0.0.0.0:" + port, {},
+                           "[failpoints]\nfeed_lie = \"slow\"\n");
+  if (!feeder->Start()) FAIL(feeder->Log());
+  std::smatch found;
+  const std::string feeder_log = feeder->Log();
+  REQUIRE(std::regex_search(feeder_log, found,
+                            std::regex("data plane on 0\\.0\\.0\\.0:([0-9]+)")));
+  const int data_port = std::stoi(found[1]);
+  // Leases of 20 s: every answer comes (3 s late), none is given up for being slow. The
+  // stopped host: in the namespace, not supervised (the signal reaches the daemon itself).
+  auto stopped = MakeHost(pki, data.Join("images"), {ns.outer_ip() + ":" + port}, 20'000, "host",
+                          /*supervise=*/false, ns.Exec());
+  if (!stopped->Start()) FAIL(stopped->Log());
+  auto other = MakeHost(pki, data.Join("images"), {"127.0.0.1:" + port}, 20'000, "host2");
+  if (!other->Start()) FAIL(other->Log());
+  INFO(feeder->Log());
+
+  client::Client c(stopped->endpoint());
+  const uint64_t decoded_before = Stats(feeder->endpoint()).samples_decoded();
+  auto stream = c.Open(big);  // not read yet
+  // Stopped once the feeder has filled its first call (its first round's; the next round's is
+  // leased ahead): each answer leaves 3 s after its fill, far more than the stats call and the
+  // signal take, so both answers come to a stopped host.
+  const auto filled = [&] {
+    return Stats(feeder->endpoint()).samples_decoded() >= decoded_before + big.batch_size;
+  };
+  REQUIRE(WaitFor(filled, std::chrono::seconds(60)));
+  stopped->process().Kill(SIGSTOP);
+  // Its answers come (the first went over gRPC, the rest over the data plane) and stay queued.
+  int64_t queued = -1;
+  WaitFor(
+      [&] {
+        queued = std::max(QueuedTo(ns.inner_ip(), data_port),
+                          QueuedTo(ns.inner_ip(), std::stoi(port)));
+        return queued > (64 << 10);
+      },
+      std::chrono::seconds(20));
+  client::Client c2(other->endpoint());
+  const std::vector<std::string> other_got = Lines(*c2.Open(one));
+  stopped->process().Kill(SIGCONT);
+  const std::vector<std::string> got = Lines(*stream);
+  INFO(stopped->Log());
+  INFO(other->Log());
+  // The feeder's answer to the stopped host was blocked mid-send: bytes it could not send (its
+  // send queue; the stopped host's receive window shut), of a 7.2 MB answer.
+  CHECK(queued > (64 << 10));
+  CHECK(other_got == reference_one);
+  const v1::GetStatsResponse other_stats = Stats(other->endpoint());
+  CHECK(FeederSamples(other_stats) == kImages);  // all from the feeder, none fell back
+  CHECK(other_stats.feeder_fallback_samples() == 0);
+  CHECK(got == reference);  // and the stopped host, woken, delivers exactly too
 }
 
 TEST_CASE("40.4: 10% packet loss and 50 ms delay each way between the host and its feeder (tc "
