@@ -128,12 +128,13 @@ void FeedSocketServer::AcceptLoop() {
     // idle per call, and one address cannot take the port from the others.
     const int from_host = per_host_.count(host) > 0 ? per_host_[host] : 0;
     if (live_ >= kMaxFeedConnections || from_host >= kMaxFeedConnectionsPerHost) {
-      ::close(fd);
+      // Logged before the close, so that the log says why by the time the host sees it.
       Warn(from_host >= kMaxFeedConnectionsPerHost
                ? absl::StrCat("a connection from ", host, " refused: it has ", from_host,
                               " open already")
                : absl::StrCat("a connection from ", host, " refused: ", kMaxFeedConnections,
                               " are open already"));
+      ::close(fd);
       continue;
     }
     Connection& c = connections_.emplace_back();

@@ -513,7 +513,7 @@ TEST_CASE("ReadAhead: reads run on into the next epoch but not past the stream's
 }
 
 TEST_CASE("ReadAhead: the tails of rounds likely decoded elsewhere (leased to feeders) are not "
-          "read ahead, but for a margin next to the local part; a round all elsewhere reads "
+          "read ahead, but for a margin next to the local part, and a round all elsewhere reads "
           "nothing",
           "[pipeline][read_ahead]") {
   Fixture f;
