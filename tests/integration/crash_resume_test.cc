@@ -2,9 +2,12 @@
 // Issue 5: the daemon dies, the trainer does not notice. Real ringloaderd (supervised), real
 // SIGKILLs, real crashes from failpoints; the consumer is the real `ringloaderctl consume`.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <set>
@@ -45,17 +48,42 @@ TEST_CASE("chaos: SIGKILLing the supervised daemon 10+ times changes nothing the
   REQUIRE(RunCommand(ConsumeArgs(daemon, reference, "3")).exit_code == 0);
   REQUIRE(LineCount(reference) == 600);
 
-  // 12 kills at random moments of consumption: each once the consumer has received something
-  // from the current daemon (so every kill lands mid-stream, whatever the machine's speed), after
-  // a random 0-20 ms more.
+  // 12 kills, each while the consumer is mid-stream, whatever the machine's speed or load. Its
+  // --samples-out is a pipe of one page that the test reads a little at a time: once the page
+  // is full the consumer blocks after its batch, so it is never more than a page ahead of what
+  // the test has read. Each kill comes after 1-40 lines more (spread over the epochs) and a
+  // random 0-20 ms.
   std::mt19937 rng(20261122);
-  const std::string chaos = daemon.dir() + "/chaos.tsv";
-  Subprocess consumer(ConsumeArgs(daemon, chaos, "3"), {}, daemon.dir() + "/consumer.log");
+  const std::string chaos_pipe = daemon.dir() + "/chaos.fifo";
+  REQUIRE(mkfifo(chaos_pipe.c_str(), 0600) == 0);
+  const int pipe_fd = open(chaos_pipe.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(pipe_fd >= 0);
+  const int pipe_bytes = fcntl(pipe_fd, F_SETPIPE_SZ, 4096);
+  REQUIRE(pipe_bytes > 0);
+  // So the consumer is still reading at the 12th kill: the test has read at most 12 * 40 lines
+  // (plus one read's 64 bytes) and the pipe holds no more than a page of lines.
+  const std::string expected = ReadFile(reference);
+  size_t shortest_line = SIZE_MAX;
+  for (size_t at = 0, end; (end = expected.find('\n', at)) != std::string::npos; at = end + 1) {
+    shortest_line = std::min(shortest_line, end + 1 - at);
+  }
+  REQUIRE(12 * 40 + 2 + static_cast<size_t>(pipe_bytes) / shortest_line < 600);
+  std::string chaos;  // what the consumer wrote, as read so far
+  const auto read_some = [&](size_t at_most) {
+    char buffer[4096];
+    const ssize_t n = read(pipe_fd, buffer, std::min(at_most, sizeof buffer));
+    if (n > 0) chaos.append(buffer, static_cast<size_t>(n));
+    return n;
+  };
+  const auto lines = [&] {
+    return static_cast<size_t>(std::count(chaos.begin(), chaos.end(), '\n'));
+  };
+  Subprocess consumer(ConsumeArgs(daemon, chaos_pipe, "3"), {}, daemon.dir() + "/consumer.log");
   int kills = 0;
   pid_t serving = daemon.ServingPid();
   for (int k = 0; k < 12; ++k) {
-    const size_t before = LineCount(chaos);
-    if (!WaitFor([&] { return LineCount(chaos) > before || !consumer.Running(); },
+    const size_t until = lines() + 1 + rng() % 40;
+    if (!WaitFor([&] { return (read_some(64), lines() >= until) || !consumer.Running(); },
                  std::chrono::seconds(60)) ||
         !consumer.Running()) {
       break;
@@ -66,13 +94,21 @@ TEST_CASE("chaos: SIGKILLing the supervised daemon 10+ times changes nothing the
     ++kills;
     serving = daemon.WaitForNewServingPid(serving);
   }
+  INFO("lines read before the last kill: " << lines() << " of 600 (pipe of " << pipe_bytes
+                                           << " bytes)");
+  // The rest, until the consumer has closed its end and exited.
+  WaitFor([&] { return read_some(4096) == 0 && !consumer.Running(); },
+          std::chrono::seconds(120));
+  while (read_some(4096) > 0) {
+  }
+  close(pipe_fd);
   const int exit_code = consumer.WaitExitCode(std::chrono::seconds(120));
   INFO("consumer log:\n" << ReadFile(daemon.dir() + "/consumer.log"));
   INFO("daemon log:\n" << daemon.Log());
   CHECK(kills >= 10);
   REQUIRE(exit_code == 0);
   // Line for line: the same samples, in the same order, with the same bytes and positions.
-  CHECK(ReadFile(chaos) == ReadFile(reference));
+  CHECK(chaos == expected);
   // Kills from outside are not crashes: nobody was struck.
   CHECK(daemon.Ctl({"quarantine", "list"}).output.find("synth") == std::string::npos);
 }
