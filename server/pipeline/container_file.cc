@@ -31,7 +31,9 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-absl::StatusOr<std::shared_ptr<const File>> OpenFiles::Open(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const File>> OpenFiles::Open(const std::string& path,
+                                                             bool* opened_now) {
+  if (opened_now != nullptr) *opened_now = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = recent_.begin(); it != recent_.end(); ++it) {
@@ -41,6 +43,7 @@ absl::StatusOr<std::shared_ptr<const File>> OpenFiles::Open(const std::string& p
       }
     }
   }
+  if (opened_now != nullptr) *opened_now = true;
   absl::StatusOr<File> opened = File::Open(path);  // outside the lock: it may be slow
   if (!opened.ok()) return opened.status();
   auto file = std::make_shared<const File>(*std::move(opened));

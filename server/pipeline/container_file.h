@@ -41,7 +41,9 @@ class OpenFiles {
  public:
   explicit OpenFiles(size_t capacity) : capacity_(capacity) {}
   // The open file at `path`, opened now (File::Open's errors; not cached) or shared.
-  absl::StatusOr<std::shared_ptr<const File>> Open(const std::string& path);
+  // `opened_now` (if set) says which: true when File::Open was called, whatever it returned.
+  absl::StatusOr<std::shared_ptr<const File>> Open(const std::string& path,
+                                                   bool* opened_now = nullptr);
 
  private:
   const size_t capacity_;

@@ -102,22 +102,22 @@ bool PrefetchedSample::WaitDone(const std::function<bool()>& give_up) {
   return state_ == State::kDone;
 }
 
-bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
-                            std::chrono::milliseconds io_retry, Memory memory,
-                            std::function<bool(int64_t since_ns)> witness) {
+ReadPool::Answer PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
+                                        std::chrono::milliseconds io_retry, Memory memory,
+                                        std::function<bool(int64_t since_ns)> witness) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ != State::kQueued) return false;  // cancelled
+    if (state_ != State::kQueued) return ReadPool::Answer::kNone;  // cancelled
     state_ = State::kRunning;
     started_ns_ = base::SteadyNowNs();
   }
   absl::Status status;
   if (observer != nullptr) status = observer->BeforeRead(dataset_, index_);
   // Refused unread (quarantined): no answer from the storage, so no witness that it answers.
-  const bool asked_storage = status.ok();
+  bool asked_storage = false;
   if (status.ok()) {
-    absl::StatusOr<SampleReader> reader =
-        SampleReader::Open(dataset_, index_, max_file_bytes, io_retry, std::move(witness));
+    absl::StatusOr<SampleReader> reader = SampleReader::Open(
+        dataset_, index_, max_file_bytes, io_retry, std::move(witness), &asked_storage);
     if (reader.ok()) {
       reader_.emplace(*std::move(reader));
     } else {
@@ -125,8 +125,14 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
     }
   }
   if (status.ok() && memory_ != nullptr) status = ReadBytes(memory);
+  if (reader_ && reader_->asked_storage()) asked_storage = true;  // an arrays column's open
   if (!status.ok()) reader_.reset();
-  const bool answered = asked_storage && StorageAnswered(status);
+  ReadPool::Answer answer = ReadPool::Answer::kNone;
+  if (asked_storage && StorageAnswered(status)) {
+    answer = ReadPool::Answer::kAnswered;
+  } else if (status.ok()) {
+    answer = ReadPool::Answer::kUnconfirmed;
+  }
   if (read_ns_ != nullptr) {
     read_ns_->fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, base::SteadyNowNs() - started_ns())));
   }
@@ -136,7 +142,7 @@ bool PrefetchedSample::Read(SampleObserver* observer, uint64_t max_file_bytes,
     state_ = State::kDone;
   }
   cv_.notify_all();
-  return answered;
+  return answer;
 }
 
 absl::Status PrefetchedSample::ReadBytes(Memory memory) {

@@ -123,11 +123,13 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
                // task met its deadline on a decode thread, whose bytes must come from the lane
   };
   // The reading, on a ReadPool thread: BeforeRead, open, memory, the sample's bytes (image,
-  // label, tensors). False when it got no answer from the storage (cancelled before it began,
+  // label, tensors). kNone when it got no answer from the storage (cancelled before it began,
   // refused unread, or transient errors to the end: an EIO is the storage failing, not
-  // answering). `witness`: the lane's (ReadPool::Witness), for its retries.
-  bool Read(SampleObserver* observer, uint64_t max_file_bytes, std::chrono::milliseconds io_retry,
-            Memory memory = Memory::kSpare, std::function<bool(int64_t since_ns)> witness = {});
+  // answering); kUnconfirmed for a success through a shard kept open (SampleReader::
+  // asked_storage). `witness`: the lane's (ReadPool::Witness), for its retries.
+  ReadPool::Answer Read(SampleObserver* observer, uint64_t max_file_bytes,
+                        std::chrono::milliseconds io_retry, Memory memory = Memory::kSpare,
+                        std::function<bool(int64_t since_ns)> witness = {});
 
  private:
   void Evict();  // DecodeMemory's eviction: drops the bytes (they are the budget's again)

@@ -33,7 +33,7 @@ struct ReadPool::Impl {
   mutable std::mutex mu;
   std::condition_variable work;
   std::condition_variable idle_cv;  // notified when a read or a probe ends
-  std::deque<std::pair<uint64_t, std::function<bool()>>> queue ABSL_GUARDED_BY(mu);
+  std::deque<std::pair<uint64_t, std::function<Answer()>>> queue ABSL_GUARDED_BY(mu);
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
   bool stop ABSL_GUARDED_BY(mu) = false;
   uint32_t threads ABSL_GUARDED_BY(mu) = 0;  // alive (idle, running or stuck)
@@ -59,7 +59,7 @@ struct ReadPool::Impl {
   void Grow(const std::shared_ptr<Impl>& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (stop || queue.size() <= idle || threads >= Allowed()) return;
     try {
-      std::thread([self] { self->Loop(); }).detach();
+      std::thread([self] { self->Loop(self); }).detach();
       ++threads;
     } catch (const std::system_error&) {
       // No thread to be had (a pids limit): the threads there are run the queue.
@@ -101,7 +101,7 @@ struct ReadPool::Impl {
     options.on_stall_change(stalled, stalled ? std::chrono::milliseconds(0) : stalled_for);
   }
 
-  void Loop(){
+  void Loop(const std::shared_ptr<Impl>& self) {
     pthread_setname_np(pthread_self(), "rl-read");  // for top, perf and gdb
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
@@ -114,7 +114,7 @@ struct ReadPool::Impl {
       running.emplace(id, false);
       const int64_t started = base::SteadyNowNs();
       lock.unlock();
-      const bool answered = read();
+      const Answer answer = read();
       read = nullptr;  // its captures go before the lock is taken again
       lock.lock();
       if (auto it = running.find(id); it != running.end()) {
@@ -122,7 +122,11 @@ struct ReadPool::Impl {
         running.erase(it);
       }
       std::optional<std::chrono::milliseconds> resumed;
-      if (answered) resumed = Answered(started);
+      if (answer == Answer::kAnswered) {
+        resumed = Answered(started);
+      } else if (answer == Answer::kUnconfirmed && stalled_since_ns != 0 && probes_running == 0) {
+        StartProbe(self, base::SteadyNowNs(), /*for_judge=*/false);
+      }
       idle_cv.notify_all();
       if (resumed) {
         lock.unlock();
@@ -167,7 +171,7 @@ ReadPool::~ReadPool() { Shutdown(); }
 
 uint32_t ReadPool::depth() const { return impl_->depth; }
 
-uint64_t ReadPool::Submit(std::function<bool()> read) {
+uint64_t ReadPool::Submit(std::function<Answer()> read) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->stop) return 0;
   const uint64_t id = impl_->next_id++;
@@ -209,7 +213,7 @@ bool ReadPool::WaitIdle(std::chrono::milliseconds timeout) {
 }
 
 void ReadPool::Shutdown() {
-  std::deque<std::pair<uint64_t, std::function<bool()>>> dropped;
+  std::deque<std::pair<uint64_t, std::function<Answer()>>> dropped;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;

@@ -21,7 +21,9 @@
 // after a stall resumes it, and every read in flight then counts its deadline afresh from that
 // moment (the outage was not their fault). A storage that answers every request with an error
 // (EIO) answers nothing either: only a success or a sample's own error (not found, corrupt, ...)
-// is an answer, and a read retrying such errors waits the outage out (Witness()).
+// is an answer, and a read retrying such errors waits the outage out (Witness()). Nor does a
+// read that asked the storage nothing it had to answer itself: one served through a shard kept
+// open may have come from the kernel's page cache while the mount is gone (Answer::kUnconfirmed).
 //
 // Thread-safety: every method may be called from any thread.
 
@@ -58,10 +60,18 @@ class ReadPool {
   ReadPool& operator=(const ReadPool&) = delete;
 
   uint32_t depth() const;
+  // What a read learnt of the storage.
+  enum class Answer {
+    kNone,      // nothing: it did not ask (cancelled, refused), or met transient errors (EIO)
+    kAnswered,  // the storage answered a request (an open): a success or the sample's own error
+    // A success that needed no request the storage had to answer (every byte through a file
+    // kept open, maybe the kernel's cached pages): no witness; on a stalled lane it starts a
+    // probe, so that the storage's return is seen without waiting for a Judge.
+    kUnconfirmed,
+  };
   // Queues `read`; a lane thread runs it. Returns the read's id (never 0), or 0 (and `read`
-  // dropped) after Shutdown(). `read` must not throw; it returns whether it got an answer from
-  // the storage (false: it did nothing, e.g. it was cancelled before it began).
-  uint64_t Submit(std::function<bool()> read);
+  // dropped) after Shutdown(). `read` must not throw.
+  uint64_t Submit(std::function<Answer()> read);
   // Read `id` was given up on by its consumer (it may be stuck for good): while it runs, one more
   // thread may run. Nothing for a read that is not running.
   void WriteOff(uint64_t id);

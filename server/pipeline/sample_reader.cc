@@ -112,11 +112,17 @@ std::span<const uint8_t> SampleRest::tensor(const Dataset& dataset, uint32_t k) 
 absl::StatusOr<SampleReader> SampleReader::Open(const Dataset& dataset, uint64_t index,
                                                 uint64_t max_image_bytes,
                                                 std::chrono::milliseconds io_retry,
-                                                std::function<bool(int64_t)> witness) {
+                                                std::function<bool(int64_t)> witness,
+                                                bool* asked_storage) {
   IoRetryBudget budget(io_retry, {}, std::move(witness));
+  bool asked = false;
   absl::StatusOr<SampleReader> reader =
-      budget.Run<SampleReader>([&] { return OpenOnce(dataset, index, max_image_bytes); });
-  if (reader.ok()) reader->budget_ = budget;  // what is left of it is the reads'
+      budget.Run<SampleReader>([&] { return OpenOnce(dataset, index, max_image_bytes, &asked); });
+  if (reader.ok()) {
+    reader->budget_ = budget;  // what is left of it is the reads'
+    reader->asked_storage_ = asked;
+  }
+  if (asked_storage != nullptr) *asked_storage = asked;
   return reader;
 }
 
@@ -159,12 +165,13 @@ absl::StatusOr<SampleRest> SampleReader::ReadRest() {
 }
 
 absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint64_t index,
-                                                    uint64_t max_image_bytes) {
+                                                    uint64_t max_image_bytes, bool* asked) {
   SampleReader r(dataset, index);
   r.where_ = dataset.AbsolutePath(index);
   switch (dataset.format()) {
     case DatasetFormat::kImageFolder:
     case DatasetFormat::kManifest: {
+      *asked = true;
       absl::StatusOr<image::SampleFile> file = image::SampleFile::Open(r.where_, max_image_bytes);
       if (!file.ok()) return file.status();
       r.read_bytes_ = file->size();
@@ -187,8 +194,10 @@ absl::StatusOr<SampleReader> SampleReader::OpenOnce(const Dataset& dataset, uint
       }
       if (image.size == 0) return r.Damaged("empty", tar ? "image member is empty" : "empty record");
       r.container_path_ = dataset.SampleFilePath(index);
+      bool opened_now = false;
       absl::StatusOr<std::shared_ptr<const container::File>> file =
-          dataset.open_files().Open(r.container_path_);
+          dataset.open_files().Open(r.container_path_, &opened_now);
+      *asked = *asked || opened_now;
       if (!file.ok()) return file.status();
       r.container_ = *std::move(file);
       r.read_bytes_ = image.size;
@@ -347,6 +356,7 @@ absl::StatusOr<uint64_t> SampleReader::ReadTensorOnce(uint32_t k, std::span<uint
                                               column.header.row_bytes, " bytes do not fit its ",
                                               out.size(), "-byte place"));
     }
+    asked_storage_ = true;
     absl::StatusOr<container::File> file = container::File::Open(column.path);
     if (!file.ok()) return file.status();
     const int64_t got = container::ReadAt(file->fd(), out.data(), column.header.row_bytes,

@@ -60,11 +60,12 @@ class SampleReader {
   // below are retried with backoff from one budget of `io_retry` for the whole sample
   // (IoRetryBudget); one that outlasts it fails with reason "io_error", saying how long and how
   // often it was tried. `witness` (the read lane's, ReadPool::Witness): failures while the
-  // storage answers nothing at all are waited out, not counted.
+  // storage answers nothing at all are waited out, not counted. `asked_storage` (if set): as
+  // asked_storage() below, for the opening, also when it fails.
   static absl::StatusOr<SampleReader> Open(
       const Dataset& dataset, uint64_t index, uint64_t max_image_bytes,
       std::chrono::milliseconds io_retry = std::chrono::seconds(30),
-      std::function<bool(int64_t since_ns)> witness = {});
+      std::function<bool(int64_t since_ns)> witness = {}, bool* asked_storage = nullptr);
   SampleReader(SampleReader&&) noexcept = default;
   SampleReader& operator=(SampleReader&&) = delete;
   ~SampleReader() = default;
@@ -73,6 +74,11 @@ class SampleReader {
   const std::string& where() const { return where_; }
   // What ReadImage() will hold in memory (the image, or its whole record).
   uint64_t read_bytes() const { return read_bytes_; }
+  // Whether reading the sample so far sent the storage a request only it could answer: an open
+  // (an image file, a shard not kept open yet, an arrays column). False when every byte came
+  // through a shard the dataset keeps open: those may be the kernel's cached pages, served while
+  // the mount is gone, so they are no sign that it answers (ReadPool::Answer::kUnconfirmed).
+  bool asked_storage() const { return asked_storage_; }
 
   // The image's first bytes (at most `max`), for planning its decode. `*whole` is set when that
   // is all of the image. May return no bytes when the image's start is not within the first
@@ -90,8 +96,9 @@ class SampleReader {
 
  private:
   SampleReader(const Dataset& dataset, uint64_t index) : dataset_(&dataset), index_(index) {}
+  // Sets `*asked` when it opened a file (whatever came of it).
   static absl::StatusOr<SampleReader> OpenOnce(const Dataset& dataset, uint64_t index,
-                                               uint64_t max_image_bytes);
+                                               uint64_t max_image_bytes, bool* asked);
   absl::StatusOr<std::vector<uint8_t>> ReadImageHeadOnce(uint64_t max, bool* whole);
   absl::StatusOr<ImageBytes> ReadImageOnce();
   absl::StatusOr<int64_t> ReadLabelOnce();
@@ -108,6 +115,7 @@ class SampleReader {
   std::shared_ptr<const container::File> container_;  // webdataset, tfrecord (shared)
   std::string container_path_;
   std::optional<int64_t> record_label_;  // tfrecord, after ReadImage
+  bool asked_storage_ = false;
 };
 
 }  // namespace ringloader::pipeline

@@ -105,7 +105,7 @@ TEST_CASE("ReadPool lane: another read that started after the overdue read's dea
   lane.pool->Submit([&] {
     lane.read.Wait();
     answered = true;
-    return true;
+    return ReadPool::Answer::kAnswered;
   });
   REQUIRE(testing::WaitFor([&] { return lane.read.waiting() == 1; }, std::chrono::seconds(10)));
   const int64_t after_it_started = base::SteadyNowNs();
@@ -188,6 +188,49 @@ TEST_CASE("ReadPool lane: Witness is true once an operation started since was an
   CHECK(lane.probes_started == 3);
   // A later failure is not witnessed by an answer to what started before it.
   CHECK_FALSE(witness(base::SteadyNowNs()));
+}
+
+// A read served through a file kept open may have come from the kernel's page cache while the
+// mount is gone (storage_outage_test's flake): it is no answer, but it says to look.
+TEST_CASE("ReadPool lane: a read answered kUnconfirmed witnesses nothing and ends no stall, but "
+          "on a stalled lane starts a probe, whose answer ends it",
+          "[pipeline][read_pool]") {
+  Lane lane;
+  const int64_t started = base::SteadyNowNs() - 2 * kDeadline.count() * 1'000'000;
+  std::atomic<int> reads{0};
+  const auto unconfirmed = [&] {
+    ++reads;
+    return ReadPool::Answer::kUnconfirmed;
+  };
+  // Not stalled: it starts no probe.
+  REQUIRE(lane.pool->Submit(unconfirmed) != 0);
+  REQUIRE(testing::WaitFor([&] { return reads.load() == 1; }, std::chrono::seconds(10)));
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  CHECK(lane.probes_started == 0);
+  // No witness for an overdue read: the lane probes, and with the probe unanswered it stalls.
+  CHECK(lane.JudgeUntil(started, kDeadline, [&] { return lane.pool->health().stalled; }) ==
+        ReadPool::Verdict::kWait);
+  REQUIRE(lane.pool->health().stalled);
+  const int probes = lane.probes_started.load();
+  // That probe is failed (EIO): still stalled, no probe runs.
+  lane.probe_answers = false;
+  lane.probe.Open();
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  // A read through a kept-open file: stalled still, and it started a probe (failed as well).
+  REQUIRE(lane.pool->Submit(unconfirmed) != 0);
+  REQUIRE(testing::WaitFor([&] { return reads.load() == 2; }, std::chrono::seconds(10)));
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  CHECK(lane.probes_started == probes + 1);
+  CHECK(lane.pool->health().stalled);
+  CHECK(lane.resume_events == 0);
+  CHECK(lane.pool->Judge(started, kDeadline) == ReadPool::Verdict::kWait);  // no witness
+  REQUIRE(lane.pool->WaitIdle(std::chrono::seconds(10)));
+  // The storage is back: the probe the next such read starts is answered, and ends the stall.
+  lane.probe_answers = true;
+  REQUIRE(lane.pool->Submit(unconfirmed) != 0);
+  CHECK(testing::WaitFor([&] { return !lane.pool->health().stalled; },
+                         std::chrono::seconds(10)));
+  CHECK(lane.resume_events == 1);
 }
 
 }  // namespace
