@@ -386,6 +386,47 @@ TEST_CASE("40.4: a feeder in another network namespace behind a veth: the same b
   CHECK(stats.feeder_fallback_samples() > 0);
 }
 
+TEST_CASE("40.2: a feeder listening on [::] where net.ipv6.bindv6only = 1 takes IPv4 hosts on "
+          "both its ports (its data plane clears IPV6_V6ONLY, as gRPC's port does)",
+          "[feeder][netns]") {
+  if (!RunningAsRoot()) RINGLOADER_SKIP("needs root to make a network namespace");
+  NetNs ns;
+  if (!ns.why_not().empty()) RINGLOADER_SKIP("no network namespace here: " + ns.why_not());
+  // bindv6only is the namespace's own: this one's is set, the host's is left as it is.
+  std::vector<std::string> set_sysctl = ns.Exec();
+  set_sysctl.insert(set_sysctl.end(), {"/bin/sh", "-c",
+                                       "echo 1 > /proc/sys/net/ipv6/bindv6only && "
+                                       "cat /proc/sys/net/ipv6/bindv6only"});
+  const CommandResult sysctl = RunCommand(set_sysctl);
+  if (sysctl.exit_code != 0) RINGLOADER_SKIP("no IPv6 in the namespace: " + sysctl.output);
+  REQUIRE(sysctl.output == "1\n");
+  TempDir data;
+  WriteDataset(data.Join("images"), kImages);
+  TestPki pki;
+  pki.MakeCa("ca", "ringloader test CA");
+  pki.Issue("feeder", "ca", "feeder", "IP:" + ns.inner_ip(), 30);
+  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
+  const std::vector<std::string> reference = Alone(data.Join("images"));
+  // Both ports on [::]; the host dials the namespace's IPv4 address.
+  std::unique_ptr<DaemonFixture> feeder =
+      MakeFeeder(pki, "feeder", data.Join("images"), "[::]:7001", ns.Exec());
+  if (!feeder->Start()) FAIL(feeder->Log());
+  INFO(feeder->Log());
+  CHECK_THAT(feeder->Log(), Catch::Contains("feeding other hosts' data plane on [::]:"));
+  std::unique_ptr<DaemonFixture> host =
+      MakeHost(pki, data.Join("images"), {ns.inner_ip() + ":7001"});
+  if (!host->Start()) FAIL(host->Log());
+  INFO(host->Log());
+  client::Client c(host->endpoint());
+  CHECK(Lines(*c.Open(Options("shared", 2))) == reference);
+  const v1::GetStatsResponse stats = Stats(host->endpoint());
+  REQUIRE(stats.feeders_size() == 1);
+  CHECK(stats.feeders(0).samples() == 2 * kImages);
+  // Its answers came over the data plane, not gRPC's fallback: the IPv4 dial to [::] was taken.
+  CHECK(stats.feeders(0).transport() == "tls socket");
+  CHECK(stats.feeder_fallback_samples() == 0);
+}
+
 // Bytes the feeder has queued and not had taken (Send-Q) on its connections from `peer_ip` to
 // its port `port`, the most on one; -1 when ss cannot say.
 int64_t QueuedTo(const std::string& peer_ip, int port) {
