@@ -156,6 +156,8 @@ class PrefetchedSample : public std::enable_shared_from_this<PrefetchedSample> {
 
 // A read lane's probe (LaneOptions::probe) for `dataset`: opens one of its samples, spread over
 // the dataset by `attempt` (so a probe stuck on one bad file is followed by one elsewhere).
+// An open is a request the storage answers, except on a mount that opens from its attribute
+// cache (NFS with `nocto`): there an outage can look like a bad file.
 // REQUIRES: `dataset` outlives every probe.
 std::function<bool(uint64_t attempt)> SampleProbe(const Dataset& dataset);
 

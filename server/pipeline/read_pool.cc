@@ -124,8 +124,8 @@ struct ReadPool::Impl {
       std::optional<std::chrono::milliseconds> resumed;
       if (answer == Answer::kAnswered) {
         resumed = Answered(started);
-      } else if (answer == Answer::kUnconfirmed && stalled_since_ns != 0 && probes_running == 0) {
-        StartProbe(self, base::SteadyNowNs(), /*for_judge=*/false);
+      } else if (answer == Answer::kUnconfirmed && stalled_since_ns != 0) {
+        ProbeUnlessAsking(self, base::SteadyNowNs());
       }
       idle_cv.notify_all();
       if (resumed) {
@@ -136,6 +136,17 @@ struct ReadPool::Impl {
       if (threads > Allowed()) break;  // it ran in a stuck read's place, which has ended
     }
     --threads;
+  }
+
+  // On a stalled lane, a read that asked the storage nothing (Answer::kUnconfirmed) asks it: a
+  // probe, unless one started in the last second is still running (an older one may be stuck on
+  // a file that never answers, so another goes to another file, up to kMaxProbes).
+  void ProbeUnlessAsking(const std::shared_ptr<Impl>& self, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t newest = std::max(last_probe_ns, witness_probe_ns);
+    if (probes_running == 0 || now - newest >= Ns(std::chrono::seconds(1))) {
+      StartProbe(self, now, /*for_judge=*/false);
+    }
   }
 
   // `for_judge`: Judge's probe (its start is last_probe_ns); else a witness's.

@@ -39,7 +39,8 @@ struct LaneOptions {
   // Touches the storage the way a read does (opens one of the dataset's samples; `attempt`
   // picks which, so a probe stuck on one bad file is followed by one on another), on a thread of
   // its own; returns whether it got an answer from the storage (false: it could not ask).
-  // Null: no probes (an overdue read is poison only when another read witnesses).
+  // Null: no probes (an overdue read is poison only when another read witnesses; reads through
+  // files kept open never do, nor end a stall). The daemon's is SampleProbe.
   std::function<bool(uint64_t attempt)> probe;
   // The lane became stalled (true) or answers again (false; `stalled_for` how long it did not).
   // Called without the lane's lock, from the thread that saw the change.
@@ -65,8 +66,9 @@ class ReadPool {
     kNone,      // nothing: it did not ask (cancelled, refused), or met transient errors (EIO)
     kAnswered,  // the storage answered a request (an open): a success or the sample's own error
     // A success that needed no request the storage had to answer (every byte through a file
-    // kept open, maybe the kernel's cached pages): no witness; on a stalled lane it starts a
-    // probe, so that the storage's return is seen without waiting for a Judge.
+    // kept open, maybe the kernel's cached pages): no witness, though it may have been one (its
+    // pages were not all cached). On a stalled lane it starts a probe (one a second while
+    // probes go unanswered), so that the storage's return is seen without waiting for a Judge.
     kUnconfirmed,
   };
   // Queues `read`; a lane thread runs it. Returns the read's id (never 0), or 0 (and `read`

@@ -327,6 +327,7 @@ absl::StatusOr<int64_t> SampleReader::ReadLabelOnce() {
       if (!dataset_->has_labels()) return absl::InternalError("ReadLabel: no label column");
       const ArrayColumn& column = dataset_->columns().back();
       uint8_t row[8] = {};
+      asked_storage_ = true;
       absl::StatusOr<container::File> file = container::File::Open(column.path);
       if (!file.ok()) return file.status();
       const int64_t got = container::ReadAt(file->fd(), row, column.header.row_bytes,

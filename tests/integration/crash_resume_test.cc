@@ -44,64 +44,73 @@ TEST_CASE("chaos: SIGKILLing the supervised daemon 10+ times changes nothing the
   DaemonFixture daemon(options);
   REQUIRE(daemon.Start());
 
-  const std::string reference = daemon.dir() + "/reference.tsv";
-  REQUIRE(RunCommand(ConsumeArgs(daemon, reference, "3")).exit_code == 0);
-  REQUIRE(LineCount(reference) == 600);
-
-  // 12 kills, each while the consumer is mid-stream, whatever the machine's speed or load. Its
-  // --samples-out is a pipe of one page that the test reads a little at a time: once the page
-  // is full the consumer blocks after its batch, so it is never more than a page ahead of what
-  // the test has read. Each kill comes after 1-40 lines more (spread over the epochs) and a
-  // random 0-20 ms.
-  std::mt19937 rng(20261122);
+  // 12 kills, each while the consumer is mid-stream and the daemon decoding for it, whatever the
+  // machine's speed or load. The consumer's --samples-out is a pipe of one page that the test
+  // reads: once the page is full the consumer blocks writing to it, so it is never more than a
+  // page of lines ahead of the test. Before each kill the test reads 1-20 lines more, then a
+  // whole page, so the consumer runs on past what its ring held; the kill comes 0-20 ms later.
   const std::string chaos_pipe = daemon.dir() + "/chaos.fifo";
   REQUIRE(mkfifo(chaos_pipe.c_str(), 0600) == 0);
-  const int pipe_fd = open(chaos_pipe.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  REQUIRE(pipe_fd >= 0);
-  const int pipe_bytes = fcntl(pipe_fd, F_SETPIPE_SZ, 4096);
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) close(fd);
+    }
+  } pipe{open(chaos_pipe.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  REQUIRE(pipe.fd >= 0);
+  const int pipe_bytes = fcntl(pipe.fd, F_SETPIPE_SZ, 4096);  // a page: 64 KiB on some CPUs
   REQUIRE(pipe_bytes > 0);
-  // So the consumer is still reading at the 12th kill: the test has read at most 12 * 40 lines
-  // (plus one read's 64 bytes) and the pipe holds no more than a page of lines.
+  // Enough epochs that the 12th kill still finds the consumer reading: by then the test has read
+  // at most 12 * (20 lines, 2 more in a 64-byte read's overshoot, a page), and the consumer has
+  // written at most a page more.
+  constexpr size_t kShortestLine = 40;  // bytes; checked below
+  const size_t page_lines = static_cast<size_t>(pipe_bytes) / kShortestLine + 1;
+  const size_t at_last_kill = 12 * (20 + 2 + page_lines) + page_lines;
+  const size_t epochs = at_last_kill / 200 + 2;
+  const std::string reference = daemon.dir() + "/reference.tsv";
+  REQUIRE(RunCommand(ConsumeArgs(daemon, reference, std::to_string(epochs))).exit_code == 0);
+  REQUIRE(LineCount(reference) == 200 * epochs);
   const std::string expected = ReadFile(reference);
-  size_t shortest_line = SIZE_MAX;
   for (size_t at = 0, end; (end = expected.find('\n', at)) != std::string::npos; at = end + 1) {
-    shortest_line = std::min(shortest_line, end + 1 - at);
+    REQUIRE(end + 1 - at >= kShortestLine);
   }
-  REQUIRE(12 * 40 + 2 + static_cast<size_t>(pipe_bytes) / shortest_line < 600);
+
+  std::mt19937 rng(20261122);
   std::string chaos;  // what the consumer wrote, as read so far
   const auto read_some = [&](size_t at_most) {
     char buffer[4096];
-    const ssize_t n = read(pipe_fd, buffer, std::min(at_most, sizeof buffer));
+    const ssize_t n = read(pipe.fd, buffer, std::min(at_most, sizeof buffer));
     if (n > 0) chaos.append(buffer, static_cast<size_t>(n));
     return n;
   };
   const auto lines = [&] {
     return static_cast<size_t>(std::count(chaos.begin(), chaos.end(), '\n'));
   };
-  Subprocess consumer(ConsumeArgs(daemon, chaos_pipe, "3"), {}, daemon.dir() + "/consumer.log");
+  Subprocess consumer(ConsumeArgs(daemon, chaos_pipe, std::to_string(epochs)), {},
+                      daemon.dir() + "/consumer.log");
   int kills = 0;
   pid_t serving = daemon.ServingPid();
   for (int k = 0; k < 12; ++k) {
-    const size_t until = lines() + 1 + rng() % 40;
+    const size_t until = lines() + 1 + rng() % 20;
     if (!WaitFor([&] { return (read_some(64), lines() >= until) || !consumer.Running(); },
                  std::chrono::seconds(60)) ||
         !consumer.Running()) {
       break;
     }
+    read_some(static_cast<size_t>(pipe_bytes));  // the consumer goes on: the ring, then Next()
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 20));
     REQUIRE(serving > 0);
     REQUIRE(kill(serving, SIGKILL) == 0);
     ++kills;
     serving = daemon.WaitForNewServingPid(serving);
   }
-  INFO("lines read before the last kill: " << lines() << " of 600 (pipe of " << pipe_bytes
-                                           << " bytes)");
+  INFO("lines read at the last kill: " << lines() << " of " << 200 * epochs << " (pipe of "
+                                       << pipe_bytes << " bytes)");
   // The rest, until the consumer has closed its end and exited.
   WaitFor([&] { return read_some(4096) == 0 && !consumer.Running(); },
           std::chrono::seconds(120));
   while (read_some(4096) > 0) {
   }
-  close(pipe_fd);
   const int exit_code = consumer.WaitExitCode(std::chrono::seconds(120));
   INFO("consumer log:\n" << ReadFile(daemon.dir() + "/consumer.log"));
   INFO("daemon log:\n" << daemon.Log());

@@ -623,16 +623,28 @@ TEST_CASE("ReadAhead: a read through a shard kept open is no sign that the stora
   const std::unique_ptr<Dataset> wds = *std::move(opened);
   REQUIRE(wds->size() == 12);
 
+  Latch first_failure;
   LaneOptions lane_options;
   lane_options.probe = [](uint64_t) { return !g_outage.load(); };  // EIO too, while it lasts
   ReadPool pool(4, std::move(lane_options));
   WaitIdle idle{pool};
   // A budget of 1 ms: one failure counted against the sample ends it in io_error.
   ReadAhead ahead(pool, /*window=*/0, &f.memory, &f.observer, std::chrono::milliseconds(1));
+  // First to go, however the test ends: the outage, so that every read ends before the lane.
+  struct OutageOver {
+    Latch& latch;
+    ~OutageOver() {
+      g_outage = false;
+      latch.Open();
+      image::SetReadFaultInjector(nullptr);
+      g_first_failure = nullptr;  // a read past its check still holds the latch: it outlives it
+    }
+  } outage_over{first_failure};
   const EpochShard shard(wds->size(), ShardSpec{.shuffle = false});
   ahead.Advance(*wds, shard, 0, 0, 0, 1 << 30, nullptr, "");
   const auto wait_done = [](PrefetchedSample& read) {
-    return read.WaitDone([] { return false; });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    return read.WaitDone([&] { return std::chrono::steady_clock::now() > until; });
   };
   std::shared_ptr<PrefetchedSample> warm = ahead.StartNow(shard.at(0));  // shard-0 stays open
   REQUIRE(warm != nullptr);
@@ -640,14 +652,14 @@ TEST_CASE("ReadAhead: a read through a shard kept open is no sign that the stora
   REQUIRE(warm->status().ok());
 
   image::SetReadFaultInjector(OutageInjector);
-  Latch first_failure;
   g_first_failure = &first_failure;
   g_failed_opens = 0;
   g_outage = true;
   // X opens shard-1: its first attempt fails, once the test has let it.
   std::shared_ptr<PrefetchedSample> x = ahead.StartNow(shard.at(6));
   REQUIRE(x != nullptr);
-  first_failure.AwaitWaiting(1);
+  REQUIRE(testing::WaitFor([&] { return first_failure.waiting() == 1; },
+                           std::chrono::seconds(30)));
   // Meanwhile Y, of shard-0, succeeds through the open shard: it asked the storage nothing.
   std::shared_ptr<PrefetchedSample> y = ahead.StartNow(shard.at(1));
   REQUIRE(y != nullptr);
@@ -663,8 +675,6 @@ TEST_CASE("ReadAhead: a read through a shard kept open is no sign that the stora
   g_outage = false;  // the mount is back
   REQUIRE(wait_done(*x));
   CHECK(x->status().ok());
-  image::SetReadFaultInjector(nullptr);
-  g_first_failure = nullptr;
 }
 
 }  // namespace

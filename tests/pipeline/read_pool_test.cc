@@ -140,7 +140,8 @@ TEST_CASE("ReadPool lane: a probe nobody answers makes the lane stalled, the fir
   // (it was waiting for the storage, not stuck on its own).
   lane.probe.Open();
   REQUIRE(testing::WaitFor([&] { return !lane.pool->health().stalled; }, std::chrono::seconds(10)));
-  CHECK(lane.resume_events == 1);
+  // Said after the lane's lock is let go: it may come just after.
+  CHECK(testing::WaitFor([&] { return lane.resume_events == 1; }, std::chrono::seconds(10)));
   CHECK(lane.pool->Judge(started, kDeadline) == ReadPool::Verdict::kWait);
   // Past that fresh deadline, with the storage answering (a new probe), it is poison.
   CHECK(lane.JudgeUntil(started, kDeadline, [] { return false; }) ==
@@ -230,7 +231,51 @@ TEST_CASE("ReadPool lane: a read answered kUnconfirmed witnesses nothing and end
   REQUIRE(lane.pool->Submit(unconfirmed) != 0);
   CHECK(testing::WaitFor([&] { return !lane.pool->health().stalled; },
                          std::chrono::seconds(10)));
-  CHECK(lane.resume_events == 1);
+  CHECK(testing::WaitFor([&] { return lane.resume_events == 1; }, std::chrono::seconds(10)));
+}
+
+TEST_CASE("ReadPool lane: with a probe stuck for good, reads through kept-open files still start "
+          "probes (one a second, on other files), and the first answered ends the stall",
+          "[pipeline][read_pool]") {
+  Latch stuck;  // the first probe's file never answers
+  std::atomic<int> probes{0};
+  std::atomic<bool> stalled_said{false};
+  LaneOptions options;
+  options.probe = [&](uint64_t attempt) {
+    ++probes;
+    if (attempt == 0) stuck.Wait();
+    return attempt != 0;
+  };
+  options.on_stall_change = [&](bool stalled, milliseconds) { stalled_said = stalled; };
+  ReadPool pool(4, std::move(options));
+  struct Unstick {
+    Latch& latch;
+    ReadPool& lane;
+    ~Unstick() {
+      latch.Open();
+      lane.Shutdown();
+      (void)lane.WaitIdle(std::chrono::seconds(10));
+    }
+  } unstick{stuck, pool};
+  // A deadline (and probe timeout) of 1 s: Judge would probe again only 4 s on.
+  const milliseconds deadline(1000);
+  const int64_t started = base::SteadyNowNs() - 2 * deadline.count() * 1'000'000;
+  REQUIRE(testing::WaitFor(
+      [&] {
+        (void)pool.Judge(started, deadline);
+        return pool.health().stalled;
+      },
+      std::chrono::seconds(30)));
+  CHECK(probes == 1);
+  // Nothing is overdue any more (no Judge); reads through kept-open files go on succeeding.
+  CHECK(testing::WaitFor(
+      [&] {
+        pool.Submit([] { return ReadPool::Answer::kUnconfirmed; });
+        return !pool.health().stalled;
+      },
+      std::chrono::seconds(10)));
+  CHECK(probes >= 2);
+  CHECK(testing::WaitFor([&] { return !stalled_said.load(); }, std::chrono::seconds(10)));
 }
 
 }  // namespace
