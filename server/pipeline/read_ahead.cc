@@ -11,6 +11,7 @@
 
 #include "server/image/sample_decoder.h"
 #include "server/image/splitmix64.h"
+#include "server/pipeline/remote_decode.h"
 #include "shm/base/clock.h"
 
 namespace ringloader::pipeline {
@@ -392,9 +393,13 @@ void ReadAhead::StartMore() {
     const Key key = next_;
     const uint64_t index = shard->at(key.second);
     const bool elsewhere = LikelyElsewhere(key);
-    // Guessed-away positions are passed for good: not more than a window past the cursor, so
-    // that when the guess changes (the feeders failed) the reads ahead pick up from there.
-    if (elsewhere && PastCursor(key) >= window_) return;
+    // Guessed-away positions are passed for good: not further past the cursor than the reads
+    // ahead reach, so that when the guess changes (the feeders failed) they pick up from there.
+    // That is a window, or as far as the filler decodes ahead while its feeders are late (the
+    // local parts of the rounds to come: with only a window, a host waiting for a late answer
+    // ran out of samples read and idled, 4% of its core), the further.
+    const uint64_t reach = std::max<uint64_t>(window_, (kDecodeAheadRounds + 1) * round_size_);
+    if (elsewhere && PastCursor(key) >= reach) return;
     if (index >= dataset_->size() ||  // Fill refuses the batch itself
         (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) || elsewhere) {
       ++next_.second;

@@ -553,18 +553,33 @@ TEST_CASE("ReadAhead: the tails of rounds likely decoded elsewhere (leased to fe
   }
   {
     // server.local_decode = false: every round elsewhere, nothing read; and positions are
-    // passed over only a window (4) past the cursor, so that when the feeders fail (the share
-    // falls to 0) the reads ahead start right after: before, they ran on to the stream's end.
+    // passed over only so far past the cursor (a window, 4, or the rounds decoded ahead, here
+    // of 2 each, the further), so that when the feeders fail (the share falls to 0) the reads
+    // ahead start right after: before, they ran on to the stream's end.
+    const uint64_t reach = std::max<uint64_t>(4, (kDecodeAheadRounds + 1) * 2);
+    REQUIRE(reach < n);
     ReadAhead ahead(pool, 4, &f.memory, &f.observer, std::chrono::milliseconds(0));
-    ahead.ExpectElsewhere(6, 6);
+    ahead.ExpectElsewhere(2, 2);
     ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
     CHECK(ahead.started() == 0);
-    ahead.ExpectElsewhere(6, 0);
+    ahead.ExpectElsewhere(2, 0);
     ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
-    CHECK(ahead.started() == 4);
-    for (uint64_t pos = 4; pos < n; ++pos) {
+    CHECK(ahead.started() == n - reach);
+    for (uint64_t pos = reach; pos < n; ++pos) {
       INFO(pos);
       CHECK(read(ahead, 0, pos));
+    }
+  }
+  {
+    // A window (2) smaller than a round: the next round's local part is read all the same once
+    // this one's is taken, for the filler decodes it ahead while its feeders are late (with
+    // only the window, it ran out of samples read and idled).
+    ReadAhead ahead(pool, 2, &f.memory, &f.observer, std::chrono::milliseconds(0));
+    ahead.ExpectElsewhere(6, 5);
+    ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
+    for (uint64_t pos = 0; pos < n; ++pos) {
+      INFO(pos);
+      CHECK(read(ahead, 0, pos) == (pos % 6 < 3));
     }
   }
   {
