@@ -395,13 +395,16 @@ void ReadAhead::StartMore() {
     const bool elsewhere = LikelyElsewhere(key);
     // Guessed-away positions are passed for good: not further past the cursor than the reads
     // ahead reach, so that when the guess changes (the feeders failed) they pick up from there.
-    // That is a window, or as far as the filler decodes ahead while its feeders are late (the
-    // local parts of the rounds to come: with only a window, a host waiting for a late answer
-    // ran out of samples read and idled, 4% of its core), the further.
-    const uint64_t reach = std::max<uint64_t>(window_, (kDecodeAheadRounds + 1) * round_size_);
+    // That is a window; or, when rounds have a local part, as far as the filler decodes those
+    // ahead while its feeders are late, if further (with only a window, a host waiting for a
+    // late answer ran out of samples read and idled, 4-10% of its core).
+    const bool decodes_ahead = elsewhere_tail_ < round_size_;
+    const uint64_t reach =
+        decodes_ahead ? std::max<uint64_t>(window_, (kDecodeAheadRounds + 1) * round_size_)
+                      : window_;
     if (elsewhere && PastCursor(key) >= reach) return;
-    if (index >= dataset_->size() ||  // Fill refuses the batch itself
-        (cache_ != nullptr && images && cache_->Holds(cache_key_, index)) || elsewhere) {
+    if (index >= dataset_->size() || elsewhere ||  // Fill refuses the batch itself
+        (cache_ != nullptr && images && cache_->Holds(cache_key_, index))) {
       ++next_.second;
       continue;
     }

@@ -188,8 +188,9 @@ class ReadAhead {
   // remote_decode.h) and are not read ahead, but for a few next to the round's local part (the
   // share moves a little from round to round: max(2, round_size / 16)). A guess: a position
   // read after all (its call failed) is started at its turn (StartNow); positions are passed
-  // over at most a window, or kDecodeAheadRounds + 1 rounds (the filler decodes the rounds to
-  // come while its feeders are late), past the cursor, so a changed guess holds from there.
+  // over at most a window past the cursor (or, when rounds keep a local part, which the filler
+  // decodes ahead while its feeders are late, kDecodeAheadRounds + 1 rounds, if further), so a
+  // changed guess holds from there.
   // Without it every position was read, and a host with feeders read every file of the dataset.
   void ExpectElsewhere(uint64_t round_size, uint64_t tail);
   // The read of shard position `pos` of `epoch`, if one was started (then it is the caller's,

@@ -553,19 +553,17 @@ TEST_CASE("ReadAhead: the tails of rounds likely decoded elsewhere (leased to fe
   }
   {
     // server.local_decode = false: every round elsewhere, nothing read; and positions are
-    // passed over only so far past the cursor (a window, 4, or the rounds decoded ahead, here
-    // of 2 each, the further), so that when the feeders fail (the share falls to 0) the reads
-    // ahead start right after: before, they ran on to the stream's end.
-    const uint64_t reach = std::max<uint64_t>(4, (kDecodeAheadRounds + 1) * 2);
-    REQUIRE(reach < n);
+    // passed over only a window (4) past the cursor (no local part is decoded ahead), so that
+    // when the feeders fail (the share falls to 0) the reads ahead start right after: before,
+    // they ran on to the stream's end.
     ReadAhead ahead(pool, 4, &f.memory, &f.observer, std::chrono::milliseconds(0));
-    ahead.ExpectElsewhere(2, 2);
+    ahead.ExpectElsewhere(6, 6);
     ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
     CHECK(ahead.started() == 0);
-    ahead.ExpectElsewhere(2, 0);
+    ahead.ExpectElsewhere(6, 0);
     ahead.Advance(*f.dataset, epoch0, 0, 0, /*end_epoch=*/1, 1 << 30, nullptr, "");
-    CHECK(ahead.started() == n - reach);
-    for (uint64_t pos = reach; pos < n; ++pos) {
+    CHECK(ahead.started() == 4);
+    for (uint64_t pos = 4; pos < n; ++pos) {
       INFO(pos);
       CHECK(read(ahead, 0, pos));
     }
