@@ -382,6 +382,15 @@ const EpochShard* ReadAhead::ShardOf(uint64_t epoch) {
 
 void ReadAhead::StartMore() {
   const bool images = dataset_->has_images();
+  // Guessed-away positions are passed for good: not further past the cursor than the reads
+  // ahead reach, so that when the guess changes (the feeders failed) they pick up from there.
+  // That is a window; or, when rounds have a local part, as far as the filler decodes those
+  // ahead while its feeders are late, if further (with only a window, a host waiting for a
+  // late answer ran out of samples read and idled, 4-10% of its core).
+  const bool decodes_ahead = elsewhere_tail_ < round_size_;
+  const uint64_t reach =
+      decodes_ahead ? std::max<uint64_t>(window_, (kDecodeAheadRounds + 1) * round_size_)
+                    : window_;
   // Positions looked at per call, read or not (cached samples are skipped): bounded work.
   for (uint64_t looked = 0; reads_.size() < window_ && looked < 4 * window_; ++looked) {
     const EpochShard* shard = ShardOf(next_.first);
@@ -393,15 +402,6 @@ void ReadAhead::StartMore() {
     const Key key = next_;
     const uint64_t index = shard->at(key.second);
     const bool elsewhere = LikelyElsewhere(key);
-    // Guessed-away positions are passed for good: not further past the cursor than the reads
-    // ahead reach, so that when the guess changes (the feeders failed) they pick up from there.
-    // That is a window; or, when rounds have a local part, as far as the filler decodes those
-    // ahead while its feeders are late, if further (with only a window, a host waiting for a
-    // late answer ran out of samples read and idled, 4-10% of its core).
-    const bool decodes_ahead = elsewhere_tail_ < round_size_;
-    const uint64_t reach =
-        decodes_ahead ? std::max<uint64_t>(window_, (kDecodeAheadRounds + 1) * round_size_)
-                      : window_;
     if (elsewhere && PastCursor(key) >= reach) return;
     if (index >= dataset_->size() || elsewhere ||  // Fill refuses the batch itself
         (cache_ != nullptr && images && cache_->Holds(cache_key_, index))) {
