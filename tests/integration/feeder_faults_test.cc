@@ -187,16 +187,18 @@ class NetNs {
 
 // A feeder in `ns` (its certificate for the namespace's address) and a host here drawing from
 // it alone, over a generated dataset; `reference`: what a host alone delivers.
-// `lease_ms`: the host's feeder_lease_ms.
+// `lease_ms`: the host's feeder_lease_ms; `listen`: the feeder's feeder_listen (empty: the
+// address the host dials, the namespace's on port 7001).
 struct ThroughNetns {
-  explicit ThroughNetns(const NetNs& ns, int lease_ms = 1500) {
+  explicit ThroughNetns(const NetNs& ns, int lease_ms = 1500, const std::string& listen = "") {
     WriteDataset(data.Join("images"), kImages);
     pki.MakeCa("ca", "ringloader test CA");
     pki.Issue("feeder", "ca", "feeder", "IP:" + ns.inner_ip(), 30);
     pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
     reference = Alone(data.Join("images"));
     const std::string address = ns.inner_ip() + ":7001";
-    feeder = MakeFeeder(pki, "feeder", data.Join("images"), address, ns.Exec());
+    feeder = MakeFeeder(pki, "feeder", data.Join("images"), listen.empty() ? address : listen,
+                        ns.Exec());
     if (!feeder->Start()) FAIL(feeder->Log());
     host = MakeHost(pki, data.Join("images"), {address}, lease_ms);
     if (!host->Start()) FAIL(host->Log());
@@ -400,26 +402,14 @@ TEST_CASE("40.2: a feeder listening on [::] where net.ipv6.bindv6only = 1 takes 
   const CommandResult sysctl = RunCommand(set_sysctl);
   if (sysctl.exit_code != 0) RINGLOADER_SKIP("no IPv6 in the namespace: " + sysctl.output);
   REQUIRE(sysctl.output == "1\n");
-  TempDir data;
-  WriteDataset(data.Join("images"), kImages);
-  TestPki pki;
-  pki.MakeCa("ca", "ringloader test CA");
-  pki.Issue("feeder", "ca", "feeder", "IP:" + ns.inner_ip(), 30);
-  pki.Issue("host", "ca", "host-1", "DNS:host-1", 30);
-  const std::vector<std::string> reference = Alone(data.Join("images"));
   // Both ports on [::]; the host dials the namespace's IPv4 address.
-  std::unique_ptr<DaemonFixture> feeder =
-      MakeFeeder(pki, "feeder", data.Join("images"), "[::]:7001", ns.Exec());
-  if (!feeder->Start()) FAIL(feeder->Log());
-  INFO(feeder->Log());
-  CHECK_THAT(feeder->Log(), Catch::Contains("feeding other hosts' data plane on [::]:"));
-  std::unique_ptr<DaemonFixture> host =
-      MakeHost(pki, data.Join("images"), {ns.inner_ip() + ":7001"});
-  if (!host->Start()) FAIL(host->Log());
-  INFO(host->Log());
-  client::Client c(host->endpoint());
-  CHECK(Lines(*c.Open(Options("shared", 2))) == reference);
-  const v1::GetStatsResponse stats = Stats(host->endpoint());
+  ThroughNetns rig(ns, /*lease_ms=*/1500, "[::]:7001");
+  INFO(rig.feeder->Log());
+  CHECK_THAT(rig.feeder->Log(), Catch::Contains("feeding other hosts' data plane on [::]:"));
+  INFO(rig.host->Log());
+  client::Client c(rig.host->endpoint());
+  CHECK(Lines(*c.Open(Options("shared", 2))) == rig.reference);
+  const v1::GetStatsResponse stats = Stats(rig.host->endpoint());
   REQUIRE(stats.feeders_size() == 1);
   CHECK(stats.feeders(0).samples() == 2 * kImages);
   // Its answers came over the data plane, not gRPC's fallback: the IPv4 dial to [::] was taken.
